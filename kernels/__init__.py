@@ -1,0 +1,176 @@
+"""Tree verification and factorized state commit for recurrent layers (installed as `hf_hybrid_spec.kernels`).
+
+Math on tensors only: nothing here imports transformers. Each op has three implementations with one contract:
+`naive_*` (the recurrence walked node by node, the test oracle), `torch_*` (closed form, vectorized; the CPU
+path) and a Triton kernel (CUDA, and the Triton interpreter in tests). The un-prefixed functions dispatch on
+the tensors' device and `backend.set_backend`.
+
+Ops (shapes follow fla: [B, N, H, K] with N tree nodes in topological order, `parent` [B, N] with -1 for
+children of the committed state):
+    tree_gated_delta_rule / commit_gated_delta_rule   Qwen3.5, Qwen3-Next, OLMo-hybrid linear attention
+    tree_causal_conv1d / commit_causal_conv1d         the short conv in front of those layers and of Mamba
+    tree_mamba2 / commit_mamba2                       Falcon-H1, Bamba, Nemotron-H, GraniteMoeHybrid mixers
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import torch
+
+from . import tree
+from .backend import get_backend, resolve, set_backend, triton_available, use_backend
+from .conv import (
+    naive_commit_causal_conv1d,
+    naive_tree_causal_conv1d,
+    torch_commit_causal_conv1d,
+    torch_tree_causal_conv1d,
+)
+from .gated_delta_rule import (
+    TreeGatedDeltaOutput,
+    naive_commit_gated_delta_rule,
+    naive_tree_gated_delta_rule,
+    torch_commit_gated_delta_rule,
+    torch_tree_gated_delta_rule,
+)
+from .mamba2 import TreeMamba2Output, naive_commit_mamba2, naive_tree_mamba2, torch_commit_mamba2, torch_tree_mamba2
+
+__all__ = [
+    "TreeGatedDeltaOutput",
+    "TreeMamba2Output",
+    "tree_gated_delta_rule",
+    "commit_gated_delta_rule",
+    "tree_causal_conv1d",
+    "commit_causal_conv1d",
+    "tree_mamba2",
+    "commit_mamba2",
+    "naive_tree_gated_delta_rule",
+    "naive_commit_gated_delta_rule",
+    "naive_tree_causal_conv1d",
+    "naive_commit_causal_conv1d",
+    "naive_tree_mamba2",
+    "naive_commit_mamba2",
+    "torch_tree_gated_delta_rule",
+    "torch_commit_gated_delta_rule",
+    "torch_tree_causal_conv1d",
+    "torch_commit_causal_conv1d",
+    "torch_tree_mamba2",
+    "torch_commit_mamba2",
+    "set_backend",
+    "get_backend",
+    "use_backend",
+    "triton_available",
+    "tree",
+]
+
+_NAIVE = {
+    "tree_gated_delta_rule": naive_tree_gated_delta_rule,
+    "commit_gated_delta_rule": naive_commit_gated_delta_rule,
+    "tree_causal_conv1d": naive_tree_causal_conv1d,
+    "commit_causal_conv1d": naive_commit_causal_conv1d,
+    "tree_mamba2": naive_tree_mamba2,
+    "commit_mamba2": naive_commit_mamba2,
+}
+_TORCH = {
+    "tree_gated_delta_rule": torch_tree_gated_delta_rule,
+    "commit_gated_delta_rule": torch_commit_gated_delta_rule,
+    "tree_causal_conv1d": torch_tree_causal_conv1d,
+    "commit_causal_conv1d": torch_commit_causal_conv1d,
+    "tree_mamba2": torch_tree_mamba2,
+    "commit_mamba2": torch_commit_mamba2,
+}
+# Triton implementations are imported on first use so that importing the package never needs triton.
+_TRITON_MODULES = {
+    "tree_gated_delta_rule": ("gated_delta_rule.triton_tree", "triton_tree_gated_delta_rule"),
+    "commit_gated_delta_rule": ("gated_delta_rule.triton_tree", "triton_commit_gated_delta_rule"),
+    "tree_causal_conv1d": ("conv.triton_tree", "triton_tree_causal_conv1d"),
+    "commit_causal_conv1d": ("conv.triton_tree", "triton_commit_causal_conv1d"),
+    "tree_mamba2": ("mamba2.triton_tree", "triton_tree_mamba2"),
+    "commit_mamba2": ("mamba2.triton_tree", "triton_commit_mamba2"),
+}
+
+
+def _impl(op: str, device: torch.device):
+    backend = resolve(device)
+    if backend == "naive":
+        return _NAIVE[op]
+    if backend == "torch":
+        return _TORCH[op]
+    module, name = _TRITON_MODULES[op]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def tree_gated_delta_rule(
+    q, k, v, g, beta, parent, initial_state, scale=None, use_qk_l2norm=False, num_nodes=None
+) -> TreeGatedDeltaOutput:
+    """Verify a draft tree on a gated-delta layer in closed form.
+
+    Args:
+        q, k: [B, N, H, K]; v: [B, N, HV, V] with HV a multiple of H (value head h reads key head h // (HV/H)).
+        g: [B, N, HV] log decay (<= 0); beta: [B, N, HV] write strength.
+        parent: [B, N] int, parent[b, i] < i, -1 for children of the committed state.
+        initial_state: [B, HV, K, V] float32, the committed state; never modified.
+        scale: query scale, K**-0.5 when None. use_qk_l2norm: l2-normalize q and k first (Qwen3.5 does).
+        num_nodes: optional [B] count of real nodes per row (varlen); later nodes are padding, output 0.
+
+    Returns:
+        TreeGatedDeltaOutput with o [B, N, HV, V] and the token-level factors that `commit_gated_delta_rule`
+        needs to rebuild the state of any root path.
+    """
+    return _impl("tree_gated_delta_rule", q.device)(
+        q, k, v, g, beta, parent, initial_state, scale=scale, use_qk_l2norm=use_qk_l2norm, num_nodes=num_nodes
+    )
+
+
+def commit_gated_delta_rule(initial_state, out: TreeGatedDeltaOutput, parent, leaf) -> torch.Tensor:
+    """Exact state after the root->leaf path, [B, HV, K, V] float32 (a new tensor).
+
+    leaf: [B] int, the accepted node per row; -1 leaves that row's state unchanged (bit-identical).
+    """
+    return _impl("commit_gated_delta_rule", initial_state.device)(initial_state, out, parent, leaf)
+
+
+def tree_causal_conv1d(x, weight, bias, parent, conv_state, activation="silu") -> torch.Tensor:
+    """Depthwise causal conv where every node convolves over its own ancestor chain.
+
+    Args:
+        x: [B, N, C] inputs of the tree nodes; weight: [C, W]; bias: [C] or None.
+        parent: [B, N] as above. conv_state: [B, C, S], S >= W - 1, the last S committed inputs (oldest first).
+        activation: "silu" / "swish" or None.
+
+    Returns:
+        [B, N, C] in the dtype of x.
+    """
+    return _impl("tree_causal_conv1d", x.device)(x, weight, bias, parent, conv_state, activation)
+
+
+def commit_causal_conv1d(conv_state, x, parent, leaf) -> torch.Tensor:
+    """Conv window after the root->leaf path: the last S entries of [conv_state, x[path]], [B, C, S]."""
+    return _impl("commit_causal_conv1d", conv_state.device)(conv_state, x, parent, leaf)
+
+
+def tree_mamba2(
+    x, dt, A, B, C, parent, initial_state, D=None, z=None, dt_bias=None, dt_softplus=True,
+    dt_limit=(0.0, math.inf), num_nodes=None,
+) -> TreeMamba2Output:
+    """Verify a draft tree on a Mamba-2 layer in closed form.
+
+    Args:
+        x: [B, N, H, P]; dt: [B, N, H] raw step sizes; A: [H] (negative); B, C: [B, N, G, S], H a multiple of G.
+        parent: [B, N]; initial_state: [B, H, P, S] float32, never modified.
+        D: [H] skip, z: [B, N, H, P] gate (y *= silu(z)), dt_bias: [H]; dt = clamp(softplus(dt + dt_bias), *dt_limit).
+        num_nodes: optional [B] count of real nodes per row.
+
+    Returns:
+        TreeMamba2Output with y [B, N, H, P] and the factors `commit_mamba2` needs.
+    """
+    return _impl("tree_mamba2", x.device)(
+        x, dt, A, B, C, parent, initial_state, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+        dt_limit=dt_limit, num_nodes=num_nodes,
+    )
+
+
+def commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf) -> torch.Tensor:
+    """Exact SSM state after the root->leaf path, [B, H, P, S] float32; leaf = -1 leaves a row unchanged."""
+    return _impl("commit_mamba2", initial_state.device)(initial_state, out, parent, leaf)

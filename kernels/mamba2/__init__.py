@@ -1,0 +1,11 @@
+from .common import TreeMamba2Output
+from .naive import naive_commit_mamba2, naive_tree_mamba2
+from .torch_tree import torch_commit_mamba2, torch_tree_mamba2
+
+__all__ = [
+    "TreeMamba2Output",
+    "naive_tree_mamba2",
+    "naive_commit_mamba2",
+    "torch_tree_mamba2",
+    "torch_commit_mamba2",
+]

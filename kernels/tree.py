@@ -1,0 +1,119 @@
+"""Topology helpers for draft trees given as parent pointers.
+
+A tree of N nodes per batch row is a `parent` tensor of shape [B, N] (int64): `parent[b, i] < i` is the
+index of node i's parent, and -1 means node i hangs directly off the committed state. Nodes are in
+topological order, so a node's ancestors always come before it. Rows may be padded: padding nodes are
+ordinary children of the committed state (parent -1) that nobody descends from, so they never change the
+result of a real node.
+
+Everything here is plain PyTorch on any device; the kernels and the cache use these to build masks,
+paths and conv windows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "validate_parent",
+    "node_depth",
+    "ancestor_mask",
+    "path_mask",
+    "ancestors_at_distance",
+    "path_nodes",
+]
+
+
+def validate_parent(parent: torch.Tensor, n: int | None = None) -> None:
+    """Raise ValueError unless `parent` is a valid topologically ordered parent table [B, N]."""
+    if parent.ndim != 2:
+        raise ValueError(f"parent must be [B, N], got shape {tuple(parent.shape)}")
+    if n is not None and parent.shape[1] != n:
+        raise ValueError(f"parent has {parent.shape[1]} nodes, inputs have {n}")
+    if parent.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"parent must be an integer tensor, got {parent.dtype}")
+    idx = torch.arange(parent.shape[1], device=parent.device)
+    if bool(((parent >= idx) | (parent < -1)).any()):
+        raise ValueError("parent[b, i] must satisfy -1 <= parent[b, i] < i (nodes in topological order)")
+
+
+def node_depth(parent: torch.Tensor) -> torch.Tensor:
+    """Depth of every node, [B, N] int64; children of the committed state have depth 0."""
+    b, n = parent.shape
+    depth = torch.zeros(b, n, dtype=torch.long, device=parent.device)
+    # Topological order: the parent's depth is final before the child's is read.
+    for i in range(n):
+        p = parent[:, i]
+        depth[:, i] = torch.where(p >= 0, depth.gather(1, p.clamp(min=0).view(b, 1)).view(b) + 1, 0)
+    return depth
+
+
+def ancestor_mask(parent: torch.Tensor, include_self: bool = True) -> torch.Tensor:
+    """Boolean [B, N, N] with mask[b, i, j] = node j is on the root path of node i.
+
+    Built by doubling: reach_{2k} = reach_k @ reach_k, so log2(depth) boolean matmuls instead of a walk.
+    """
+    b, n = parent.shape
+    dev = parent.device
+    eye = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n)
+    # Direct parent edges: step[b, i, p] = True.
+    step = torch.zeros(b, n, n + 1, dtype=torch.bool, device=dev)
+    step.scatter_(2, torch.where(parent >= 0, parent, n).long().unsqueeze(-1), True)
+    step = step[..., :n]
+    reach = eye | step
+    hops = 1
+    while hops < n:
+        reach = torch.bmm(reach.float(), reach.float()) > 0
+        hops *= 2
+    return reach if include_self else reach & ~eye
+
+
+def path_mask(parent: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+    """Boolean [B, N]: nodes on the path from the committed state to `leaf` [B] (inclusive).
+
+    A row with leaf = -1 selects nothing.
+    """
+    b, n = parent.shape
+    mask = torch.zeros(b, n + 1, dtype=torch.bool, device=parent.device)
+    cur = leaf.to(torch.long).clone()
+    par = torch.cat([parent.to(torch.long), torch.full((b, 1), -1, dtype=torch.long, device=parent.device)], dim=1)
+    # Walk up at most N steps; finished rows park on the sentinel column n.
+    for _ in range(n):
+        cur = torch.where(cur >= 0, cur, n)
+        mask.scatter_(1, cur.view(b, 1), True)
+        if bool((cur == n).all()):
+            break
+        cur = par.gather(1, cur.view(b, 1)).view(b)
+    return mask[:, :n]
+
+
+def path_nodes(parent: torch.Tensor, leaf: torch.Tensor) -> list[torch.Tensor]:
+    """Per row, the node indices from the first node under the committed state down to `leaf` (root first)."""
+    rows = []
+    par = parent.tolist()
+    for b, lf in enumerate(leaf.tolist()):
+        nodes = []
+        cur = lf
+        while cur >= 0:
+            nodes.append(cur)
+            cur = par[b][cur]
+        rows.append(torch.tensor(nodes[::-1], dtype=torch.long, device=parent.device))
+    return rows
+
+
+def ancestors_at_distance(parent: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, N, width] int64: entry d is node i's ancestor d steps up (d = 0 is i itself).
+
+    Where the walk leaves the tree after s steps (s <= d), the entry is -(d - s + 1): -1 names the newest
+    committed token, -2 the one before it, and so on. The short causal conv reads its window this way.
+    """
+    b, n = parent.shape
+    par = parent.to(torch.long)
+    out = torch.empty(b, n, width, dtype=torch.long, device=parent.device)
+    cur = torch.arange(n, device=parent.device).expand(b, n).clone()
+    for d in range(width):
+        out[..., d] = cur
+        inside = cur >= 0
+        nxt = par.gather(1, cur.clamp(min=0))
+        cur = torch.where(inside, nxt, cur - 1)
+    return out
