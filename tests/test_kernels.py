@@ -1,0 +1,440 @@
+"""Tree kernels vs their naive references: Triton (interpreter on CPU, compiled on GPU), closed-form PyTorch.
+
+Every op is checked on random trees (random branching, depth 1..8, odd sizes, GQA), output AND committed
+state, with NaN-poisoned allocations so an element the kernel never writes fails; a chain must equal the
+sequential recurrence (transformers' own reference implementations); leaf = -1 must leave a state row bit
+for bit unchanged. Real-size GPU checks live in test_kernels_gpu.py.
+"""
+
+import contextlib
+import os
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+
+
+def _interpret_triton_stdlib() -> None:
+    """Make triton's own @jit helpers (tl.sum, tl.max, tl.sigmoid, ...) runnable by the interpreter.
+
+    Triton picks interpreter or compiler per function when it is decorated, and transformers imports
+    torch._dynamo, which imports triton, so by the time this module runs (after conftest) triton.language is
+    usually loaded in compiled mode. Wrapping its @jit functions the way an interpreted import would have
+    done fixes that; it is a no-op when TRITON_INTERPRET=1 was set before anything imported triton.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    wrapped: dict = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("triton.language") and isinstance(module, types.ModuleType):
+            for attr, obj in list(vars(module).items()):
+                if isinstance(obj, JITFunction):
+                    setattr(module, attr, wrapped.setdefault(id(obj), InterpretedFunction(obj.fn)))
+
+
+# Where a GPU exists these tests run compiled on it; on CPU they run in the Triton interpreter, chosen before
+# the kernel modules below are imported (triton decides per function at decoration time).
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+    _interpret_triton_stdlib()
+
+from hf_hybrid_spec import kernels  # noqa: E402
+from hf_hybrid_spec.kernels import tree  # noqa: E402
+from hf_hybrid_spec.kernels.conv import triton_tree as conv_triton  # noqa: E402
+from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_triton  # noqa: E402
+from hf_hybrid_spec.kernels.mamba2 import triton_tree as mamba2_triton  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = 1e-4  # relative error (Frobenius norm) in fp32
+
+GDN_TREE = {
+    "naive": (kernels.naive_tree_gated_delta_rule, kernels.naive_commit_gated_delta_rule),
+    "torch": (kernels.torch_tree_gated_delta_rule, kernels.torch_commit_gated_delta_rule),
+    "triton": (gdn_triton.triton_tree_gated_delta_rule, gdn_triton.triton_commit_gated_delta_rule),
+}
+CONV_TREE = {
+    "naive": (kernels.naive_tree_causal_conv1d, kernels.naive_commit_causal_conv1d),
+    "torch": (kernels.torch_tree_causal_conv1d, kernels.torch_commit_causal_conv1d),
+    "triton": (conv_triton.triton_tree_causal_conv1d, conv_triton.triton_commit_causal_conv1d),
+}
+MAMBA2_TREE = {
+    "naive": (kernels.naive_tree_mamba2, kernels.naive_commit_mamba2),
+    "torch": (kernels.torch_tree_mamba2, kernels.torch_commit_mamba2),
+    "triton": (mamba2_triton.triton_tree_mamba2, mamba2_triton.triton_commit_mamba2),
+}
+
+
+def random_tree(bsz: int, n: int, depth: int, seed: int) -> torch.Tensor:
+    """[B, N] parent pointers in topological order, random branching, at most `depth` levels.
+
+    Half the nodes extend the newest node that may still grow, so deep branches appear; the rest attach
+    uniformly to the committed state or any node above the depth limit.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    parent = torch.full((bsz, n), -1, dtype=torch.long)
+    for b in range(bsz):
+        level: list[int] = []
+        for i in range(n):
+            growable = [j for j in range(i) if level[j] < depth - 1]
+            if growable and torch.rand((), generator=gen) < 0.5:
+                p = growable[-1]
+            else:
+                choices = [-1] + growable
+                p = choices[int(torch.randint(len(choices), (), generator=gen))]
+            parent[b, i] = p
+            level.append(0 if p < 0 else level[p] + 1)
+    assert int(tree.node_depth(parent).max()) <= depth - 1
+    return parent.to(DEVICE)
+
+
+def chain(bsz: int, n: int) -> torch.Tensor:
+    return (torch.arange(n) - 1).expand(bsz, n).contiguous().to(DEVICE)
+
+
+def random_leaf(bsz: int, n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    leaf = torch.randint(-1, n, (bsz,), generator=gen)
+    if bsz > 1:
+        # At least one row accepts nothing and one accepts a node.
+        leaf[0], leaf[-1] = -1, max(int(leaf[-1]), 0)
+    return leaf.to(DEVICE)
+
+
+def rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
+    ref, out = ref.double(), out.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, tol: float = TOL) -> None:
+    assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(out).all(), f"{name}: non-finite values (an unwritten, NaN-poisoned element?)"
+    err = rel_err(ref, out)
+    assert err < tol, f"{name}: relative error {err:.3e} >= {tol:.0e}"
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """torch.empty / torch.empty_like return NaN-filled float tensors: an element a kernel does not write
+    stays NaN and fails `assert_close`."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "empty", lambda *a, **kw: poison(real_empty(*a, **kw)))
+        mp.setattr(torch, "empty_like", lambda *a, **kw: poison(real_empty_like(*a, **kw)))
+        yield
+
+
+def run(backend: str, fn, *args, **kwargs):
+    if backend == "triton":
+        with poisoned_allocations():
+            return fn(*args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gated delta rule
+# ----------------------------------------------------------------------------------------------------------
+
+
+def gdn_inputs(bsz, n, h, hv, kdim, vdim, use_qk_l2norm, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    q, k = randn(bsz, n, h, kdim), randn(bsz, n, h, kdim)
+    if not use_qk_l2norm:
+        # Unit keys keep I + A well conditioned, as the l2norm does in the models.
+        k = k / k.norm(dim=-1, keepdim=True)
+    v = randn(bsz, n, hv, vdim)
+    g = F.logsigmoid(randn(bsz, n, hv) + 2.0)
+    beta = torch.sigmoid(randn(bsz, n, hv))
+    h0 = randn(bsz, hv, kdim, vdim)
+    cast = [t.to(DEVICE, dtype) for t in (q, k, v, g, beta)]
+    return (*cast, h0.to(DEVICE))
+
+
+GDN_CASES = [
+    # B, N, H, HV, K, V, depth, use_qk_l2norm, varlen
+    pytest.param(2, 37, 2, 4, 60, 36, 8, True, False, id="B2-N37-H2-HV4-K60-V36-D8-l2"),
+    pytest.param(1, 64, 1, 2, 32, 16, 8, False, False, id="B1-N64-H1-HV2-K32-V16-D8"),
+    pytest.param(3, 13, 2, 2, 16, 20, 1, True, False, id="B3-N13-H2-HV2-K16-V20-D1"),
+    pytest.param(2, 50, 1, 1, 100, 70, 4, True, True, id="B2-N50-H1-HV1-K100-V70-D4-varlen"),
+    pytest.param(1, 16, 1, 1, 256, 32, 5, True, False, id="B1-N16-H1-HV1-K256-V32-D5"),
+    pytest.param(2, 1, 1, 2, 16, 16, 1, False, False, id="B2-N1-H1-HV2-K16-V16"),
+    pytest.param(2, 23, 3, 6, 40, 24, 2, True, True, id="B2-N23-H3-HV6-K40-V24-D2-varlen"),
+]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("bsz, n, h, hv, kdim, vdim, depth, use_qk_l2norm, varlen", GDN_CASES)
+def test_gated_delta_rule_vs_naive(backend, bsz, n, h, hv, kdim, vdim, depth, use_qk_l2norm, varlen):
+    q, k, v, g, beta, h0 = gdn_inputs(bsz, n, h, hv, kdim, vdim, use_qk_l2norm, seed=n)
+    parent = random_tree(bsz, n, depth, seed=depth)
+    num_nodes = None
+    if varlen:
+        num_nodes = torch.tensor([max(1, n - 7 * b) for b in range(bsz)], device=DEVICE)
+        # Padding nodes are children of the committed state that nobody descends from.
+        parent = torch.where(torch.arange(n, device=DEVICE)[None] < num_nodes[:, None], parent, -1)
+    h0_before = h0.clone()
+    scale = 0.3 if depth == 2 else None
+    ref = kernels.naive_tree_gated_delta_rule(q, k, v, g, beta, parent, h0, scale, use_qk_l2norm, num_nodes)
+    tree_fn, commit_fn = GDN_TREE[backend]
+    out = run(backend, tree_fn, q, k, v, g, beta, parent, h0, scale=scale, use_qk_l2norm=use_qk_l2norm,
+              num_nodes=num_nodes)
+    assert out.o.dtype == q.dtype
+    assert_close("o", ref.o, out.o)
+    assert_close("u", ref.u, out.u)
+    assert_close("k", ref.k, out.k)
+    assert_close("g_cum", ref.g_cum, out.g_cum)
+    if varlen:
+        pad = torch.arange(n, device=DEVICE)[None] >= num_nodes[:, None]
+        assert (out.o[pad] == 0).all(), "padding nodes must output exactly 0"
+
+    leaf = random_leaf(bsz, n, seed=n)
+    if varlen:
+        leaf = torch.minimum(leaf, num_nodes - 1)
+    new_ref = kernels.naive_commit_gated_delta_rule(h0, ref, parent, leaf)
+    new = run(backend, commit_fn, h0, out, parent, leaf)
+    assert_close("committed state", new_ref, new)
+    assert torch.equal(h0, h0_before), "initial_state must not be modified"
+    for b in (leaf < 0).nonzero().flatten().tolist():
+        assert torch.equal(new[b], h0[b]), "leaf = -1 must leave the state bit-identical"
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+def test_gated_delta_rule_chain_is_the_recurrence(backend):
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    bsz, n, h, hv, kdim, vdim = 2, 29, 2, 4, 48, 40
+    q, k, v, g, beta, h0 = gdn_inputs(bsz, n, h, hv, kdim, vdim, True, seed=1)
+    o_ref, s_ref = qwen.torch_recurrent_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    parent = chain(bsz, n)
+    tree_fn, commit_fn = GDN_TREE[backend]
+    out = run(backend, tree_fn, q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
+    assert_close("o", o_ref, out.o)
+    leaf = torch.full((bsz,), n - 1, device=DEVICE)
+    assert_close("final state", s_ref, run(backend, commit_fn, h0, out, parent, leaf))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+def test_gated_delta_rule_commit_nothing_is_a_copy(backend):
+    bsz, n = 3, 11
+    q, k, v, g, beta, h0 = gdn_inputs(bsz, n, 1, 2, 24, 20, True, seed=2)
+    # Subnormals, signed zeros and large values survive a copy but not an arithmetic detour.
+    h0[0, 0, 0, :3] = torch.tensor([-0.0, 1e-42, 1e30])
+    parent = random_tree(bsz, n, 4, seed=3)
+    tree_fn, commit_fn = GDN_TREE[backend]
+    out = tree_fn(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
+    leaf = torch.full((bsz,), -1, device=DEVICE)
+    new = run(backend, commit_fn, h0, out, parent, leaf)
+    assert new.data_ptr() != h0.data_ptr()
+    assert torch.equal(new, h0) and torch.equal(new.view(torch.int32), h0.view(torch.int32))
+
+
+def test_gated_delta_rule_fp16_inputs():
+    bsz, n, h, hv, kdim, vdim = 2, 21, 1, 2, 32, 16
+    q, k, v, g, beta, h0 = gdn_inputs(bsz, n, h, hv, kdim, vdim, True, dtype=torch.float16, seed=4)
+    parent = random_tree(bsz, n, 6, seed=4)
+    ref = kernels.naive_tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
+    out = run("triton", gdn_triton.triton_tree_gated_delta_rule, q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
+    assert out.o.dtype == torch.float16 and out.u.dtype == out.k.dtype == out.g_cum.dtype == torch.float32
+    # The reference computes on the same fp16 inputs; only the fp16 rounding of o differs.
+    assert_close("o", ref.o, out.o, tol=2e-3)
+    assert_close("u", ref.u, out.u)
+
+
+def test_gated_delta_rule_validation():
+    q, k, v, g, beta, h0 = gdn_inputs(1, 5, 2, 4, 16, 16, True)
+    parent = chain(1, 5)
+    with pytest.raises(ValueError, match="multiple"):
+        gdn_triton.triton_tree_gated_delta_rule(q, k, v[:, :, :3], g[..., :3], beta[..., :3], parent, h0[:, :3])
+    with pytest.raises(ValueError, match="topological"):
+        gdn_triton.triton_tree_gated_delta_rule(q, k, v, g, beta, parent.flip(-1), h0)
+    with pytest.raises(ValueError, match="num_nodes"):
+        gdn_triton.triton_tree_gated_delta_rule(q, k, v, g, beta, parent, h0, num_nodes=torch.tensor([1, 2]))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Causal conv
+# ----------------------------------------------------------------------------------------------------------
+
+
+def conv_inputs(bsz, n, c, width, s, use_bias, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(bsz, n, c, generator=gen)
+    weight = torch.randn(c, width, generator=gen)
+    bias = torch.randn(c, generator=gen) if use_bias else None
+    conv_state = torch.randn(bsz, c, s, generator=gen)
+    return x.to(DEVICE), weight.to(DEVICE), None if bias is None else bias.to(DEVICE), conv_state.to(DEVICE)
+
+
+CONV_CASES = [
+    # B, N, C, W, S, depth, bias, activation
+    pytest.param(2, 37, 100, 4, 3, 8, True, "silu", id="B2-N37-C100-W4-S3-D8"),
+    pytest.param(3, 5, 300, 4, 5, 2, False, None, id="B3-N5-C300-W4-S5-D2"),
+    pytest.param(1, 1, 20, 2, 1, 1, True, "swish", id="B1-N1-C20-W2-S1"),
+    pytest.param(2, 64, 48, 3, 2, 8, True, "silu", id="B2-N64-C48-W3-S2-D8"),
+    pytest.param(2, 19, 33, 4, 4, 1, True, "silu", id="B2-N19-C33-W4-S4-D1"),
+]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("bsz, n, c, width, s, depth, use_bias, activation", CONV_CASES)
+def test_causal_conv1d_vs_naive(backend, bsz, n, c, width, s, depth, use_bias, activation):
+    x, weight, bias, conv_state = conv_inputs(bsz, n, c, width, s, use_bias, seed=n)
+    parent = random_tree(bsz, n, depth, seed=depth)
+    tree_fn, commit_fn = CONV_TREE[backend]
+    ref = kernels.naive_tree_causal_conv1d(x, weight, bias, parent, conv_state, activation)
+    assert_close("y", ref, run(backend, tree_fn, x, weight, bias, parent, conv_state, activation))
+
+    leaf = random_leaf(bsz, n, seed=c)
+    new_ref = kernels.naive_commit_causal_conv1d(conv_state, x, parent, leaf)
+    new = run(backend, commit_fn, conv_state, x, parent, leaf)
+    # The window commit only moves values: exact.
+    assert torch.equal(new, new_ref)
+    for b in (leaf < 0).nonzero().flatten().tolist():
+        assert torch.equal(new[b], conv_state[b])
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+def test_causal_conv1d_chain_is_the_sequential_conv(backend):
+    bsz, n, c, width, s = 2, 23, 40, 4, 3
+    x, weight, bias, conv_state = conv_inputs(bsz, n, c, width, s, True, seed=5)
+    seq = torch.cat([conv_state, x.transpose(1, 2)], dim=-1)  # [B, C, S + N]
+    y_ref = F.silu(F.conv1d(seq[..., s - (width - 1):], weight[:, None, :], bias, groups=c)).transpose(1, 2)
+    parent = chain(bsz, n)
+    tree_fn, commit_fn = CONV_TREE[backend]
+    assert_close("y", y_ref, run(backend, tree_fn, x, weight, bias, parent, conv_state, "silu"))
+    leaf = torch.tensor([n - 1, n // 2], device=DEVICE)
+    new = run(backend, commit_fn, conv_state, x, parent, leaf)
+    assert torch.equal(new[0], seq[0, :, -s:])
+    assert torch.equal(new[1], seq[1, :, n // 2 + 1: n // 2 + 1 + s])
+
+
+def test_causal_conv1d_validation():
+    x, weight, bias, conv_state = conv_inputs(1, 4, 8, 4, 3, True)
+    with pytest.raises(ValueError, match="conv_state"):
+        conv_triton.triton_tree_causal_conv1d(x, weight, bias, chain(1, 4), conv_state[..., :2])
+    with pytest.raises(ValueError, match="activation"):
+        conv_triton.triton_tree_causal_conv1d(x, weight, bias, chain(1, 4), conv_state, "relu")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Mamba-2
+# ----------------------------------------------------------------------------------------------------------
+
+
+def mamba2_inputs(bsz, n, h, g, p, s, extras, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(DEVICE)
+
+    x, dt = randn(bsz, n, h, p), randn(bsz, n, h)
+    a = -torch.exp(torch.rand(h, generator=gen)).to(DEVICE)
+    b, c = randn(bsz, n, g, s), randn(bsz, n, g, s)
+    h0 = randn(bsz, h, p, s)
+    kwargs = {}
+    if extras:
+        kwargs = dict(D=randn(h), z=randn(bsz, n, h, p), dt_bias=randn(h), dt_limit=(0.05, 3.0))
+    return (x, dt, a, b, c, h0), kwargs
+
+
+MAMBA2_CASES = [
+    # B, N, H, G, P, S, depth, extras (D, z, dt_bias, dt_limit), varlen
+    pytest.param(2, 37, 4, 2, 36, 20, 8, True, True, id="B2-N37-H4-G2-P36-S20-D8-varlen"),
+    pytest.param(1, 64, 2, 1, 16, 128, 8, False, False, id="B1-N64-H2-G1-P16-S128-D8"),
+    pytest.param(3, 9, 3, 3, 70, 24, 2, True, False, id="B3-N9-H3-G3-P70-S24-D2"),
+    pytest.param(1, 8, 1, 1, 16, 256, 5, False, False, id="B1-N8-H1-G1-P16-S256-D5"),
+    pytest.param(2, 17, 2, 1, 8, 16, 1, True, False, id="B2-N17-H2-G1-P8-S16-D1"),
+]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("bsz, n, h, g, p, s, depth, extras, varlen", MAMBA2_CASES)
+def test_mamba2_vs_naive(backend, bsz, n, h, g, p, s, depth, extras, varlen):
+    (x, dt, a, b, c, h0), kwargs = mamba2_inputs(bsz, n, h, g, p, s, extras, seed=n)
+    parent = random_tree(bsz, n, depth, seed=depth)
+    if varlen:
+        kwargs["num_nodes"] = torch.tensor([max(1, n - 5 * i) for i in range(bsz)], device=DEVICE)
+        parent = torch.where(torch.arange(n, device=DEVICE)[None] < kwargs["num_nodes"][:, None], parent, -1)
+    h0_before = h0.clone()
+    ref = kernels.naive_tree_mamba2(x, dt, a, b, c, parent, h0, **kwargs)
+    tree_fn, commit_fn = MAMBA2_TREE[backend]
+    out = run(backend, tree_fn, x, dt, a, b, c, parent, h0, **kwargs)
+    for name in ("y", "x", "b", "dt", "a_cum"):
+        assert_close(name, getattr(ref, name), getattr(out, name))
+    if varlen:
+        pad = torch.arange(n, device=DEVICE)[None] >= kwargs["num_nodes"][:, None]
+        assert (out.y[pad] == 0).all(), "padding nodes must output exactly 0"
+
+    leaf = random_leaf(bsz, n, seed=s)
+    if varlen:
+        leaf = torch.minimum(leaf, kwargs["num_nodes"] - 1)
+    new = run(backend, commit_fn, h0, out, parent, leaf)
+    assert_close("committed state", kernels.naive_commit_mamba2(h0, ref, parent, leaf), new)
+    assert torch.equal(h0, h0_before), "initial_state must not be modified"
+    for row in (leaf < 0).nonzero().flatten().tolist():
+        assert torch.equal(new[row], h0[row]), "leaf = -1 must leave the state bit-identical"
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+def test_mamba2_chain_is_the_chunked_scan(backend):
+    bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
+    bsz, n, h, g, p, s = 2, 37, 4, 2, 12, 20
+    (x, dt, a, b, c, h0), kwargs = mamba2_inputs(bsz, n, h, g, p, s, True, seed=6)
+    del kwargs["z"]  # the chunked scan has no gate; Bamba applies it outside
+    y_ref, s_ref = bamba.mamba2_chunk_scan(
+        x, dt, a, b, c, chunk_size=16, D=kwargs["D"], dt_bias=kwargs["dt_bias"], initial_states=h0,
+        dt_softplus=True, dt_limit=kwargs["dt_limit"], return_final_states=True,
+    )
+    parent = chain(bsz, n)
+    tree_fn, commit_fn = MAMBA2_TREE[backend]
+    out = run(backend, tree_fn, x, dt, a, b, c, parent, h0, **kwargs)
+    assert_close("y", y_ref, out.y)
+    leaf = torch.full((bsz,), n - 1, device=DEVICE)
+    assert_close("final state", s_ref, run(backend, commit_fn, h0, out, parent, leaf))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+def test_mamba2_commit_nothing_is_a_copy(backend):
+    (x, dt, a, b, c, h0), _ = mamba2_inputs(2, 6, 2, 1, 8, 16, False, seed=7)
+    h0[1, 0, 0, :3] = torch.tensor([-0.0, 1e-42, 1e30])
+    parent = random_tree(2, 6, 3, seed=7)
+    tree_fn, commit_fn = MAMBA2_TREE[backend]
+    out = tree_fn(x, dt, a, b, c, parent, h0)
+    new = run(backend, commit_fn, h0, out, parent, torch.full((2,), -1, device=DEVICE))
+    assert new.data_ptr() != h0.data_ptr()
+    assert torch.equal(new.view(torch.int32), h0.view(torch.int32))
+
+
+def test_mamba2_validation():
+    (x, dt, a, b, c, h0), _ = mamba2_inputs(1, 4, 3, 2, 8, 16, False)
+    with pytest.raises(ValueError, match="multiple"):
+        mamba2_triton.triton_tree_mamba2(x, dt, a, b, c, chain(1, 4), h0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Dispatch
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_public_ops_dispatch_to_triton():
+    q, k, v, g, beta, h0 = gdn_inputs(1, 9, 1, 2, 16, 16, True, seed=8)
+    parent = random_tree(1, 9, 3, seed=8)
+    with kernels.use_backend("triton"):
+        out = kernels.tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
+        new = kernels.commit_gated_delta_rule(h0, out, parent, torch.tensor([8], device=DEVICE))
+    ref = kernels.naive_tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
+    assert_close("o", ref.o, out.o)
+    assert_close("state", kernels.naive_commit_gated_delta_rule(h0, ref, parent, torch.tensor([8], device=DEVICE)), new)
