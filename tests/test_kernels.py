@@ -438,3 +438,29 @@ def test_public_ops_dispatch_to_triton():
     ref = kernels.naive_tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
     assert_close("o", ref.o, out.o)
     assert_close("state", kernels.naive_commit_gated_delta_rule(h0, ref, parent, torch.tensor([8], device=DEVICE)), new)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Branch-by-branch baselines of the benchmark (one state per node): they must compute the same function
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_branch_baselines_vs_naive():
+    from hf_hybrid_spec.kernels.gated_delta_rule.triton_branch import branch_commit, triton_branch_gated_delta_rule
+    from hf_hybrid_spec.kernels.mamba2.triton_branch import triton_branch_mamba2
+
+    bsz, n = 2, 29
+    parent = random_tree(bsz, n, 6, seed=9)
+    leaf = random_leaf(bsz, n, seed=9)
+
+    q, k, v, g, beta, h0 = gdn_inputs(bsz, n, 1, 2, 40, 24, True, seed=9)
+    ref = kernels.naive_tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
+    out = run("triton", triton_branch_gated_delta_rule, q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
+    assert_close("o", ref.o, out.o)
+    assert_close("state", kernels.naive_commit_gated_delta_rule(h0, ref, parent, leaf), branch_commit(h0, out.states, leaf))
+
+    (x, dt, a, b, c, h0), kwargs = mamba2_inputs(bsz, n, 2, 1, 12, 20, True, seed=9)
+    ref = kernels.naive_tree_mamba2(x, dt, a, b, c, parent, h0, **kwargs)
+    out = run("triton", triton_branch_mamba2, x, dt, a, b, c, parent, h0, **kwargs)
+    assert_close("y", ref.y, out.y)
+    assert_close("state", kernels.naive_commit_mamba2(h0, ref, parent, leaf), branch_commit(h0, out.states, leaf))
