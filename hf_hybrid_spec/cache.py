@@ -1,0 +1,266 @@
+"""HybridTreeCache: a transformers `DynamicCache` that verifies a whole draft tree in one forward.
+
+Outside tree mode it is exactly the `DynamicCache` transformers builds for the model's config (prefill and
+any ordinary forward go through the model's own code). In tree mode (`begin_tree` .. `commit`):
+
+- attention layers append the N tree nodes after the committed prefix through the stock `update`; the
+  tree attention mask (built by the generate loop) keeps each node on its own root path. `commit` keeps the
+  prefix plus the accepted path's keys and values.
+- linear-attention / SSM / short-conv layers never touch the committed state during verification: the
+  model adapter computes the tree in closed form and `stash`es token-level factors here (no state per
+  node). `commit` rebuilds the accepted path's state and conv window from those factors, exactly, through
+  `hf_hybrid_spec.kernels`.
+
+`abort` drops a tree without committing anything, so an exception during verification leaves the cache as
+it was before `begin_tree`. A chain is the special case parent[i] = i - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from .kernels import (
+    TreeGatedDeltaOutput,
+    TreeMamba2Output,
+    commit_causal_conv1d,
+    commit_gated_delta_rule,
+    commit_mamba2,
+)
+from .kernels.tree import validate_parent
+
+__all__ = ["HybridTreeCache", "TreeState", "PendingRecurrent", "CacheSnapshot"]
+
+
+@dataclass
+class TreeState:
+    """The tree being verified by the current forward.
+
+    Attributes:
+        parent: [B, N] int64 parent pointers over the verify input (node 0 is the root, the last committed
+            token; its parent is -1).
+        prefix_length: committed tokens already in the attention layers before this tree.
+        num_nodes: optional [B] real node count per row (rows padded with dummy leaves).
+    """
+
+    parent: torch.Tensor
+    prefix_length: int
+    num_nodes: torch.Tensor | None = None
+
+
+@dataclass
+class PendingRecurrent:
+    """What one recurrent layer computed for the current tree, to be committed once the leaf is known.
+
+    Attributes:
+        conv_inputs: [B, N, C] inputs of the short causal conv (before it), or None if the layer has none.
+        gated_delta: factors of a gated-delta layer, or None.
+        mamba2: factors of a Mamba-2 layer, or None.
+        state_idx: which of the layer's conv/recurrent states these belong to.
+    """
+
+    conv_inputs: torch.Tensor | None = None
+    gated_delta: TreeGatedDeltaOutput | None = None
+    mamba2: TreeMamba2Output | None = None
+    state_idx: int = 0
+
+
+@dataclass
+class CacheSnapshot:
+    """A point to roll an ordinary (non-tree) cache back to: token counts of attention layers and copies of
+    recurrent states. Used by drafters that decode a few tokens autoregressively and then undo them."""
+
+    kv_lengths: dict[int, int]
+    conv_states: dict[tuple[int, int], torch.Tensor]
+    recurrent_states: dict[tuple[int, int], torch.Tensor]
+
+
+@dataclass
+class _TreeBook:
+    tree: TreeState
+    pending: dict[int, list[PendingRecurrent]] = field(default_factory=dict)
+
+
+def _is_linear(layer) -> bool:
+    return hasattr(layer, "conv_states") and hasattr(layer, "recurrent_states")
+
+
+def _has_kv(layer) -> bool:
+    # transformers' DummyLayer (layers without a cache, e.g. Nemotron-H MLP blocks) has the attributes but
+    # never stores anything.
+    return hasattr(layer, "keys") and hasattr(layer, "values") and type(layer).__name__ != "DummyLayer"
+
+
+class HybridTreeCache(DynamicCache):
+    """DynamicCache plus tree verification with factorized recurrent state (see module docstring).
+
+    Args:
+        config: the model config (the text config is taken from it), as for `DynamicCache(config=...)`.
+    """
+
+    def __init__(self, config):
+        super().__init__(config=config)
+        self._book: _TreeBook | None = None
+        for idx, layer in enumerate(self.layers):
+            if getattr(layer, "is_sliding", False):
+                raise NotImplementedError(
+                    f"layer {idx} uses sliding-window attention, which tree verification does not support yet"
+                )
+
+    # ------------------------------------------------------------------ tree lifecycle
+    @property
+    def tree(self) -> TreeState | None:
+        """The tree under verification, or None outside tree mode."""
+        return None if self._book is None else self._book.tree
+
+    @property
+    def in_tree_mode(self) -> bool:
+        return self._book is not None
+
+    def begin_tree(
+        self, parent: torch.Tensor, prefix_length: int, num_nodes: torch.Tensor | None = None
+    ) -> TreeState:
+        """Enter tree mode for the next forward.
+
+        Args:
+            parent: [B, N] parent pointers over the verify input (root first, parent[:, 0] = -1).
+            prefix_length: committed tokens in the cache, i.e. where the tree's keys will be appended.
+            num_nodes: optional [B] real node counts.
+        """
+        if self._book is not None:
+            raise RuntimeError("begin_tree called while another tree is pending; commit or abort it first")
+        validate_parent(parent)
+        if not self.is_ready():
+            raise RuntimeError("the cache is empty: run the prompt (prefill) through the model before a tree")
+        for idx, layer in enumerate(self.layers):
+            if _has_kv(layer) and layer.keys is not None and layer.keys.numel() > 0:
+                if layer.keys.shape[-2] != prefix_length:
+                    raise RuntimeError(
+                        f"layer {idx} holds {layer.keys.shape[-2]} tokens but the tree expects a prefix of {prefix_length}"
+                    )
+        tree = TreeState(parent=parent.long(), prefix_length=prefix_length, num_nodes=num_nodes)
+        self._book = _TreeBook(tree=tree)
+        return tree
+
+    def stash(self, layer_idx: int, pending: PendingRecurrent) -> None:
+        """Called by model adapters during the tree forward of a recurrent layer."""
+        if self._book is None:
+            raise RuntimeError("stash called outside tree mode")
+        self._book.pending.setdefault(layer_idx, []).append(pending)
+
+    def recurrent_states(self, layer_idx: int, state_idx: int = 0) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The committed (conv_state [B, C, S], recurrent_state) of a linear layer, read-only in tree mode."""
+        layer = self.layers[layer_idx]
+        if not _is_linear(layer):
+            raise ValueError(f"layer {layer_idx} ({type(layer).__name__}) holds no recurrent state")
+        if not layer.has_previous_state[state_idx]:
+            raise RuntimeError(f"layer {layer_idx} has no committed state yet; prefill before verifying a tree")
+        return layer.conv_states[state_idx], layer.recurrent_states[state_idx]
+
+    def commit(self, leaf: torch.Tensor) -> None:
+        """Keep the root->leaf path of the pending tree and leave tree mode.
+
+        leaf: [B] int64, the last accepted node per row (>= 0: the root itself is always committed).
+        """
+        if self._book is None:
+            raise RuntimeError("commit called outside tree mode")
+        book = self._book
+        parent = book.tree.parent
+        leaf = leaf.to(device=parent.device, dtype=torch.long)
+        if parent.shape[0] != 1:
+            raise NotImplementedError("committing trees with batch size > 1 is not supported yet")
+        if int(leaf.min()) < 0:
+            raise ValueError("leaf must be >= 0: the root of a verify tree is always accepted")
+        path = self._path(parent[0], int(leaf[0]))
+        try:
+            for idx, layer in enumerate(self.layers):
+                if _has_kv(layer) and layer.keys is not None and layer.keys.numel() > 0:
+                    self._commit_kv(layer, book.tree.prefix_length, path)
+                for pending in book.pending.get(idx, []):
+                    self._commit_recurrent(layer, pending, parent, leaf)
+        finally:
+            self._book = None
+
+    def abort(self) -> None:
+        """Drop the pending tree: attention layers go back to the prefix, recurrent states were never touched."""
+        if self._book is None:
+            return
+        prefix = self._book.tree.prefix_length
+        for layer in self.layers:
+            if _has_kv(layer) and layer.keys is not None and layer.keys.numel() > 0:
+                layer.keys = layer.keys[..., :prefix, :]
+                layer.values = layer.values[..., :prefix, :]
+        self._book = None
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self) -> CacheSnapshot:
+        """Remember the current committed state (outside tree mode)."""
+        if self._book is not None:
+            raise RuntimeError("snapshot is not available in tree mode")
+        kv, conv, rec = {}, {}, {}
+        for idx, layer in enumerate(self.layers):
+            if _has_kv(layer) and layer.keys is not None:
+                kv[idx] = layer.keys.shape[-2] if layer.keys.numel() > 0 else 0
+            if _is_linear(layer):
+                for s, t in layer.conv_states.items():
+                    if t is not None:
+                        conv[(idx, s)] = t.clone()
+                for s, t in layer.recurrent_states.items():
+                    if t is not None:
+                        rec[(idx, s)] = t.clone()
+        return CacheSnapshot(kv_lengths=kv, conv_states=conv, recurrent_states=rec)
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """Roll back to `snap`: crop attention layers, copy recurrent states back in place."""
+        for idx, length in snap.kv_lengths.items():
+            layer = self.layers[idx]
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
+        for (idx, s), t in snap.conv_states.items():
+            self.layers[idx].conv_states[s].copy_(t)
+        for (idx, s), t in snap.recurrent_states.items():
+            self.layers[idx].recurrent_states[s].copy_(t)
+
+    # ------------------------------------------------------------------ helpers
+    def is_ready(self) -> bool:
+        """Whether a prefill has gone through (some layers, e.g. MLP-only blocks, never hold state)."""
+        for layer in self.layers:
+            if _is_linear(layer) and any(layer.has_previous_state.values()):
+                return True
+            if _has_kv(layer) and layer.keys is not None and layer.keys.numel() > 0:
+                return True
+        return False
+
+    @staticmethod
+    def _path(parent_row: torch.Tensor, leaf: int) -> torch.Tensor:
+        nodes = []
+        par = parent_row.tolist()
+        cur = leaf
+        while cur >= 0:
+            nodes.append(cur)
+            cur = par[cur]
+        return torch.tensor(nodes[::-1], dtype=torch.long, device=parent_row.device)
+
+    @staticmethod
+    def _commit_kv(layer, prefix: int, path: torch.Tensor) -> None:
+        idx = torch.cat([torch.arange(prefix, device=path.device), prefix + path]).to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, idx)
+        layer.values = layer.values.index_select(-2, idx)
+
+    @staticmethod
+    def _commit_recurrent(layer, pending: PendingRecurrent, parent: torch.Tensor, leaf: torch.Tensor) -> None:
+        s = pending.state_idx
+        if pending.conv_inputs is not None:
+            conv = layer.conv_states[s]
+            new_conv = commit_causal_conv1d(conv, pending.conv_inputs, parent, leaf)
+            # In place, so compiled graphs that captured the buffer's address stay valid.
+            conv.copy_(new_conv)
+        if pending.gated_delta is not None or pending.mamba2 is not None:
+            state = layer.recurrent_states[s]
+            if pending.gated_delta is not None:
+                new_state = commit_gated_delta_rule(state, pending.gated_delta, parent, leaf)
+            else:
+                new_state = commit_mamba2(state, pending.mamba2, parent, leaf)
+            state.copy_(new_state.to(state.dtype))

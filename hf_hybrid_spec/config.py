@@ -1,0 +1,136 @@
+"""AssistantConfig: how `speculative_generate` drafts and verifies.
+
+A dataclass validated on construction, with a JSON round trip (`save_pretrained` / `from_pretrained`) so a
+tuned configuration can live in a Hub repository next to a drafter checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["AssistantConfig", "DRAFTERS", "VERIFICATIONS", "CONFIG_NAME"]
+
+CONFIG_NAME = "assistant_config.json"
+
+# Drafters `speculative_generate` knows; `model` drafts with `draft_model=` (any causal LM, same tokenizer).
+DRAFTERS = ("suffix", "ngram", "model")
+VERIFICATIONS = ("lossless",)
+KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
+
+
+@dataclass
+class AssistantConfig:
+    """Configuration of speculative decoding.
+
+    Tree budget:
+        max_draft_tokens: most draft nodes verified per target forward (the root comes on top).
+        max_depth: deepest draft node below the root; also bounds the tokens one forward can commit
+            (max_depth + 1 with the bonus token).
+
+    Suffix drafter (SuffixDecoding; `drafter="suffix"`):
+        max_spec_factor, max_spec_offset: a match of length m drafts at most m * factor + offset tokens.
+        min_token_prob: stop extending a branch once its path probability (product of child frequencies
+            over parent frequencies) falls below this.
+        max_match_length: longest context suffix matched against the trees (also the depth of the trees).
+        global_cache: also draft from a process-wide tree over earlier generations.
+        max_cached_outputs: how many earlier generations the process-wide tree keeps (oldest evicted).
+        tree: emit branching trees; False keeps only the most probable chain.
+
+    N-gram drafter (prompt lookup; `drafter="ngram"`):
+        ngram_size: longest n-gram matched against the context (shorter ones are tried after it).
+        (drafts `max_draft_tokens` tokens as one chain)
+
+    Model drafter (`drafter="model"`, with `draft_model=` passed to generate):
+        draft_top_k: children expanded per drafted node; 1 drafts a chain, k > 1 a tree (EAGLE-2 style,
+            best `max_draft_tokens` nodes by path probability).
+
+    Verification:
+        verification: "lossless" (greedy: identical to plain greedy; sampling: exactly the target's
+            distribution).
+        kernel_backend: "auto" (Triton on CUDA, closed-form PyTorch on CPU), "triton", "torch" or "naive".
+    """
+
+    drafter: str = "suffix"
+    max_draft_tokens: int = 24
+    max_depth: int = 8
+    # suffix drafter
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    max_match_length: int = 32
+    global_cache: bool = True
+    max_cached_outputs: int = 256
+    tree: bool = True
+    # n-gram drafter
+    ngram_size: int = 3
+    # model drafter
+    draft_top_k: int = 1
+    # verification
+    verification: str = "lossless"
+    kernel_backend: str = "auto"
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
+        if self.verification not in VERIFICATIONS:
+            raise ValueError(f"verification must be one of {VERIFICATIONS}, got {self.verification!r}")
+        if self.kernel_backend not in KERNEL_BACKENDS:
+            raise ValueError(f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}")
+        for name in ("max_draft_tokens", "max_depth", "max_match_length", "ngram_size", "draft_top_k",
+                     "max_cached_outputs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0.0 < self.min_token_prob <= 1.0:
+            raise ValueError(f"min_token_prob must be in (0, 1], got {self.min_token_prob!r}")
+        if self.max_spec_factor < 0 or self.max_spec_offset < -self.max_match_length:
+            raise ValueError("max_spec_factor must be >= 0 and max_spec_offset > -max_match_length")
+        for name in ("global_cache", "tree"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.extra, dict):
+            raise ValueError("extra must be a dict")
+
+    # ------------------------------------------------------------------ serialization
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AssistantConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown AssistantConfig fields: {unknown}")
+        return cls(**data)
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> str:
+        """Write `assistant_config.json` into `save_directory` (created if needed); returns the file path."""
+        os.makedirs(save_directory, exist_ok=True)
+        path = os.path.join(save_directory, CONFIG_NAME)
+        with open(path, "w") as f:
+            f.write(self.to_json_string())
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path_or_repo_id: str | os.PathLike, **hub_kwargs) -> AssistantConfig:
+        """Load from a directory or JSON file, or from a Hub repository (downloaded through huggingface_hub)."""
+        path = os.fspath(path_or_repo_id)
+        if os.path.isdir(path):
+            path = os.path.join(path, CONFIG_NAME)
+        elif not os.path.isfile(path):
+            from huggingface_hub import hf_hub_download
+
+            path = hf_hub_download(path, CONFIG_NAME, **hub_kwargs)
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    def replace(self, **changes) -> AssistantConfig:
+        """A validated copy with some fields changed."""
+        return dataclasses.replace(self, **changes)

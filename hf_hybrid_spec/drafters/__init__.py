@@ -1,0 +1,51 @@
+"""Drafters behind one small interface (`Drafter`): each proposes a `DraftTree` per step.
+
+`make_drafter(config, target, draft_model)` builds the drafter an `AssistantConfig` names, for one request.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..config import AssistantConfig
+from .base import DraftBudget, Drafter
+from .model import ModelDrafter, check_same_vocabulary
+from .ngram import NgramDrafter
+from .suffix import SuffixDrafter, clear_global_suffix_cache
+
+__all__ = [
+    "Drafter",
+    "DraftBudget",
+    "SuffixDrafter",
+    "NgramDrafter",
+    "ModelDrafter",
+    "make_drafter",
+    "clear_global_suffix_cache",
+]
+
+
+def make_drafter(config: AssistantConfig, target: nn.Module, draft_model: nn.Module | None = None) -> Drafter:
+    if config.drafter != "model" and draft_model is not None:
+        raise ValueError(f"draft_model was given but the assistant config asks for the {config.drafter!r} drafter")
+    if config.drafter == "suffix":
+        text_config = target.config.get_text_config()
+        key = (getattr(target.config, "_name_or_path", ""), text_config.vocab_size)
+        return SuffixDrafter(
+            cache_key=key,
+            max_match_length=config.max_match_length,
+            max_depth=config.max_depth,
+            max_spec_factor=config.max_spec_factor,
+            max_spec_offset=config.max_spec_offset,
+            min_token_prob=config.min_token_prob,
+            use_global=config.global_cache,
+            max_cached_outputs=config.max_cached_outputs,
+            tree=config.tree,
+        )
+    if config.drafter == "ngram":
+        return NgramDrafter(ngram_size=config.ngram_size, num_tokens=config.max_draft_tokens)
+    if config.drafter == "model":
+        if draft_model is None:
+            raise ValueError("the 'model' drafter needs a draft model: pass draft_model= (or assistant_model= after enable())")
+        check_same_vocabulary(target, draft_model)
+        return ModelDrafter(draft_model, top_k=config.draft_top_k)
+    raise ValueError(f"unknown drafter {config.drafter!r}")

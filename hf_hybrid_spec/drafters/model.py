@@ -1,0 +1,139 @@
+"""Assistant-model drafter: any causal LM with the target's vocabulary, hybrid ones included.
+
+The assistant keeps its own `HybridTreeCache` in step with the committed tokens: each proposal first feeds it
+the tokens committed since the last one (the root included), then drafts
+
+- a chain (`top_k == 1`): greedy decoding for up to `max_depth` tokens, after which the cache is rolled back
+  to the committed point (a snapshot of its recurrent states and a crop of its attention layers), or
+- a tree (`top_k > 1`, EAGLE-2 style): each step expands the top-k children of the `top_k` most probable
+  frontier nodes with one tree forward of the assistant (never committed), and the best `max_nodes` nodes
+  by path log-probability form the draft.
+
+Drafts are deterministic, so sampling verification stays lossless without draft probabilities.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..cache import HybridTreeCache
+from ..forward import forward_tokens, forward_tree
+from ..models import get_adapter
+from ..tree import DraftTree, VerifyTree, chain_tree, empty_draft
+from .base import DraftBudget, Drafter
+
+__all__ = ["ModelDrafter", "check_same_vocabulary"]
+
+
+def check_same_vocabulary(target: nn.Module, draft: nn.Module) -> None:
+    """Raise ValueError unless the two models share a vocabulary (same size, same special tokens)."""
+    tv = target.config.get_text_config().vocab_size
+    dv = draft.config.get_text_config().vocab_size
+    if tv != dv:
+        raise ValueError(
+            f"the draft model has a vocabulary of {dv} tokens but the target has {tv}: speculative decoding "
+            "needs a drafter that uses the target's tokenizer"
+        )
+    for attr in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        a = getattr(target.generation_config, attr, None)
+        b = getattr(draft.generation_config, attr, None)
+        if a is not None and b is not None and a != b:
+            raise ValueError(f"target and draft model disagree on {attr} ({a} vs {b}): different tokenizers?")
+
+
+class ModelDrafter(Drafter):
+    name = "model"
+
+    def __init__(self, draft_model: nn.Module, top_k: int = 1):
+        self.model = draft_model
+        self.top_k = top_k
+        get_adapter(draft_model)  # routes its recurrent layers for tree forwards, or raises for unsupported models
+        self.cache: HybridTreeCache | None = None
+        self.processed = 0
+
+    def begin(self, input_ids: torch.Tensor) -> None:
+        self.cache = HybridTreeCache(self.model.config)
+        self.processed = 0
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
+        device = self.model.device
+        length = input_ids.shape[1]
+        new = input_ids[:, self.processed :].to(device)
+        positions = torch.arange(self.processed, length, device=device).unsqueeze(0)
+        out = forward_tokens(self.model, new, self.cache, position_ids=positions, logits_to_keep=1)
+        self.processed = length
+        logits = out.logits[:, -1].float()
+        if self.top_k == 1:
+            draft = self._chain(logits, length, min(budget.max_nodes, budget.max_depth))
+        else:
+            draft = self._tree(logits, length, budget)
+        return DraftTree(
+            tokens=draft.tokens.to(input_ids.device),
+            parents=draft.parents.to(input_ids.device),
+            scores=None if draft.scores is None else draft.scores.to(input_ids.device),
+            info={"drafter": "model"},
+        )
+
+    def _chain(self, logits: torch.Tensor, length: int, steps: int) -> DraftTree:
+        if steps <= 0:
+            return empty_draft(1, logits.device)
+        snap = self.cache.snapshot()
+        tokens = []
+        try:
+            for d in range(steps):
+                tok = logits.argmax(dim=-1, keepdim=True)  # [1, 1]
+                tokens.append(tok)
+                if d + 1 == steps:
+                    break
+                pos = torch.tensor([[length + d]], device=logits.device)
+                logits = forward_tokens(self.model, tok, self.cache, position_ids=pos).logits[:, -1].float()
+        finally:
+            self.cache.restore(snap)
+        return chain_tree(torch.cat(tokens, dim=1))
+
+    def _tree(self, logits: torch.Tensor, length: int, budget: DraftBudget) -> DraftTree:
+        k = self.top_k
+        dev = logits.device
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []  # cumulative log-probability of each node's path
+        logp = torch.log_softmax(logits[0], dim=-1)
+        top = logp.topk(k)
+        frontier = []
+        for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
+            tokens.append(tok)
+            parents.append(-1)
+            scores.append(lp)
+            frontier.append(len(tokens) - 1)
+        for _depth in range(1, budget.max_depth):
+            if len(tokens) >= 4 * budget.max_nodes:
+                break
+            # Expand the k best frontier nodes: one tree forward over the draft so far (root = last committed).
+            frontier = sorted(frontier, key=lambda i: -scores[i])[:k]
+            # The assistant already holds the root, so the draft nodes hang off its committed state directly.
+            sub = VerifyTree.from_parents(torch.tensor([tokens], device=dev), torch.tensor([parents], device=dev))
+            out = forward_tree(self.model, sub, self.cache, length, torch.tensor([length], device=dev))
+            self.cache.abort()
+            node_logp = torch.log_softmax(out.logits[0].float(), dim=-1)  # [M, V]
+            new_frontier = []
+            for i in frontier:
+                top = node_logp[i].topk(k)
+                for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
+                    tokens.append(tok)
+                    parents.append(i)
+                    scores.append(scores[i] + lp)
+                    new_frontier.append(len(tokens) - 1)
+            frontier = new_frontier
+        # Global top nodes by path log-probability; a parent never scores below its child, and ties are
+        # broken by index, so the kept set is closed under parents and stays in topological order.
+        order = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[: budget.max_nodes]
+        keep = torch.tensor(sorted(order), dtype=torch.long, device=dev)
+        full = DraftTree(
+            tokens=torch.tensor([tokens], device=dev),
+            parents=torch.tensor([parents], device=dev),
+            scores=torch.tensor([scores], device=dev).exp(),
+        )
+        return full.select(keep)
+

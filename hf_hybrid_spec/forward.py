@@ -1,0 +1,88 @@
+"""Calling a transformers causal LM with a cache across transformers 5.x releases.
+
+transformers 5.17 names the cache argument `past_key_values`; later releases call it `cache` (keeping the old
+name as a deprecated alias). This module finds the right name once per model class and runs ordinary and
+tree forwards.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from torch import nn
+
+from .cache import HybridTreeCache
+from .tree import VerifyTree
+
+__all__ = ["cache_kwarg", "forward_tokens", "forward_tree"]
+
+
+@functools.cache
+def _cache_kwarg_for(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    return _cache_kwarg_for(type(model))
+
+
+def forward_tokens(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    cache,
+    position_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    logits_to_keep: int = 1,
+    output_hidden_states: bool = False,
+):
+    """An ordinary (causal) forward of `input_ids` [B, T] that appends to `cache`."""
+    kwargs = {cache_kwarg(model): cache}
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+        output_hidden_states=output_hidden_states,
+        **kwargs,
+    )
+
+
+def forward_tree(
+    model: nn.Module,
+    tree: VerifyTree,
+    cache: HybridTreeCache,
+    prefix_length: int,
+    root_position: torch.Tensor,
+    prefix_mask: torch.Tensor | None = None,
+    output_hidden_states: bool = False,
+):
+    """Run the whole tree through `model` in one forward, leaving `cache` in tree mode (commit or abort next).
+
+    Args:
+        tree: the verify tree (root first).
+        prefix_length: tokens already committed in `cache`.
+        root_position: [B] position id of the root.
+        prefix_mask: optional [B, prefix_length] padding mask of the committed tokens.
+    """
+    b = tree.tokens.shape[0]
+    if prefix_mask is None:
+        prefix_mask = torch.ones(b, prefix_length, dtype=torch.long, device=tree.tokens.device)
+    mask = tree.attention_mask(prefix_mask, dtype=model.dtype)
+    cache.begin_tree(tree.parent, prefix_length)
+    try:
+        return forward_tokens(
+            model,
+            tree.tokens,
+            cache,
+            position_ids=tree.position_ids(root_position),
+            attention_mask=mask,
+            logits_to_keep=0,
+            output_hidden_states=output_hidden_states,
+        )
+    except BaseException:
+        cache.abort()
+        raise

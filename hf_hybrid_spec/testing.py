@@ -1,0 +1,93 @@
+"""Tiny random-weight models of every supported family, built from configs (no download).
+
+Used by the test suite and by the examples when the trained fixtures are absent. Random weights give
+meaningless acceptance rates, but they exercise every code path, and exactness must hold for them too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+__all__ = ["TINY_FAMILIES", "tiny_config", "tiny_model", "fixture_path", "FIXTURES"]
+
+FIXTURES = ("qwen3_5-small", "falcon_h1-small")
+
+_COMMON = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+               bos_token_id=0, eos_token_id=0, pad_token_id=1)
+
+TINY_FAMILIES: dict[str, dict] = {
+    "qwen3_5_text": dict(
+        num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    ),
+    "qwen3_next": dict(
+        num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    ),
+    "falcon_h1": dict(
+        num_hidden_layers=3, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
+        mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=16,
+    ),
+    "bamba": dict(
+        num_hidden_layers=3, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=4,
+        mamba_chunk_size=16, attn_layer_indices=[1],
+    ),
+    "nemotron_h": dict(
+        num_hidden_layers=4, head_dim=16, mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=8, n_groups=1,
+        conv_kernel=4, chunk_size=16, hybrid_override_pattern="M*M-",
+    ),
+    "granitemoehybrid": dict(
+        num_hidden_layers=3, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4,
+        mamba_chunk_size=16, num_local_experts=0, shared_intermediate_size=128,
+        layer_types=["mamba", "attention", "mamba"],
+    ),
+    "lfm2": dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"]),
+    "llama": dict(num_hidden_layers=2),
+}
+
+
+def tiny_config(family: str, vocab_size: int = 96, **overrides):
+    """A small config of `family` (a key of TINY_FAMILIES: a transformers model_type)."""
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"no tiny config for {family!r}; known: {sorted(TINY_FAMILIES)}")
+    kwargs = {**_COMMON, **TINY_FAMILIES[family], "vocab_size": vocab_size, **overrides}
+    return AutoConfig.for_model(family, **kwargs)
+
+
+def tiny_model(family: str, seed: int = 0, vocab_size: int = 96, dtype=torch.float32, **overrides):
+    """A random-weight causal LM of `family` in eval mode, with sdpa attention."""
+    config = tiny_config(family, vocab_size=vocab_size, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
+    # Random init leaves some decays near 1 and the outputs nearly constant; widen the logits so greedy
+    # decoding does not sit on near-ties (identity tests would then measure rounding, not correctness).
+    with torch.no_grad():
+        head = model.get_output_embeddings()
+        head.weight.mul_(4.0)
+    model.generation_config.eos_token_id = 0
+    model.generation_config.pad_token_id = 1
+    model.generation_config.bos_token_id = 0
+    return model
+
+
+def fixture_path(name: str) -> Path | None:
+    """Path of a trained fixture model (../shared/models/<name> from the repo), or None where absent.
+
+    HF_HYBRID_SPEC_FIXTURES overrides the folder that holds the fixtures.
+    """
+    roots = []
+    if os.environ.get("HF_HYBRID_SPEC_FIXTURES"):
+        roots.append(Path(os.environ["HF_HYBRID_SPEC_FIXTURES"]))
+    repo = Path(__file__).resolve().parent.parent
+    roots += [repo.parent / "shared" / "models", repo / "shared" / "models", repo / ".carry" / "models"]
+    for root in roots:
+        if (root / name / "config.json").is_file():
+            return root / name
+    return None

@@ -1,0 +1,161 @@
+"""Draft trees: what a drafter proposes, and the verify input the target model sees.
+
+A drafter proposes `DraftTree` nodes hanging off the *root*, the last committed token (already chosen,
+not yet run through the target). The generate loop prepends the root to get a `VerifyTree` of N = M + 1
+nodes, runs it through the target in one forward, and commits the accepted root->leaf path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kernels.tree import ancestor_mask, node_depth, validate_parent
+
+__all__ = ["DraftTree", "VerifyTree", "build_verify_tree", "chain_tree", "empty_draft"]
+
+
+@dataclass
+class DraftTree:
+    """Candidate continuations proposed by a drafter, in topological order.
+
+    Attributes:
+        tokens: [B, M] int64 draft tokens.
+        parents: [B, M] int64; index of each node's parent among the draft nodes, -1 for children of the root.
+        probs: optional [B, M, V] float32; the draft distribution q (at the parent) that each node was *sampled*
+            from. None means the tree was built deterministically (greedy, top-k or a cache match): sampling
+            verification then treats every node as a one-hot proposal, which keeps it lossless.
+        scores: optional [B, M] float32; the drafter's own estimate that each node gets accepted (e.g. path
+            probability), used to trim a tree to a budget.
+        info: optional drafter-specific facts about the proposal (match length, source, expected accepted
+            length...), recorded for analysis and payoff prediction; never used by verification.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    probs: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    info: dict | None = None
+
+    def __post_init__(self):
+        if self.tokens.ndim != 2 or self.parents.shape != self.tokens.shape:
+            raise ValueError(
+                f"tokens and parents must both be [B, M], got {tuple(self.tokens.shape)} and {tuple(self.parents.shape)}"
+            )
+        if self.tokens.shape[1] > 0:
+            validate_parent(self.parents)
+        if self.probs is not None and self.probs.shape[:2] != self.tokens.shape:
+            raise ValueError(f"probs must be [B, M, V] with [B, M] = {tuple(self.tokens.shape)}")
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    def depth(self) -> torch.Tensor:
+        """[B, M] depth of each draft node below the root (children of the root have depth 1)."""
+        return node_depth(self.parents) + 1
+
+    def truncate_depth(self, max_depth: int) -> DraftTree:
+        """Drop nodes deeper than `max_depth` below the root (batch size 1)."""
+        if self.num_nodes == 0 or max_depth <= 0:
+            return empty_draft(self.tokens.shape[0], self.tokens.device) if max_depth <= 0 else self
+        keep = (self.depth()[0] <= max_depth).nonzero().flatten()
+        return self.select(keep)
+
+    def select(self, keep: torch.Tensor) -> DraftTree:
+        """Keep the nodes `keep` (sorted indices, closed under taking parents; batch size 1)."""
+        if keep.numel() == self.num_nodes:
+            return self
+        remap = torch.full((self.num_nodes + 1,), -1, dtype=torch.long, device=self.tokens.device)
+        remap[keep] = torch.arange(keep.numel(), device=self.tokens.device)
+        par = self.parents[0, keep]
+        new_par = torch.where(par >= 0, remap[par.clamp(min=0)], -1)
+        if bool(((par >= 0) & (new_par < 0)).any()):
+            raise ValueError("select() must keep every kept node's parent")
+        return DraftTree(
+            tokens=self.tokens[:, keep],
+            parents=new_par.unsqueeze(0),
+            probs=None if self.probs is None else self.probs[:, keep],
+            scores=None if self.scores is None else self.scores[:, keep],
+            info=self.info,
+        )
+
+
+def empty_draft(batch_size: int = 1, device: torch.device | str = "cpu") -> DraftTree:
+    z = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+    return DraftTree(tokens=z, parents=z.clone())
+
+
+def chain_tree(tokens: torch.Tensor, probs: torch.Tensor | None = None) -> DraftTree:
+    """A chain draft: tokens [B, M], each the child of the previous one."""
+    b, m = tokens.shape
+    parents = (torch.arange(m, device=tokens.device) - 1).expand(b, m).clone()
+    return DraftTree(tokens=tokens, parents=parents, probs=probs)
+
+
+@dataclass
+class VerifyTree:
+    """The target's input for one verification forward: root + draft nodes (N = M + 1).
+
+    Attributes:
+        tokens: [B, N] int64; node 0 is the root.
+        parent: [B, N] int64; parent[:, 0] = -1, draft node j sits at index j + 1.
+        depth: [B, N] int64; the root has depth 0.
+        ancestors: [B, N, N] bool; ancestors[b, i, j] = node j is on node i's root path (i itself included).
+        draft: the DraftTree this was built from.
+    """
+
+    tokens: torch.Tensor
+    parent: torch.Tensor
+    depth: torch.Tensor
+    ancestors: torch.Tensor
+    draft: DraftTree | None
+
+    @classmethod
+    def from_parents(cls, tokens: torch.Tensor, parent: torch.Tensor, draft: DraftTree | None = None) -> VerifyTree:
+        """A forward input over any node set given by parent pointers (-1: child of the committed state)."""
+        ancestors = ancestor_mask(parent, include_self=True)
+        return cls(tokens=tokens, parent=parent, depth=ancestors.sum(-1) - 1, ancestors=ancestors, draft=draft)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    def children(self, batch_index: int = 0) -> list[list[int]]:
+        """Children of every node, in index order (Python lists; one host read of the parents)."""
+        kids: list[list[int]] = [[] for _ in range(self.num_nodes)]
+        for i, p in enumerate(self.parent[batch_index].tolist()):
+            if p >= 0:
+                kids[p].append(i)
+        return kids
+
+    def attention_mask(self, prefix_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """Additive 4D mask [B, 1, N, P + N]: every node sees the committed prefix and its own root path.
+
+        prefix_mask: optional [B, P] 0/1 padding mask of the committed prefix (None: no padding).
+        """
+        b, n = self.tokens.shape
+        allowed_tree = self.ancestors
+        if prefix_mask is None:
+            raise ValueError("prefix_mask must be given (use torch.ones for no padding)")
+        allowed_prefix = prefix_mask.bool()[:, None, :].expand(b, n, prefix_mask.shape[1])
+        allowed = torch.cat([allowed_prefix, allowed_tree], dim=-1)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.tokens.device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[:, None]
+
+    def position_ids(self, root_position: torch.Tensor) -> torch.Tensor:
+        """[B, N] positions: the root's position plus depth. root_position: [B]."""
+        return root_position[:, None] + self.depth
+
+
+def build_verify_tree(root: torch.Tensor, draft: DraftTree) -> VerifyTree:
+    """Prepend the root token(s) [B] to a draft tree."""
+    b = root.shape[0]
+    tokens = torch.cat([root.view(b, 1), draft.tokens.to(root.device)], dim=1)
+    par = draft.parents.to(root.device)
+    parent = torch.cat(
+        [torch.full((b, 1), -1, dtype=torch.long, device=root.device), torch.where(par >= 0, par + 1, 0)], dim=1
+    )
+    return VerifyTree.from_parents(tokens, parent, draft)

@@ -1,0 +1,138 @@
+"""Verification of a draft tree against the target's logits: greedy and lossless sampling.
+
+Greedy: walk from the root, at each node follow the child whose token is the target's argmax; the first
+node without such a child yields the bonus token (the argmax itself). The committed tokens are exactly what
+plain greedy decoding would produce.
+
+Sampling (recursive rejection sampling over siblings, SpecInfer / EAGLE): at a node with target
+distribution p, try its children in order. A child x drawn from a draft distribution q is accepted with
+probability min(1, p(x) / q(x)), else p <- norm(max(0, p - q)). A deterministic child (cache match, greedy
+or top-k draft) is a one-hot proposal: accepted with probability p(x), else p(x) <- 0 and p is renormalized.
+When every child is rejected, the bonus token is sampled from what is left of p; past the last accepted
+node, from its full p. Either way each committed token is an exact sample of the target distribution.
+
+The user's logits processors see, for every node, the input ids that plain generation would have had at
+that point (committed tokens plus the node's root path), so repetition penalties, min-length rules and
+the like behave as they do without speculation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessorList
+
+from .tree import VerifyTree
+
+__all__ = ["VerifyResult", "process_tree_logits", "verify_greedy", "verify_sampling"]
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of verifying one tree (batch size 1).
+
+    Attributes:
+        path: node indices from the root to the last accepted node (path[0] = 0, the root).
+        tokens: [k] int64, the committed new tokens: the accepted draft tokens then the bonus token.
+        score_nodes: for each new token, the node whose processed scores chose it (its parent in the path).
+    """
+
+    path: list[int]
+    tokens: torch.Tensor
+    score_nodes: list[int]
+
+    @property
+    def leaf(self) -> int:
+        return self.path[-1]
+
+    @property
+    def num_accepted_drafts(self) -> int:
+        return len(self.path) - 1
+
+
+def process_tree_logits(
+    input_ids: torch.Tensor, tree: VerifyTree, logits: torch.Tensor, processors: LogitsProcessorList | None
+) -> torch.Tensor:
+    """Apply logits processors per node. input_ids: [1, L] (root last); logits: [1, N, V] -> [N, V] fp32."""
+    scores = logits[0].float()
+    if not processors:
+        return scores
+    out = torch.empty_like(scores)
+    depth = tree.depth[0]
+    # Node i's root path tokens (excluding the root, which input_ids already ends with), by depth group.
+    anc = tree.ancestors[0]  # [N, N]
+    for d in torch.unique(depth).tolist():
+        nodes = (depth == d).nonzero().flatten()
+        ids = input_ids.expand(nodes.numel(), -1)
+        if d > 0:
+            # Ancestors of each node in index order = root path order (topological), root dropped.
+            path_cols = anc[nodes].nonzero()[:, 1].view(nodes.numel(), d + 1)[:, 1:]
+            ids = torch.cat([ids, tree.tokens[0, path_cols]], dim=1)
+        out[nodes] = processors(ids, scores[nodes].clone())
+    return out
+
+
+def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
+    """scores: [N, V] processed scores. One host read of the per-node argmax."""
+    best = scores.argmax(dim=-1).tolist()
+    tokens = tree.tokens[0].tolist()
+    children = tree.children(0)
+    path = [0]
+    new_tokens: list[int] = []
+    node = 0
+    while True:
+        want = best[node]
+        nxt = next((c for c in children[node] if tokens[c] == want), None)
+        new_tokens.append(want)
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    return VerifyResult(
+        path=path, tokens=torch.tensor(new_tokens, dtype=torch.long, device=scores.device), score_nodes=path[:]
+    )
+
+
+def verify_sampling(tree: VerifyTree, scores: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:
+    """scores: [N, V] processed (warped) scores; the target distribution at node i is softmax(scores[i])."""
+    probs = torch.softmax(scores, dim=-1)
+    tokens = tree.tokens[0].tolist()
+    children = tree.children(0)
+    draft_q = tree.draft.probs  # [1, M, V] or None; draft node j is tree node j + 1
+    path = [0]
+    new_tokens: list[int] = []
+    node = 0
+    while True:
+        p = probs[node].clone()
+        accepted = None
+        for c in children[node]:
+            x = tokens[c]
+            q = None if draft_q is None else draft_q[0, c - 1].to(p)
+            if q is None:
+                accept_prob = p[x]
+            else:
+                accept_prob = torch.clamp(p[x] / q[x].clamp(min=1e-20), max=1.0)
+            if torch.rand((), device=p.device, generator=generator) < accept_prob:
+                accepted = c
+                break
+            # Residual after rejecting x (one-hot q: zero x; sampled q: subtract q).
+            if q is None:
+                p[x] = 0.0
+            else:
+                p = torch.clamp(p - q, min=0.0)
+            total = p.sum()
+            if total <= 0:
+                # Only reachable through rounding when p == q; the accept step would have taken it.
+                p = probs[node].clone()
+            else:
+                p = p / total
+        if accepted is None:
+            new_tokens.append(int(torch.multinomial(p, 1, generator=generator)))
+            break
+        new_tokens.append(tokens[accepted])
+        path.append(accepted)
+        node = accepted
+    return VerifyResult(
+        path=path, tokens=torch.tensor(new_tokens, dtype=torch.long, device=scores.device), score_nodes=path[:]
+    )

@@ -1,0 +1,34 @@
+import functools
+import os
+
+import pytest
+import torch
+
+from hf_hybrid_spec.testing import fixture_path
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@functools.cache
+def _load_fixture(name: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = fixture_path(name)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+def load_fixture(name: str):
+    """(model, tokenizer) of a trained fixture; skips where ../shared/models is absent, fails in CI."""
+    if fixture_path(name) is None:
+        message = f"fixture model {name} not found (expected in ../shared/models)"
+        if IN_CI:
+            pytest.fail(message + " and CI=true: the fixtures must be present in CI")
+        pytest.skip(message)
+    return _load_fixture(name)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,58 @@
+"""Test drafters: trees of controlled shape around a known continuation."""
+
+import torch
+
+from hf_hybrid_spec.drafters import DraftBudget, Drafter
+from hf_hybrid_spec.tree import DraftTree, empty_draft
+
+
+class RandomTreeDrafter(Drafter):
+    """Random trees of depth 1..max_depth. When `reference` (the plain greedy output) is given, one branch
+    follows it for a random number of tokens, so deep acceptances and partial matches both happen."""
+
+    name = "random_tree"
+
+    def __init__(self, vocab_size, reference=None, seed=0, max_nodes=16, branch=3, p_follow=0.8):
+        self.vocab = vocab_size
+        self.reference = None if reference is None else reference[0].tolist()
+        self.gen = torch.Generator().manual_seed(seed)
+        self.max_nodes = max_nodes
+        self.branch = branch
+        self.p_follow = p_follow
+
+    def _rand(self, hi):
+        return int(torch.randint(hi, (1,), generator=self.gen))
+
+    def propose(self, input_ids, budget: DraftBudget) -> DraftTree:
+        length = input_ids.shape[1]
+        max_depth = min(budget.max_depth, 1 + self._rand(8))
+        n = min(budget.max_nodes, self.max_nodes, 1 + self._rand(self.max_nodes))
+        if max_depth <= 0 or n <= 0:
+            return empty_draft(1, input_ids.device)
+        tokens, parents, depth = [], [], []
+        follow = -1  # index of the node continuing the reference, -1 = root
+        follow_ok = self.reference is not None and float(torch.rand((), generator=self.gen)) < self.p_follow
+        while len(tokens) < n:
+            d_follow = 0 if follow < 0 else depth[follow]
+            ref_pos = length + d_follow
+            if follow_ok and d_follow < max_depth and self.reference is not None and ref_pos < len(self.reference):
+                same = [i for i in range(len(tokens)) if parents[i] == follow and tokens[i] == self.reference[ref_pos]]
+                if same:
+                    follow = same[0]
+                    continue
+                tokens.append(self.reference[ref_pos])
+                parents.append(follow)
+                depth.append(d_follow + 1)
+                follow = len(tokens) - 1
+                follow_ok = float(torch.rand((), generator=self.gen)) < 0.85
+                continue
+            cands = [-1] + [i for i in range(len(tokens)) if depth[i] < max_depth]
+            p = cands[self._rand(len(cands))]
+            siblings = {tokens[i] for i in range(len(tokens)) if parents[i] == p}
+            tok = self._rand(self.vocab)
+            if tok in siblings:
+                continue
+            tokens.append(tok)
+            parents.append(p)
+            depth.append(1 if p < 0 else depth[p] + 1)
+        return DraftTree(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]))
