@@ -43,11 +43,12 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
     _interpret_triton_stdlib()
 
-from hf_hybrid_spec import kernels  # noqa: E402
-from hf_hybrid_spec.kernels import tree  # noqa: E402
-from hf_hybrid_spec.kernels.conv import triton_tree as conv_triton  # noqa: E402
-from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_triton  # noqa: E402
-from hf_hybrid_spec.kernels.mamba2 import triton_tree as mamba2_triton  # noqa: E402
+from hf_hybrid_spec.kernels import tree
+from hf_hybrid_spec.kernels.conv import triton_tree as conv_triton
+from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_triton
+from hf_hybrid_spec.kernels.mamba2 import triton_tree as mamba2_triton
+
+from hf_hybrid_spec import kernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-4  # relative error (Frobenius norm) in fp32
@@ -346,7 +347,7 @@ def mamba2_inputs(bsz, n, h, g, p, s, extras, seed=0):
     h0 = randn(bsz, h, p, s)
     kwargs = {}
     if extras:
-        kwargs = dict(D=randn(h), z=randn(bsz, n, h, p), dt_bias=randn(h), dt_limit=(0.05, 3.0))
+        kwargs = {"D": randn(h), "z": randn(bsz, n, h, p), "dt_bias": randn(h), "dt_limit": (0.05, 3.0)}
     return (x, dt, a, b, c, h0), kwargs
 
 
@@ -457,7 +458,8 @@ def test_branch_baselines_vs_naive():
     ref = kernels.naive_tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
     out = run("triton", triton_branch_gated_delta_rule, q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
     assert_close("o", ref.o, out.o)
-    assert_close("state", kernels.naive_commit_gated_delta_rule(h0, ref, parent, leaf), branch_commit(h0, out.states, leaf))
+    new_ref = kernels.naive_commit_gated_delta_rule(h0, ref, parent, leaf)
+    assert_close("state", new_ref, branch_commit(h0, out.states, leaf))
 
     (x, dt, a, b, c, h0), kwargs = mamba2_inputs(bsz, n, 2, 1, 12, 20, True, seed=9)
     ref = kernels.naive_tree_mamba2(x, dt, a, b, c, parent, h0, **kwargs)

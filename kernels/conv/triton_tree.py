@@ -100,7 +100,7 @@ def commit_causal_conv1d_kernel(
     # length L shifts the surviving committed entries left by L.
     i_cur = tl.load(leaf + i_b).to(tl.int32)
     b_src = tl.full([BS], -1, dtype=tl.int32)
-    n_path = tl.zeros_like(i_cur)
+    n_path = i_cur * 0
     while i_cur >= 0:
         b_src = tl.where(o_s == S - 1 - n_path, i_cur, b_src)
         i_cur = tl.load(parent + i_b64 * N + i_cur).to(tl.int32)
@@ -167,8 +167,12 @@ def triton_tree_causal_conv1d(x, weight, bias, parent, conv_state, activation="s
 def triton_commit_causal_conv1d(conv_state, x, parent, leaf) -> torch.Tensor:
     """Same contract as `hf_hybrid_spec.kernels.commit_causal_conv1d`: [B, C, S], a new tensor."""
     if conv_state.ndim != 3 or x.ndim != 3 or x.shape[0] != conv_state.shape[0] or x.shape[2] != conv_state.shape[1]:
-        raise ValueError(f"conv_state must be [B, C, S] and x [B, N, C], got {tuple(conv_state.shape)} and {tuple(x.shape)}")
+        raise ValueError(
+            f"conv_state must be [B, C, S] and x [B, N, C], got {tuple(conv_state.shape)} and {tuple(x.shape)}"
+        )
     validate_parent(parent, x.shape[1])
     if parent.shape[0] != x.shape[0] or leaf.shape != (x.shape[0],):
-        raise ValueError(f"parent must be [B, N] and leaf [B] with B={x.shape[0]}, got {tuple(parent.shape)}, {tuple(leaf.shape)}")
+        raise ValueError(
+            f"parent must be [B, N] and leaf [B] with B={x.shape[0]}, got {tuple(parent.shape)}, {tuple(leaf.shape)}"
+        )
     return commit_causal_conv1d_fwd(conv_state, x, parent, leaf)

@@ -99,11 +99,12 @@ def branch_gated_delta_rule_fwd_kernel(
         tl.debug_barrier()
 
 
-def triton_branch_gated_delta_rule(
-    q, k, v, g, beta, parent, initial_state, scale=None, use_qk_l2norm=False
+def branch_gated_delta_rule_fwd(
+    q, k, v, g, beta, parent, initial_state, scale, use_qk_l2norm
 ) -> BranchGatedDeltaOutput:
-    """Branch-by-branch tree verification; shapes as `tree_gated_delta_rule`. Allocates [B, N, HV, K, V]."""
-    bsz, n, h, hv, kdim, vdim = check_shapes(q, k, v, g, beta, parent, initial_state)
+    """Launcher: no validation, no host sync; `scale` must be a float. Allocates [B, N, HV, K, V] fp32."""
+    bsz, n, h, kdim = q.shape
+    hv, vdim = v.shape[2:]
     q, k, v, g, beta, parent = (t.contiguous() for t in (q, k, v, g, beta, parent))
     h0 = initial_state.float().contiguous()
     o = torch.empty(bsz, n, hv, vdim, dtype=q.dtype, device=q.device)
@@ -114,11 +115,20 @@ def triton_branch_gated_delta_rule(
     grid = (triton.cdiv(vdim, bv), bsz * hv)
     branch_gated_delta_rule_fwd_kernel[grid](
         q, k, v, g, beta, parent, h0, o, states,
-        kdim**-0.5 if scale is None else float(scale), n,
+        scale, n,
         H=h, HV=hv, K=kdim, V=vdim, BK=bk, BV=bv, USE_QK_L2NORM=use_qk_l2norm,
         num_warps=4 if bk * bv <= 4096 else 8,
     )
     return BranchGatedDeltaOutput(o=o, states=states)
+
+
+def triton_branch_gated_delta_rule(
+    q, k, v, g, beta, parent, initial_state, scale=None, use_qk_l2norm=False
+) -> BranchGatedDeltaOutput:
+    """Branch-by-branch tree verification; shapes as `tree_gated_delta_rule` (validated the same way)."""
+    kdim = check_shapes(q, k, v, g, beta, parent, initial_state)[4]
+    scale = kdim**-0.5 if scale is None else float(scale)
+    return branch_gated_delta_rule_fwd(q, k, v, g, beta, parent, initial_state, scale, use_qk_l2norm)
 
 
 def branch_commit(initial_state: torch.Tensor, states: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:

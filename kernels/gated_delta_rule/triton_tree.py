@@ -194,7 +194,8 @@ def tree_gated_delta_rule_fwd_kernel(
             b_qk += tl.dot(b_q, tl.trans(b_k))
         else:
             b_qk += tl.dot(b_q.to(tl.float32), tl.trans(b_kf), input_precision=DOT_PRECISION)
-        if STORE_K:
+        # A compile-time flag around a run-time test: Triton cannot fold the two into one `if`.
+        if STORE_K:  # noqa: SIM102
             # One program per key head writes the keys as the recurrence used them.
             if (i_v == 0) & (i_hv % (HV // H) == 0):
                 if USE_QK_L2NORM:
