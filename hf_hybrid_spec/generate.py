@@ -141,15 +141,6 @@ def _resolve_config(assistant_config, draft_model) -> AssistantConfig:
 def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict):
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise ValueError("speculative_generate needs a non-empty prompt (input_ids of shape [batch, length >= 1])")
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(
-            f"speculative_generate supports batch size 1 for now, got {input_ids.shape[0]} sequences"
-        )
-    if generation_config.max_length is not None and generation_config.max_length <= input_ids.shape[1]:
-        raise ValueError(
-            f"nothing to generate: max_length={generation_config.max_length} <= prompt length {input_ids.shape[1]} "
-            "(max_new_tokens must be >= 1)"
-        )
     unsupported = {
         "num_beams > 1": generation_config.num_beams > 1,
         "num_return_sequences > 1": generation_config.num_return_sequences > 1,
@@ -163,6 +154,15 @@ def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_confi
     bad = [name for name, flag in unsupported.items() if flag]
     if bad:
         raise NotImplementedError(f"speculative_generate does not support: {', '.join(bad)}")
+    if input_ids.shape[0] != 1:
+        raise NotImplementedError(
+            f"speculative_generate supports batch size 1 for now, got {input_ids.shape[0]} sequences"
+        )
+    if generation_config.max_length is not None and generation_config.max_length <= input_ids.shape[1]:
+        raise ValueError(
+            f"nothing to generate: max_length={generation_config.max_length} <= prompt length {input_ids.shape[1]} "
+            "(max_new_tokens must be >= 1)"
+        )
     extra = sorted(k for k, v in model_kwargs.items() if k not in _KNOWN_MODEL_KWARGS and v is not None)
     if extra:
         raise NotImplementedError(f"speculative_generate does not support these model inputs: {extra}")

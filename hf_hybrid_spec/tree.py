@@ -24,8 +24,9 @@ class DraftTree:
         tokens: [B, M] int64 draft tokens.
         parents: [B, M] int64; index of each node's parent among the draft nodes, -1 for children of the root.
         probs: optional [B, M, V] float32; the draft distribution q (at the parent) that each node was *sampled*
-            from. None means the tree was built deterministically (greedy, top-k or a cache match): sampling
-            verification then treats every node as a one-hot proposal, which keeps it lossless.
+            from. Siblings that carry probs must be independent draws from the same q (duplicates allowed, not
+            deduplicated). None means the tree was built deterministically (greedy, top-k or a cache match):
+            sampling verification then treats every node as a one-hot proposal, which keeps it lossless.
         scores: optional [B, M] float32; the drafter's own estimate that each node gets accepted (e.g. path
             probability), used to trim a tree to a budget.
         info: optional drafter-specific facts about the proposal (match length, source, expected accepted

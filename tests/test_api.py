@@ -1,0 +1,222 @@
+"""Public API: config validation and round trip, enable(), output format, streamers, bad input."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.generation.streamers import BaseStreamer
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec.testing import tiny_model
+
+
+def ids_of(n=10, seed=0):
+    return torch.randint(2, 96, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------- AssistantConfig
+def test_config_round_trip(tmp_path):
+    cfg = H.AssistantConfig(drafter="ngram", max_draft_tokens=5, ngram_size=2, min_token_prob=0.2)
+    path = cfg.save_pretrained(tmp_path)
+    assert json.loads(open(path).read())["drafter"] == "ngram"
+    assert H.AssistantConfig.from_pretrained(tmp_path) == cfg
+    assert H.AssistantConfig.from_pretrained(path) == cfg
+    assert H.AssistantConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(drafter="nope"), "drafter"),
+        (dict(max_draft_tokens=0), "max_draft_tokens"),
+        (dict(max_depth=-1), "max_depth"),
+        (dict(min_token_prob=0.0), "min_token_prob"),
+        (dict(min_token_prob=1.5), "min_token_prob"),
+        (dict(verification="yolo"), "verification"),
+        (dict(kernel_backend="cuda"), "kernel_backend"),
+        (dict(tree="yes"), "tree"),
+        (dict(ngram_size=2.5), "ngram_size"),
+    ],
+)
+def test_config_rejects_invalid_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        H.AssistantConfig(**kwargs)
+
+
+def test_config_rejects_unknown_fields():
+    with pytest.raises(ValueError, match="unknown"):
+        H.AssistantConfig.from_dict({"drafter": "suffix", "speed": 11})
+
+
+# ---------------------------------------------------------------------- output format
+def test_output_format_matches_stock_generate():
+    model = tiny_model("qwen3_5_text")
+    ids = ids_of()
+    kw = dict(max_new_tokens=12, do_sample=False, eos_token_id=None, return_dict_in_generate=True,
+              output_scores=True, output_logits=True)
+    ref = model.generate(ids, **kw)
+    out = model.generate(ids, custom_generate=H.speculative_generate,
+                         assistant_config=H.AssistantConfig(drafter="ngram"), **kw)
+    assert isinstance(out, GenerateDecoderOnlyOutput)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.scores) == len(ref.scores) == 12 and len(out.logits) == 12
+    for a, b in zip(out.scores, ref.scores):
+        assert a.shape == b.shape == (1, 96)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    for a, b in zip(out.logits, ref.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    stats = out.spec_stats
+    assert isinstance(stats, H.SpecStats)
+    assert sum(stats.accepted_lengths) == 12 - 1  # the first token comes from the prefill
+    assert stats.target_forwards == len(stats.accepted_lengths) == len(stats.drafted_tokens)
+    plain_tensor = model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None,
+                                  custom_generate=H.speculative_generate)
+    assert isinstance(plain_tensor, torch.Tensor) and plain_tensor.shape == (1, 15)
+
+
+def test_min_new_tokens_and_repetition_penalty_are_honoured():
+    model = tiny_model("falcon_h1")
+    ids = ids_of(8)
+    free = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None)
+    eos = int(free[0, 9])  # the second generated token
+    kw = dict(max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=1, min_new_tokens=10,
+              repetition_penalty=1.3)
+    ref = model.generate(ids, **kw)
+    out = model.generate(ids, custom_generate=H.speculative_generate, **kw)
+    assert torch.equal(out, ref)
+
+
+class Collect(BaseStreamer):
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
+
+    def tokens(self):
+        return [t for c in self.chunks for t in c]
+
+
+def test_streamer_receives_prompt_then_every_token():
+    model = tiny_model("qwen3_5_text")
+    ids = ids_of()
+    for route in ("custom_generate", "enable"):
+        streamer = Collect()
+        if route == "custom_generate":
+            out = model.generate(ids, max_new_tokens=15, do_sample=False, eos_token_id=None, streamer=streamer,
+                                 custom_generate=H.speculative_generate)
+        else:
+            m = H.enable(tiny_model("qwen3_5_text"))
+            out = m.generate(ids, max_new_tokens=15, do_sample=False, eos_token_id=None, streamer=streamer,
+                             prompt_lookup_num_tokens=4)
+        assert streamer.ended, route
+        assert streamer.tokens() == out[0].tolist(), route
+
+
+# ---------------------------------------------------------------------- enable()
+def test_enable_routes_stock_kwargs():
+    model = tiny_model("qwen3_5_text")
+    ids = ids_of()
+    ref = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None)
+    with pytest.raises(ValueError, match="stateful"):
+        model.generate(ids, max_new_tokens=5, prompt_lookup_num_tokens=3)
+    H.enable(model)
+    assert torch.equal(model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None), ref)
+    out = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None, prompt_lookup_num_tokens=3,
+                         return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref) and out.spec_stats.target_forwards > 0
+    assistant = tiny_model("falcon_h1", seed=5)
+    out = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None, assistant_model=assistant)
+    assert torch.equal(out, ref)
+    out = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None,
+                         assistant_config=H.AssistantConfig(drafter="suffix"))
+    assert torch.equal(out, ref)
+    other = tiny_model("qwen3_5_text", seed=4)
+    with pytest.raises(ValueError, match="stateful"):
+        other.generate(ids, max_new_tokens=5, prompt_lookup_num_tokens=3)  # only the enabled instance changed
+
+
+# ---------------------------------------------------------------------- bad input
+def still_usable(model, ids):
+    ref = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    out = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None,
+                         custom_generate=H.speculative_generate)
+    assert torch.equal(out, ref)
+
+
+def test_unsupported_model_lists_supported_families():
+    cfg = AutoConfig.for_model("jamba", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, mamba_d_state=8, num_experts=1,
+                               attn_layer_period=2, attn_layer_offset=1, expert_layer_period=1,
+                               expert_layer_offset=0, pad_token_id=1, eos_token_id=0, bos_token_id=0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(ValueError, match="Supported families: qwen3_5"):
+        model.generate(ids_of(), max_new_tokens=4, custom_generate=H.speculative_generate)
+    with pytest.raises(ValueError, match="jamba"):
+        H.enable(model)
+
+
+def test_draft_model_with_another_vocabulary():
+    model = tiny_model("qwen3_5_text")
+    other = tiny_model("llama", vocab_size=128)
+    with pytest.raises(ValueError, match="vocabulary"):
+        model.generate(ids_of(), max_new_tokens=4, custom_generate=H.speculative_generate, draft_model=other)
+    still_usable(model, ids_of())
+
+
+def test_empty_prompt_and_zero_new_tokens():
+    model = tiny_model("falcon_h1")
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=4, custom_generate=H.speculative_generate)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(ids_of(), max_new_tokens=0, custom_generate=H.speculative_generate)
+    still_usable(model, ids_of())
+
+
+def test_unsupported_options_raise_clearly():
+    model = tiny_model("qwen3_5_text")
+    ids = ids_of()
+    with pytest.raises(NotImplementedError, match="batch size 1"):
+        model.generate(torch.cat([ids, ids]), max_new_tokens=4, custom_generate=H.speculative_generate)
+    with pytest.raises(NotImplementedError, match="output_attentions"):
+        model.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate, output_attentions=True,
+                       return_dict_in_generate=True)
+    with pytest.raises(NotImplementedError, match="num_return_sequences"):
+        model.generate(ids, max_new_tokens=4, do_sample=True, num_return_sequences=2,
+                       custom_generate=H.speculative_generate)
+    with pytest.raises(ValueError, match="model drafter|draft model"):
+        model.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate,
+                       assistant_config=H.AssistantConfig(drafter="model"))
+    with pytest.raises(TypeError, match="Drafter"):
+        model.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate, drafter=object())
+    still_usable(model, ids)
+
+
+def test_flash_attention_is_refused_with_a_clear_message():
+    model = tiny_model("llama")
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="4D mask"):
+        H.get_adapter(model)
+
+
+def test_failure_inside_verification_leaves_no_pending_tree():
+    model = tiny_model("qwen3_5_text")
+    ids = ids_of()
+
+    class Boom(H.Drafter):
+        calls = 0
+
+        def propose(self, input_ids, budget):
+            Boom.calls += 1
+            if Boom.calls == 3:
+                raise RuntimeError("drafter failed")
+            return H.DraftTree(tokens=torch.tensor([[5, 6]]), parents=torch.tensor([[-1, 0]]))
+
+    with pytest.raises(RuntimeError, match="drafter failed"):
+        model.generate(ids, max_new_tokens=10, custom_generate=H.speculative_generate, drafter=Boom())
+    still_usable(model, ids)
