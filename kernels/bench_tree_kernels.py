@@ -29,6 +29,7 @@ validation (a host sync).
 
     python -m hf_hybrid_spec.kernels.bench_tree_kernels --out bench_out        # H200, about 2-4 minutes
     python -m hf_hybrid_spec.kernels.bench_tree_kernels --dry-run              # CPU smoke test, no claims
+    python -m hf_hybrid_spec.kernels.bench_tree_kernels --sm90-report          # no GPU: ptxas registers/spills
 """
 
 from __future__ import annotations
@@ -142,6 +143,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="directory for bench_tree_kernels.json and .png")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU smoke test: tiny sizes, PyTorch closed form as 'ours', naive as 'branch'; no claims")
+    ap.add_argument("--sm90-report", action="store_true",
+                    help="no GPU needed: compile every kernel config for sm_90 and print registers / spills / shared")
     args = ap.parse_args(argv)
     if max(args.nodes) > 128:
         ap.error("the tree kernels hold a whole tree per program: N <= 128")
@@ -638,8 +641,74 @@ def plot(rows: list[Row], path: str) -> None:
     plt.close(fig)
 
 
+def sm90_report() -> int:
+    """Compile each tree kernel at the launchers' block sizes for sm_90 (Triton's bundled ptxas, no driver) and
+    print ptxas' resource usage: STACK > 0 means spills to local memory."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .conv import triton_tree as conv_t
+    from .gated_delta_rule import triton_tree as gdn_t
+    from .mamba2 import triton_tree as m2_t
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+    def report(name, kernel, sig, consts, num_warps):
+        fn = kernel
+        while not isinstance(fn, triton.runtime.jit.JITFunction):
+            fn = fn.fn
+        src = ASTSource(fn, {a: sig.get(a, "constexpr") for a in fn.arg_names}, consts)
+        ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(ck.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+        m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+        print(f"{name:40s} warps={num_warps} regs={m.group(1):>3} stack={m.group(2):>5} B "
+              f"shared={ck.metadata.shared // 1024} KiB", flush=True)
+
+    for dt in ("bf16", "fp32"):
+        half, prec, p = dt != "fp32", "tf32x3" if dt == "fp32" else "tf32", "*" + dt
+        for bt in (16, 32, 64, 128):
+            warps = 4 if bt <= 16 else 8
+            sig = {"q": p, "k": p, "v": p, "g": p, "beta": p, "parent": "*i64", "h0": "*fp32", "num_nodes": "*i32",
+                   "o": p, "u": "*fp32", "k_out": "*fp32", "g_cum": "*fp32", "scale": "fp32", "N": "i32"}
+            consts = {"H": 16, "HV": 32, "K": 128, "V": 128, "BT": bt, "LOG2_BT": bt.bit_length() - 1, "BK": 32,
+                      "BV": 64 if bt <= 64 else 32, "USE_QK_L2NORM": True, "STORE_K": True, "HALF_DOT": half,
+                      "DOT_PRECISION": prec, "USE_NUM_NODES": False}
+            report(f"gdn tree {dt} BT={bt}", gdn_t.tree_gated_delta_rule_fwd_kernel, sig, consts, warps)
+            sig = {"x": p, "dt": p, "A": "*fp32", "Bm": p, "Cm": p, "parent": "*i64", "h0": "*fp32", "D": "*fp32",
+                   "z": p, "dt_bias": "*fp32", "num_nodes": "*i32", "y": p, "x_out": "*fp32", "b_out": "*fp32",
+                   "dt_out": "*fp32", "a_cum": "*fp32", "dt_min": "fp32", "dt_max": "fp32", "N": "i32"}
+            consts = {"H": 24, "G": 1, "P": 64, "S": 128, "BT": bt, "BP": 64 if bt <= 64 else 32, "BS": 32,
+                      "DT_SOFTPLUS": True, "HAS_DT_LIMIT": False, "STORE_X": half, "STORE_B": half, "HALF_DOT": half,
+                      "DOT_PRECISION": prec, "HAS_D": True, "HAS_Z": True, "HAS_DT_BIAS": True,
+                      "USE_NUM_NODES": False}
+            report(f"mamba2 tree {dt} BT={bt}", m2_t.tree_mamba2_fwd_kernel, sig, consts, warps)
+        sig = {"x": p, "weight": p, "bias": p, "parent": "*i64", "conv_state": p, "y": p, "N": "i32", "C": "i32",
+               "S": "i32"}
+        consts = {"W": 4, "BN": 16, "BC": 128, "USE_SILU": True, "HAS_BIAS": True}
+        report(f"conv tree {dt}", conv_t.tree_causal_conv1d_fwd_kernel, sig, consts, 4)
+    sig = {"h0": "*fp32", "k": "*fp32", "u": "*fp32", "g_cum": "*fp32", "parent": "*i64", "leaf": "*i32",
+           "h_out": "*fp32", "N": "i32"}
+    consts = {"H": 16, "HV": 32, "K": 128, "V": 128, "BK": 64, "BV": 64}
+    report("gdn commit", gdn_t.commit_gated_delta_rule_kernel, sig, consts, 4)
+    sig = {"h0": "*fp32", "x": "*fp32", "b": "*fp32", "dt": "*fp32", "a_cum": "*fp32", "parent": "*i64",
+           "leaf": "*i32", "h_out": "*fp32", "N": "i32"}
+    consts = {"H": 24, "G": 1, "P": 64, "S": 128, "BP": 64, "BS": 64}
+    report("mamba2 commit", m2_t.commit_mamba2_kernel, sig, consts, 4)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.sm90_report:
+        return sm90_report()
     from tqdm import tqdm
 
     if args.dry_run:

@@ -125,7 +125,8 @@ def tree_causal_conv1d_fwd(x, weight, bias, parent, conv_state, activation) -> t
     x, weight, parent, conv_state = (t.contiguous() for t in (x, weight, parent, conv_state))
     y = torch.empty(bsz, n, c, dtype=x.dtype, device=x.device)
     bn = min(16, triton.next_power_of_2(n))
-    bc = min(256, triton.next_power_of_2(c))
+    # [16, 128] tiles: no spills on sm_90 (ptxas), where [16, 256] spilled the W gathered pointer tiles.
+    bc = min(128, triton.next_power_of_2(c))
     grid = (triton.cdiv(c, bc), triton.cdiv(n, bn), bsz)
     tree_causal_conv1d_fwd_kernel[grid](
         x, weight, None if bias is None else bias.contiguous(), parent, conv_state, y,

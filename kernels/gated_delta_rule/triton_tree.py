@@ -31,10 +31,10 @@ small next to the matrix work.
 Only o and the factors (u, g_cum, and the fp32 / l2-normalized keys when they differ from the input) are
 written to HBM; there is no per-node state anywhere.
 
-Precision: all accumulation is fp32. Products of fp32 operands use IEEE fp32 when the inputs are fp32 (the
-tests' contract, rel. err. < 1e-4) and TF32 tensor cores when the inputs are bf16/fp16 (their rounding is
-already coarser than TF32's); products of two raw bf16/fp16 inputs (Q K^T, K K^T) run in the input dtype
-with fp32 accumulation, which is exact per product.
+Precision: all accumulation is fp32. Products of fp32 operands use TF32x3 (fp32-accurate, on the tensor
+cores) when the inputs are fp32 (the tests' contract, rel. err. < 1e-4) and TF32 when the inputs are
+bf16/fp16 (their rounding is already coarser than TF32's); products of two raw bf16/fp16 inputs (Q K^T,
+K K^T) run in the input dtype with fp32 accumulation, which is exact per product.
 """
 
 from __future__ import annotations
@@ -118,18 +118,8 @@ def tree_gated_delta_rule_fwd_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
 
-    b_anc = _ancestor_mask(parent + i_b64 * N, o_t, m_t)
-    n_steps = _num_squarings(b_anc, LOG2_BT)
-
     # Per-node scalars of this head; token t of head hv sits at ((b * N + t) * HV + hv).
     o_th = (i_b64 * N + o_t) * HV + i_hv
-    b_g = tl.load(g + o_th, mask=m_t, other=0.0).to(tl.float32)
-    b_beta = tl.load(beta + o_th, mask=m_t, other=0.0).to(tl.float32)
-    # Path cumsum along parent pointers: G = ancestor-mask @ g.
-    b_G = tl.sum(tl.where(b_anc, b_g[None, :], 0.0), axis=1)
-    # Mask before exp: off-path differences can be positive and overflow.
-    b_D = tl.exp(tl.where(b_anc, b_G[:, None] - b_G[None, :], float("-inf")))
-
     p_q = q + ((i_b64 * N + o_t[:, None]) * H + i_h) * K
     p_k = k + ((i_b64 * N + o_t[:, None]) * H + i_h) * K
     p_h0 = h0 + (i_b64 * HV + i_hv) * K * V + o_v[None, :]
@@ -166,13 +156,23 @@ def tree_gated_delta_rule_fwd_kernel(
         b_ks = b_ks * b_rk[:, None]
         b_qs = b_qs * b_rq[:, None]
 
+    # The tree enters only now, so the ancestor mask is not live during the K loop.
+    b_anc = _ancestor_mask(parent + i_b64 * N, o_t, m_t)
+    n_steps = _num_squarings(b_anc, LOG2_BT)
+    b_g = tl.load(g + o_th, mask=m_t, other=0.0).to(tl.float32)
+    b_beta = tl.load(beta + o_th, mask=m_t, other=0.0).to(tl.float32)
+    # Path cumsum along parent pointers: G = ancestor-mask @ g.
+    b_G = tl.sum(tl.where(b_anc, b_g[None, :], 0.0), axis=1)
+    # P = -A with A strictly below the diagonal (proper ancestors only). Mask before exp: off-path
+    # differences can be positive and overflow.
+    m_strict = b_anc & (o_t[:, None] != o_t[None, :])
+    b_P = -b_beta[:, None] * tl.exp(tl.where(m_strict, b_G[:, None] - b_G[None, :], float("-inf"))) * b_kk
+
     p_v = v + ((i_b64 * N + o_t[:, None]) * HV + i_hv) * V + o_v[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
     b_v = tl.load(p_v, mask=m_tv, other=0.0).to(tl.float32)
     b_expG = tl.exp(b_G)
     b_U = b_beta[:, None] * (b_v - b_expG[:, None] * b_ks)
-    # P = -A with A strictly below the diagonal (proper ancestors only).
-    b_P = tl.where(o_t[:, None] == o_t[None, :], 0.0, -b_beta[:, None] * b_D * b_kk)
 
     # U <- (I + P)(I + P^2)(I + P^4)... RHS = sum_{k < 2^n_steps} (-A)^k RHS = (I + A)^{-1} RHS, exactly,
     # since A^(D+1) = 0 and 2^n_steps >= D + 1. With no ancestors at all, P = 0 and this is a no-op.
@@ -181,7 +181,7 @@ def tree_gated_delta_rule_fwd_kernel(
         b_P = tl.dot(b_P, b_P, input_precision=DOT_PRECISION)
         b_U += tl.dot(b_P, b_U, input_precision=DOT_PRECISION)
 
-    # Phase 2: Q K^T after the solve, so the two [BT, BT] score matrices are never live together.
+    # Phase 2: Q K^T after the solve, so two [BT, BT] score matrices are never live together.
     b_qk = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
@@ -204,8 +204,10 @@ def tree_gated_delta_rule_fwd_kernel(
                 tl.store(p_ko, b_kf, mask=m_tk)
     if USE_QK_L2NORM:
         b_qk = b_qk * b_rq[:, None] * b_rk[None, :]
-
-    b_o = b_expG[:, None] * b_qs + tl.dot(b_D * b_qk, b_U, input_precision=DOT_PRECISION)
+    # Walk the parents again (D+1 cheap steps) rather than keep a [BT, BT] decay matrix live through the solve.
+    b_anc = _ancestor_mask(parent + i_b64 * N, o_t, m_t)
+    b_qk = b_qk * tl.exp(tl.where(b_anc, b_G[:, None] - b_G[None, :], float("-inf")))
+    b_o = b_expG[:, None] * b_qs + tl.dot(b_qk, b_U, input_precision=DOT_PRECISION)
     b_o = b_o * scale
     if USE_NUM_NODES:
         # Padding nodes output exactly zero; their factors are computed like any other root child.
@@ -269,7 +271,10 @@ def commit_gated_delta_rule_kernel(
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
+    # Triton's "ieee" fp32 dot runs on FMA units and holds whole operand rows in registers: at BT = 64 it
+    # spills kilobytes per thread. "tf32x3" (three TF32 tensor-core products, hi*hi + hi*lo + lo*hi) keeps
+    # fp32 accuracy on the tensor cores. 16-bit inputs are already coarser than TF32.
+    return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
 def tree_gated_delta_rule_fwd(
@@ -293,9 +298,9 @@ def tree_gated_delta_rule_fwd(
     h0 = initial_state.float().contiguous()
     # At least 16 on every dot dimension: the tensor-core minimum on NVIDIA GPUs.
     bt = max(16, triton.next_power_of_2(n))
-    bk = min(64, max(16, triton.next_power_of_2(kdim)))
-    # Whole-tree programs: a [BT, BT] fp32 matrix spans 64 registers per thread at 8 warps for BT = 128,
-    # so narrower V tiles leave room for it; narrower tiles also give small batches more programs.
+    # Sizes chosen from ptxas' reports for sm_90 (no spills up to BT = 64 in bf16; about 1 KB per thread at
+    # BT = 128): K chunks of 32, and narrower V tiles at BT = 128 to make room for the [BT, BT] matrices.
+    bk = min(32, max(16, triton.next_power_of_2(kdim)))
     bv = min(64 if bt <= 64 else 32, max(16, triton.next_power_of_2(vdim)))
     store_k = use_qk_l2norm or k.dtype != torch.float32
     o = torch.empty(bsz, n, hv, vdim, dtype=q.dtype, device=q.device)
@@ -316,7 +321,7 @@ def tree_gated_delta_rule_fwd(
         # The interpreter has no 16-bit matmul; there the raw products go through fp32 (same values, exact).
         HALF_DOT=q.is_cuda and q.dtype in (torch.float16, torch.bfloat16),
         DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=4 if bt <= 32 else 8,
+        num_warps=4 if bt <= 16 else 8,
     )
     return TreeGatedDeltaOutput(o=o, u=u, k=k_out, g_cum=g_cum)
 

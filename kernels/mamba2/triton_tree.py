@@ -15,8 +15,8 @@ What this file does:
       versions (`common.prepare_mamba2`'s checks) and returning `TreeMamba2Output`.
 
 Only y and the factors (dt, a_cum, and fp32 copies of x and B when the inputs are not fp32) reach HBM. Dot
-precision follows the gated delta rule kernel: IEEE fp32 for fp32 inputs, TF32 (fp32 operands) and the
-input dtype (raw C B^T) for bf16/fp16 inputs, fp32 accumulation always.
+precision follows the gated delta rule kernel: TF32x3 (fp32-accurate) for fp32 inputs, TF32 (fp32 operands)
+and the input dtype (raw C B^T) for bf16/fp16 inputs, fp32 accumulation always.
 """
 
 from __future__ import annotations
@@ -118,17 +118,6 @@ def tree_mamba2_fwd_kernel(
     o_p = i_p * BP + tl.arange(0, BP)
     m_p = o_p < P
 
-    b_anc = _ancestor_mask(parent + i_b64 * N, o_t, m_t)
-
-    o_th = (i_b64 * N + o_t) * H + i_h
-    b_dt = _process_dt(tl.load(dt + o_th, mask=m_t, other=0.0), dt_bias, i_h, dt_min, dt_max,
-                       HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT)
-    # Rows past N get dt = 0 (softplus of the 0 they loaded is not 0); nothing descends from them anyway.
-    b_dt = tl.where(m_t, b_dt, 0.0)
-    b_L = tl.sum(tl.where(b_anc, (b_dt * tl.load(A + i_h).to(tl.float32))[None, :], 0.0), axis=1)
-    # Mask before exp: off-path differences can be positive and overflow.
-    b_decay = tl.exp(tl.where(b_anc, b_L[:, None] - b_L[None, :], float("-inf")))
-
     # One pass over the state size: C B^T and C h0^T, so h0 is read once.
     b_cb = tl.zeros([BT, BT], dtype=tl.float32)
     b_ch = tl.zeros([BT, BP], dtype=tl.float32)
@@ -154,11 +143,23 @@ def tree_mamba2_fwd_kernel(
             if (i_p == 0) & (i_h % (H // G) == 0):
                 tl.store(b_out + p_bc + o_s[None, :], b_bf, mask=m_ts)
 
+    # The tree enters only now, so the ancestor mask is not live during the loop over S.
+    b_anc = _ancestor_mask(parent + i_b64 * N, o_t, m_t)
+    o_th = (i_b64 * N + o_t) * H + i_h
+    b_dt = _process_dt(tl.load(dt + o_th, mask=m_t, other=0.0), dt_bias, i_h, dt_min, dt_max,
+                       HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT)
+    # Rows past N get dt = 0 (softplus of the 0 they loaded is not 0); nothing descends from them anyway.
+    b_dt = tl.where(m_t, b_dt, 0.0)
+    # Path cumsum along parent pointers: L = ancestor-mask @ (dt * A).
+    b_L = tl.sum(tl.where(b_anc, (b_dt * tl.load(A + i_h).to(tl.float32))[None, :], 0.0), axis=1)
+    # Weight of x_j in y_i. Mask before exp: off-path differences can be positive and overflow.
+    b_m = tl.exp(tl.where(b_anc, b_L[:, None] - b_L[None, :], float("-inf"))) * b_cb * b_dt[None, :]
+
     o_tp = (i_b64 * N + o_t[:, None]) * H * P + i_h * P + o_p[None, :]
     m_tp = m_t[:, None] & m_p[None, :]
     b_x = tl.load(x + o_tp, mask=m_tp, other=0.0).to(tl.float32)
     b_y = tl.exp(b_L)[:, None] * b_ch
-    b_y += tl.dot(b_decay * b_cb * b_dt[None, :], b_x, input_precision=DOT_PRECISION)
+    b_y += tl.dot(b_m, b_x, input_precision=DOT_PRECISION)
     if HAS_D:
         b_y += tl.load(D + i_h).to(tl.float32) * b_x
     if HAS_Z:
@@ -233,8 +234,10 @@ def tree_mamba2_fwd(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_sof
     x, dt, A, B, C, parent = (t.contiguous() for t in (x, dt, A, B, C, parent))
     h0 = initial_state.float().contiguous()
     bt = max(16, triton.next_power_of_2(n))
-    bp = min(64, max(16, triton.next_power_of_2(p)))
-    bs = min(64, max(16, triton.next_power_of_2(s)))
+    # Sizes chosen from ptxas' reports for sm_90: no spills up to BT = 64 with S chunks of 32; narrower P tiles
+    # at BT = 128 to make room for the [BT, BT] matrices.
+    bp = min(64 if bt <= 64 else 32, max(16, triton.next_power_of_2(p)))
+    bs = min(32, max(16, triton.next_power_of_2(s)))
     store_x, store_b = x.dtype != torch.float32, B.dtype != torch.float32
     dev = x.device
     y = torch.empty(bsz, n, h, p, dtype=x.dtype, device=dev)
@@ -260,8 +263,9 @@ def tree_mamba2_fwd(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_sof
         STORE_B=store_b,
         # The interpreter has no 16-bit matmul; there the raw products go through fp32 (same values, exact).
         HALF_DOT=x.is_cuda and C.dtype in (torch.float16, torch.bfloat16),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=4 if bt <= 32 else 8,
+        # As in the gated delta rule: fp32-accurate TF32x3 for fp32 inputs (Triton's "ieee" dot spills), TF32 else.
+        DOT_PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
+        num_warps=4 if bt <= 16 else 8,
     )
     return TreeMamba2Output(y=y, x=x_out, b=b_out, dt=dt_out, a_cum=a_cum)
 
