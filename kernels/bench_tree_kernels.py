@@ -667,7 +667,7 @@ def sm90_report() -> int:
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(ck.asm["cubin"])
             f.flush()
-            usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+            usage = subprocess.run([cuobjdump, "-res-usage", f.name], check=True, capture_output=True, text=True).stdout
         m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
         print(f"{name:40s} warps={num_warps} regs={m.group(1):>3} stack={m.group(2):>5} B "
               f"shared={ck.metadata.shared // 1024} KiB", flush=True)
