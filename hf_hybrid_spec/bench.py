@@ -1,0 +1,277 @@
+"""Benchmark: stock greedy `generate` vs speculative decoding, side by side on one prompt set.
+
+    python -m hf_hybrid_spec.bench --model ../shared/models/qwen3_5-small --drafters suffix ngram --out out/
+
+1. Correctness gate: every drafter's greedy output is compared with stock greedy on every prompt.
+2. Timing: per prompt, stock greedy and each drafter run back to back (same process, same prompt), so ratios
+   are measured side by side on a noisy machine.
+3. A table (tokens/s, mean accepted length, speedup), a PNG histogram of accepted lengths, and a JSON line last.
+
+Models: a local path / Hub id, or `random:qwen3_5-2b` (a ~2B Qwen3.5-shaped random-init model, for forward
+cost only) or `tiny:<model_type>` (the test suite's tiny configs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging
+
+from .config import AssistantConfig
+from .generate import speculative_generate
+from .prompts import code_prompts
+
+logger = logging.get_logger(__name__)
+
+# Named drafter presets; `ngram` is transformers' prompt lookup at the settings the project compares against.
+PRESETS = {
+    "suffix": dict(drafter="suffix"),
+    "suffix-chain": dict(drafter="suffix", tree=False),
+    "ngram": dict(drafter="ngram", ngram_size=3, max_draft_tokens=8),
+}
+
+
+def random_qwen3_5_2b_config():
+    """A Qwen3.5-shaped ~2B config: 24 layers (3 gated-delta : 1 attention), hidden 2048, vocab 151936."""
+    return AutoConfig.for_model(
+        "qwen3_5_text", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 6,
+        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=1,
+    )
+
+
+def load_model(spec: str, dtype: torch.dtype, device: str):
+    """Returns (model, tokenizer or None)."""
+    if spec.startswith("random:"):
+        name = spec.split(":", 1)[1]
+        if name != "qwen3_5-2b":
+            raise ValueError(f"unknown random model {name!r} (known: qwen3_5-2b)")
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(random_qwen3_5_2b_config(), dtype=dtype, attn_implementation="sdpa")
+        return model.to(device).eval(), None
+    if spec.startswith("tiny:"):
+        from .testing import tiny_model
+
+        return tiny_model(spec.split(":", 1)[1], dtype=dtype).to(device), None
+    model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    return model, AutoTokenizer.from_pretrained(spec)
+
+
+def encode_prompts(tokenizer, n: int, device, vocab_size: int, prompt_tokens: int | None):
+    if tokenizer is None:
+        # Random-weight models: random token prompts, with a repeated span so cache drafters have something.
+        gen = torch.Generator().manual_seed(0)
+        out = []
+        for _ in range(n):
+            base = torch.randint(2, vocab_size, (prompt_tokens or 64,), generator=gen)
+            out.append(base.view(1, -1).to(device))
+        return out
+    texts = code_prompts()
+    texts = (texts * (n // len(texts) + 1))[:n]
+    encoded = []
+    for text in texts:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        if prompt_tokens is not None and ids.shape[1] < prompt_tokens:
+            # Pad a short prompt to the requested length with other prompts (as context, ahead of it).
+            pool = tokenizer("\n\n".join(code_prompts()), return_tensors="pt").input_ids
+            ids = torch.cat([pool[:, : prompt_tokens - ids.shape[1]], ids], dim=1)
+        encoded.append(ids.to(device))
+    return encoded
+
+
+@dataclass
+class MethodResult:
+    name: str
+    seconds: float = 0.0
+    new_tokens: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    target_forwards: int = 0
+    mismatches: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / max(self.seconds, 1e-9)
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 * self.seconds / max(self.new_tokens, 1)
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        return statistics.fmean(self.accepted_lengths) if self.accepted_lengths else None
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_stock(model, ids, gen_kwargs):
+    return model.generate(ids, do_sample=False, **gen_kwargs)
+
+
+def run_spec(model, ids, gen_kwargs, cfg, draft_model):
+    return model.generate(ids, do_sample=False, custom_generate=speculative_generate, assistant_config=cfg,
+                          draft_model=draft_model, return_dict_in_generate=True, **gen_kwargs)
+
+
+def build_methods(names: list[str], dtype, device):
+    methods = []
+    for name in names:
+        if name in PRESETS:
+            methods.append((name, AssistantConfig(**PRESETS[name]), None))
+        elif name.startswith("model:"):
+            draft, _ = load_model(name.split(":", 1)[1], dtype, device)
+            methods.append((name, AssistantConfig(drafter="model", max_depth=6), draft))
+        elif name.startswith("config:"):
+            methods.append((name, AssistantConfig.from_pretrained(name.split(":", 1)[1]), None))
+        else:
+            raise ValueError(f"unknown drafter {name!r}: use {sorted(PRESETS)}, model:<path> or config:<dir>")
+    return methods
+
+
+def plot_histograms(results: list[MethodResult], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = [r for r in results if r.accepted_lengths]
+    fig, axes = plt.subplots(1, len(spec), figsize=(4 * len(spec), 3.2), squeeze=False)
+    for ax, r in zip(axes[0], spec):
+        top = max(r.accepted_lengths)
+        ax.hist(r.accepted_lengths, bins=range(1, top + 2), align="left", rwidth=0.85)
+        ax.set_title(f"{r.name}: mean {r.mean_accepted_length:.2f}")
+        ax.set_xlabel("tokens committed per target forward")
+        ax.set_ylabel("forwards")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="path / Hub id, random:qwen3_5-2b or tiny:<model_type>")
+    parser.add_argument("--drafters", nargs="+", default=["suffix", "ngram"],
+                        help=f"presets {sorted(PRESETS)}, model:<path> or config:<dir with assistant_config.json>")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="left-fill prompts to this many tokens")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--keep-eos", action="store_true", help="stop at eos (default: generate exactly max-new-tokens)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--skip-gate", action="store_true", help="skip the untimed correctness pass")
+    parser.add_argument("--allow-mismatch", action="store_true",
+                        help="report but do not fail on outputs that differ from stock greedy (low precision)")
+    parser.add_argument("--out", default=None, help="directory for results.json and the histogram PNG")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    args = parser.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    model, tok = load_model(args.model, dtype, args.device)
+    methods = build_methods(args.drafters, dtype, args.device)
+    vocab = model.config.get_text_config().vocab_size
+    prompts = encode_prompts(tok, args.num_prompts, args.device, vocab, args.prompt_tokens)
+    gen_kwargs = dict(max_new_tokens=args.max_new_tokens)
+    if not args.keep_eos:
+        gen_kwargs.update(eos_token_id=None, min_new_tokens=args.max_new_tokens)
+
+    # Warm up every path once (allocator, kernels' first compilation).
+    run_stock(model, prompts[0], dict(gen_kwargs, max_new_tokens=8, min_new_tokens=None))
+    for _, cfg, draft in methods:
+        run_spec(model, prompts[0], dict(gen_kwargs, max_new_tokens=8, min_new_tokens=None), cfg, draft)
+
+    # 1. Correctness gate.
+    gate_ok = True
+    mismatches = {name: 0 for name, _, _ in methods}
+    if not args.skip_gate:
+        for ids in tqdm(prompts, desc="correctness gate"):
+            ref = run_stock(model, ids, gen_kwargs)
+            for name, cfg, draft in methods:
+                out = run_spec(model, ids, gen_kwargs, cfg, draft)
+                if not torch.equal(out.sequences, ref):
+                    mismatches[name] += 1
+        gate_ok = not any(mismatches.values())
+        print(f"correctness gate: {'PASS' if gate_ok else 'FAIL'} (prompts differing from stock greedy: {mismatches})")
+        if not gate_ok and not args.allow_mismatch:
+            print(json.dumps({"gate": "fail", "mismatches": mismatches}))
+            sys.exit(1)
+
+    # 2. Timing, interleaved per prompt.
+    stock = MethodResult("stock greedy")
+    results = {name: MethodResult(name) for name, _, _ in methods}
+    for ids in tqdm(prompts, desc="timing"):
+        _sync(args.device)
+        t = time.perf_counter()
+        ref = run_stock(model, ids, gen_kwargs)
+        _sync(args.device)
+        stock.seconds += time.perf_counter() - t
+        stock.new_tokens += ref.shape[1] - ids.shape[1]
+        for name, cfg, draft in methods:
+            _sync(args.device)
+            t = time.perf_counter()
+            out = run_spec(model, ids, gen_kwargs, cfg, draft)
+            _sync(args.device)
+            r = results[name]
+            r.seconds += time.perf_counter() - t
+            r.new_tokens += out.sequences.shape[1] - ids.shape[1]
+            r.accepted_lengths += out.spec_stats.accepted_lengths
+            r.target_forwards += out.spec_stats.target_forwards
+            r.mismatches += int(not torch.equal(out.sequences, ref))
+
+    # 3. Report.
+    all_results = [stock, *results.values()]
+    print(f"\nmodel={args.model} device={args.device} dtype={args.dtype} prompts={len(prompts)} "
+          f"max_new_tokens={args.max_new_tokens}")
+    print(f"{'method':<28}{'tokens/s':>10}{'ms/token':>10}{'mean acc.':>11}{'speedup':>9}{'mismatch':>10}")
+    for r in all_results:
+        acc = f"{r.mean_accepted_length:.2f}" if r.mean_accepted_length else "1.00"
+        print(f"{r.name:<28}{r.tokens_per_second:>10.1f}{r.ms_per_token:>10.2f}{acc:>11}"
+              f"{r.tokens_per_second / stock.tokens_per_second:>8.2f}x{r.mismatches:>10}")
+    summary = {
+        "model": args.model,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "cpu",
+        "dtype": args.dtype,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "gate": "pass" if gate_ok else "fail",
+        "gate_mismatches": mismatches,
+        "stock_tokens_per_s": round(stock.tokens_per_second, 3),
+        "methods": {
+            r.name: {
+                "tokens_per_s": round(r.tokens_per_second, 3),
+                "ms_per_token": round(r.ms_per_token, 3),
+                "mean_accepted_length": None if r.mean_accepted_length is None else round(r.mean_accepted_length, 3),
+                "speedup": round(r.tokens_per_second / stock.tokens_per_second, 3),
+                "target_forwards": r.target_forwards,
+                "mismatches": r.mismatches,
+            }
+            for r in results.values()
+        },
+    }
+    if args.out:
+        import os
+
+        os.makedirs(args.out, exist_ok=True)
+        plot_histograms(all_results, os.path.join(args.out, "accepted_lengths.png"))
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
