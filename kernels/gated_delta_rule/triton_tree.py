@@ -288,8 +288,14 @@ def tree_gated_delta_rule_fwd(
     scale: float,
     use_qk_l2norm: bool,
     num_nodes: torch.Tensor | None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
 ) -> TreeGatedDeltaOutput:
-    """Launcher: no validation and no host sync (the public function validates). Shapes as the public op."""
+    """Launcher: no validation and no host sync (the public function validates). Shapes as the public op.
+
+    block_v / num_warps override the V tile and warps per program (None: the defaults below); for tuning
+    sweeps on a GPU, e.g. from bench_tree_kernels.
+    """
     bsz, n, h, kdim = q.shape
     hv, vdim = v.shape[2:]
     if n > 128:
@@ -301,7 +307,7 @@ def tree_gated_delta_rule_fwd(
     # Sizes chosen from ptxas' reports for sm_90 (no spills up to BT = 64 in bf16; about 1 KB per thread at
     # BT = 128): K chunks of 32, and narrower V tiles at BT = 128 to make room for the [BT, BT] matrices.
     bk = min(32, max(16, triton.next_power_of_2(kdim)))
-    bv = min(64 if bt <= 64 else 32, max(16, triton.next_power_of_2(vdim)))
+    bv = block_v or min(64 if bt <= 64 else 32, max(16, triton.next_power_of_2(vdim)))
     store_k = use_qk_l2norm or k.dtype != torch.float32
     o = torch.empty(bsz, n, hv, vdim, dtype=q.dtype, device=q.device)
     u = torch.empty(bsz, n, hv, vdim, dtype=torch.float32, device=q.device)
@@ -321,7 +327,7 @@ def tree_gated_delta_rule_fwd(
         # The interpreter has no 16-bit matmul; there the raw products go through fp32 (same values, exact).
         HALF_DOT=q.is_cuda and q.dtype in (torch.float16, torch.bfloat16),
         DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=4 if bt <= 16 else 8,
+        num_warps=num_warps or (4 if bt <= 16 else 8),
     )
     return TreeGatedDeltaOutput(o=o, u=u, k=k_out, g_cum=g_cum)
 

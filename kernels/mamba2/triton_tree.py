@@ -225,8 +225,14 @@ def commit_mamba2_kernel(
     tl.store(h_out + o_h, b_h, mask=m_ps)
 
 
-def tree_mamba2_fwd(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_softplus, dt_limit, num_nodes):
-    """Launcher: no validation and no host sync (the public function validates). Shapes as the public op."""
+def tree_mamba2_fwd(
+    x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_softplus, dt_limit, num_nodes,
+    block_p: int | None = None, num_warps: int | None = None,
+):
+    """Launcher: no validation and no host sync (the public function validates). Shapes as the public op.
+
+    block_p / num_warps override the P tile and warps per program (None: the defaults below), for tuning sweeps.
+    """
     bsz, n, h, p = x.shape
     g, s = B.shape[2:]
     if n > 128:
@@ -236,7 +242,7 @@ def tree_mamba2_fwd(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_sof
     bt = max(16, triton.next_power_of_2(n))
     # Sizes chosen from ptxas' reports for sm_90: no spills up to BT = 64 with S chunks of 32; narrower P tiles
     # at BT = 128 to make room for the [BT, BT] matrices.
-    bp = min(64 if bt <= 64 else 32, max(16, triton.next_power_of_2(p)))
+    bp = block_p or min(64 if bt <= 64 else 32, max(16, triton.next_power_of_2(p)))
     bs = min(32, max(16, triton.next_power_of_2(s)))
     store_x, store_b = x.dtype != torch.float32, B.dtype != torch.float32
     dev = x.device
@@ -265,7 +271,7 @@ def tree_mamba2_fwd(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_sof
         HALF_DOT=x.is_cuda and C.dtype in (torch.float16, torch.bfloat16),
         # As in the gated delta rule: fp32-accurate TF32x3 for fp32 inputs (Triton's "ieee" dot spills), TF32 else.
         DOT_PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
-        num_warps=4 if bt <= 16 else 8,
+        num_warps=num_warps or (4 if bt <= 16 else 8),
     )
     return TreeMamba2Output(y=y, x=x_out, b=b_out, dt=dt_out, a_cum=a_cum)
 
