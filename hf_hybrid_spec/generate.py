@@ -28,10 +28,10 @@ from transformers.utils import logging
 
 from .cache import HybridTreeCache
 from .config import AssistantConfig
-from .drafters import DraftBudget, Drafter, make_drafter
+from .drafters import DraftBudget, DraftContext, Drafter, TargetHidden, make_drafter
 from .forward import forward_tokens, forward_tree
 from .kernels import use_backend
-from .models import get_adapter
+from .models import ModelAdapter, get_adapter
 from .tree import build_verify_tree
 from .verify import VerifyResult, process_tree_logits, verify_greedy, verify_sampling
 
@@ -206,17 +206,26 @@ def speculative_generate(
     if streamer is None:
         streamer = spec_streamer if spec_streamer is not None else _find_dropped_streamer()
     _check_supported(model, input_ids, generation_config, model_kwargs)
-    get_adapter(model)
+    adapter = get_adapter(model)
     if drafter is None:
         drafter = make_drafter(config, model, draft_model)
     elif not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter, got {type(drafter).__name__}")
     with use_backend(config.kernel_backend):
-        return _run(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer, config,
-                    drafter, model_kwargs)
+        return _run(model, adapter, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                    config, drafter, model_kwargs)
 
 
-def _run(model, input_ids, processors, stopping, generation_config, streamer, config, drafter: Drafter, model_kwargs):
+def _hidden(outputs, layers: tuple[int, ...], index: torch.Tensor | None = None) -> TargetHidden | None:
+    """The drafter's requested hidden states from a target forward, at token positions `index` (all if None)."""
+    if not layers:
+        return None
+    states = tuple(outputs.hidden_states[i] if index is None else outputs.hidden_states[i][:, index] for i in layers)
+    return TargetHidden(layers=layers, states=states)
+
+
+def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generation_config, streamer, config,
+         drafter: Drafter, model_kwargs):
     device = input_ids.device
     do_sample = bool(generation_config.do_sample)
     want_dict = bool(generation_config.return_dict_in_generate)
@@ -235,7 +244,10 @@ def _run(model, input_ids, processors, stopping, generation_config, streamer, co
 
     # Prefill, exactly as stock generate: positions from the padding mask.
     positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
-    out = forward_tokens(model, input_ids, cache, position_ids=positions, attention_mask=mask, logits_to_keep=1)
+    want_hidden = tuple(drafter.target_hidden_layers)
+    out = forward_tokens(model, input_ids, cache, position_ids=positions, attention_mask=mask, logits_to_keep=1,
+                         output_hidden_states=bool(want_hidden))
+    prompt_hidden = _hidden(out, want_hidden)
     logits = out.logits[:, -1].to(dtype=torch.float32, device=device)
     scores = processors(rec.input_ids, logits.clone()) if processors else logits
     if do_sample:
@@ -244,7 +256,8 @@ def _run(model, input_ids, processors, stopping, generation_config, streamer, co
         first = scores.argmax(dim=-1).view(1)
     del out
     rec.append(first, scores, logits)
-    drafter.begin(input_ids)
+    drafter.begin(input_ids, DraftContext(model, cache, adapter, generation_config), prompt_hidden)
+    del prompt_hidden
     drafter.accept(rec.input_ids, VerifyResult(path=[0], tokens=first, score_nodes=[0]))
 
     max_length = generation_config.max_length
@@ -270,13 +283,14 @@ def _run(model, input_ids, processors, stopping, generation_config, streamer, co
         tree = build_verify_tree(ids[:, -1], draft)
         out = forward_tree(
             model, tree, cache, prefix_length=length - 1, root_position=full_mask[:, :-1].sum(-1),
-            prefix_mask=full_mask[:, :-1],
+            prefix_mask=full_mask[:, :-1], output_hidden_states=bool(want_hidden),
         )
         try:
             raw = out.logits.to(dtype=torch.float32, device=device)
-            del out
             scores = process_tree_logits(ids, tree, raw, processors)
             result = verify_sampling(tree, scores) if do_sample else verify_greedy(tree, scores)
+            path_hidden = _hidden(out, want_hidden, torch.tensor(result.path, device=raw.device))
+            del out
         except BaseException:
             cache.abort()
             raise
@@ -289,7 +303,7 @@ def _run(model, input_ids, processors, stopping, generation_config, streamer, co
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
         rec.append(result.tokens, scores[result.score_nodes], raw[0, result.score_nodes])
-        drafter.accept(rec.input_ids, result)
+        drafter.accept(rec.input_ids, result, path_hidden)
 
     drafter.end(rec.input_ids)
     if streamer is not None:

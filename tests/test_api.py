@@ -220,3 +220,35 @@ def test_failure_inside_verification_leaves_no_pending_tree():
     with pytest.raises(RuntimeError, match="drafter failed"):
         model.generate(ids, max_new_tokens=10, custom_generate=H.speculative_generate, drafter=Boom())
     still_usable(model, ids)
+
+
+def test_drafters_receive_target_hidden_states_of_every_token_run():
+    model = tiny_model("falcon_h1")
+    ids = ids_of(9)
+
+    class Recorder(H.Drafter):
+        target_hidden_layers = (0, 2, -1)
+
+        def __init__(self):
+            self.seen = []
+
+        def begin(self, input_ids, context, hidden=None):
+            assert context.target is model and context.cache.is_ready()
+            self.seen.append(hidden.states)
+
+        def accept(self, input_ids, result, hidden=None):
+            if hidden is not None:
+                self.seen.append(hidden.states)
+
+        def propose(self, input_ids, budget):
+            return H.DraftTree(tokens=torch.tensor([[5, 7, 9]]), parents=torch.tensor([[-1, 0, -1]]))
+
+    rec = Recorder()
+    out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                         custom_generate=H.speculative_generate, drafter=rec)
+    ran = out[:, :-1]  # the last token is the next root: never run through the target
+    with torch.no_grad():
+        ref = model(input_ids=ran, output_hidden_states=True).hidden_states
+    for k, layer in enumerate(Recorder.target_hidden_layers):
+        got = torch.cat([s[k] for s in rec.seen], dim=1)
+        torch.testing.assert_close(got, ref[layer], rtol=1e-4, atol=1e-4)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import AssistantConfig
-from .base import DraftBudget, Drafter
+from .base import DraftBudget, DraftContext, Drafter, TargetHidden
 from .model import ModelDrafter, check_same_vocabulary
 from .ngram import NgramDrafter
 from .suffix import SuffixDrafter, clear_global_suffix_cache
@@ -16,6 +16,8 @@ from .suffix import SuffixDrafter, clear_global_suffix_cache
 __all__ = [
     "Drafter",
     "DraftBudget",
+    "DraftContext",
+    "TargetHidden",
     "SuffixDrafter",
     "NgramDrafter",
     "ModelDrafter",

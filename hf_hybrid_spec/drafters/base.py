@@ -2,25 +2,68 @@
 
 One drafter object serves one `generate` call (one request). The generate loop calls
 
-    begin(input_ids)                 # the prompt, [1, L]
-    propose(input_ids, budget)       # committed tokens so far, root last -> DraftTree hanging off the root
-    accept(input_ids, result)        # after verification: input_ids now ends with the new root
-    end(input_ids)                   # the request is over
+    begin(input_ids, context, hidden)    # the prompt [1, L]; what the drafter may read about the target
+    propose(input_ids, budget)           # committed tokens so far, root last -> DraftTree hanging off the root
+    accept(input_ids, result, hidden)    # after verification: input_ids now ends with the new root
+    end(input_ids)                       # the request is over
 
-Only `propose` is required. A drafter never sees or touches the target's cache.
+Only `propose` is required. A drafter that sets `target_hidden_layers` receives the target's hidden states
+of those layers for every token the target ran (the prompt at `begin`, the accepted path at `accept`),
+taken from the verify forward itself: no second target pass. Drafters that draft with the target's own
+weights (self-speculation) may run tree-mode forwards on `context.cache` between steps, and must `abort()`
+them: the committed state is the loop's.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..tree import DraftTree
 from ..verify import VerifyResult
 
-__all__ = ["Drafter", "DraftBudget"]
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import GenerationConfig
+
+    from ..cache import HybridTreeCache
+    from ..models import ModelAdapter
+
+__all__ = ["Drafter", "DraftBudget", "DraftContext", "TargetHidden"]
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may read about the target for one request.
+
+    Attributes:
+        target: the target model.
+        cache: the target's cache, holding the committed state whenever the drafter is called.
+        adapter: the target family's adapter (mixer routing, layer kinds).
+        generation_config: the request's generation config.
+    """
+
+    target: nn.Module
+    cache: HybridTreeCache
+    adapter: ModelAdapter
+    generation_config: GenerationConfig
+
+
+@dataclass
+class TargetHidden:
+    """Target hidden states for the tokens the target just ran.
+
+    Attributes:
+        layers: the indices into the model's `hidden_states` output (0 = embeddings) that were asked for.
+        states: one [1, T, H] tensor per index, for the T tokens in order (prompt tokens at `begin`, the
+            accepted path root..leaf at `accept`).
+    """
+
+    layers: tuple[int, ...]
+    states: tuple[torch.Tensor, ...]
 
 
 @dataclass
@@ -38,15 +81,17 @@ class DraftBudget:
 
 class Drafter(ABC):
     name: str = "drafter"
+    # Indices into the target's `hidden_states` output this drafter wants (empty: none, and no cost).
+    target_hidden_layers: tuple[int, ...] = ()
 
-    def begin(self, input_ids: torch.Tensor) -> None:
+    def begin(self, input_ids: torch.Tensor, context: DraftContext, hidden: TargetHidden | None = None) -> None:
         """A new request starts with prompt `input_ids` [1, L]."""
 
     @abstractmethod
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
         """Draft continuations of `input_ids` [1, L] (its last token is the root)."""
 
-    def accept(self, input_ids: torch.Tensor, result: VerifyResult) -> None:
+    def accept(self, input_ids: torch.Tensor, result: VerifyResult, hidden: TargetHidden | None = None) -> None:
         """The target committed `result.tokens`; `input_ids` [1, L'] is the whole committed sequence."""
 
     def end(self, input_ids: torch.Tensor) -> None:

@@ -52,7 +52,7 @@ class ModelDrafter(Drafter):
         self.cache: HybridTreeCache | None = None
         self.processed = 0
 
-    def begin(self, input_ids: torch.Tensor) -> None:
+    def begin(self, input_ids: torch.Tensor, context=None, hidden=None) -> None:
         self.cache = HybridTreeCache(self.model.config)
         self.processed = 0
 

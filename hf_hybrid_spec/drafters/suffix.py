@@ -158,11 +158,11 @@ class SuffixDrafter(Drafter):
         self._prompt_length = 0
 
     # ------------------------------------------------------------------ request lifecycle
-    def begin(self, input_ids: torch.Tensor) -> None:
+    def begin(self, input_ids: torch.Tensor, context=None, hidden=None) -> None:
         self._prompt_length = input_ids.shape[1]
         self._feed(input_ids[0].tolist())
 
-    def accept(self, input_ids, result) -> None:
+    def accept(self, input_ids, result, hidden=None) -> None:
         self._feed(input_ids[0, self._seen :].tolist())
 
     def end(self, input_ids: torch.Tensor) -> None:
