@@ -249,9 +249,11 @@ def test_gated_delta_rule_fp16_inputs():
     ref = kernels.naive_tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
     out = run("triton", gdn_triton.triton_tree_gated_delta_rule, q, k, v, g, beta, parent, h0, use_qk_l2norm=True)
     assert out.o.dtype == torch.float16 and out.u.dtype == out.k.dtype == out.g_cum.dtype == torch.float32
-    # The reference computes on the same fp16 inputs; only the fp16 rounding of o differs.
-    assert_close("o", ref.o, out.o, tol=2e-3)
-    assert_close("u", ref.u, out.u)
+    # The reference computes on the same fp16 inputs; the fp16 rounding of o differs, and on a GPU the fp32
+    # operands of 16-bit inputs go through TF32 (the interpreter multiplies in fp32).
+    tf32 = 5e-3 if DEVICE == "cuda" else TOL
+    assert_close("o", ref.o, out.o, tol=max(2e-3, tf32))
+    assert_close("u", ref.u, out.u, tol=tf32)
 
 
 def test_gated_delta_rule_validation():
