@@ -25,13 +25,19 @@ __all__ = [
 
 
 def validate_parent(parent: torch.Tensor, n: int | None = None) -> None:
-    """Raise ValueError unless `parent` is a valid topologically ordered parent table [B, N]."""
+    """Raise ValueError unless `parent` is a valid topologically ordered parent table [B, N].
+
+    Values are checked for CPU tensors only: on an accelerator the check would cost a host sync per layer
+    (and break CUDA-graph capture), so callers there validate the tree once, where it is built.
+    """
     if parent.ndim != 2:
         raise ValueError(f"parent must be [B, N], got shape {tuple(parent.shape)}")
     if n is not None and parent.shape[1] != n:
         raise ValueError(f"parent has {parent.shape[1]} nodes, inputs have {n}")
     if parent.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"parent must be an integer tensor, got {parent.dtype}")
+    if parent.device.type != "cpu":
+        return
     idx = torch.arange(parent.shape[1], device=parent.device)
     if bool(((parent >= idx) | (parent < -1)).any()):
         raise ValueError("parent[b, i] must satisfy -1 <= parent[b, i] < i (nodes in topological order)")
