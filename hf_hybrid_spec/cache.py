@@ -13,6 +13,12 @@ any ordinary forward go through the model's own code). In tree mode (`begin_tree
 
 `abort` drops a tree without committing anything, so an exception during verification leaves the cache as
 it was before `begin_tree`. A chain is the special case parent[i] = i - 1.
+
+Static variant (`HybridTreeCache(config, static_length=L)`): attention layers keep keys and values in
+preallocated [B, H, L, D] buffers; a tree forward writes its nodes at the positions held by a device tensor
+(`StaticCursor.write_pos`) and attends over the whole buffer under its mask, so every shape and address is
+fixed and the forward can be captured in a CUDA graph. Commit gathers the accepted path into place with index
+copies. Recurrent states are fixed-size in both variants and always updated in place.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin, LinearAttentionLayer
 
 from .kernels import (
     TreeGatedDeltaOutput,
@@ -31,7 +38,7 @@ from .kernels import (
 )
 from .kernels.tree import validate_parent
 
-__all__ = ["HybridTreeCache", "TreeState", "PendingRecurrent", "CacheSnapshot"]
+__all__ = ["HybridTreeCache", "TreeState", "PendingRecurrent", "CacheSnapshot", "StaticCursor"]
 
 
 @dataclass
@@ -77,6 +84,128 @@ class CacheSnapshot:
     recurrent_states: dict[tuple[int, int], torch.Tensor]
 
 
+class StaticCursor:
+    """Where the next tree's keys go, shared by every static attention layer of a cache.
+
+    `write_pos` is a device tensor [N] (prefix_length + arange(N)) owned by the caller; while `tree_mode` is
+    set, static layers write there and return their whole buffers. A CUDA graph captured with a given
+    `write_pos` keeps reading that tensor, so the caller updates it in place between replays.
+    """
+
+    def __init__(self):
+        self.write_pos: torch.Tensor | None = None
+        self.tree_mode = False
+
+
+class StaticKVMixin:
+    """Keys and values of one attention layer in preallocated buffers [B, H, max_length, D]."""
+
+    is_sliding = False
+    is_compileable = True
+
+    def _init_static(self, max_length: int, cursor: StaticCursor) -> None:
+        self.max_length = max_length
+        self.cursor = cursor
+        self.length = 0
+        self.keys = None
+        self.values = None
+        self.is_initialized = False
+
+    def _kv_lazy_init(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        self.keys = torch.zeros(b, h, self.max_length, d, dtype=key_states.dtype, device=key_states.device)
+        self.values = torch.zeros(b, h, self.max_length, value_states.shape[-1], dtype=value_states.dtype,
+                                  device=value_states.device)
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self._kv_lazy_init(key_states, value_states)
+        if self.cursor.tree_mode:
+            # Tree nodes: scatter to the cursor's positions, attend over the full buffer (the mask hides the rest).
+            self.keys.index_copy_(2, self.cursor.write_pos, key_states)
+            self.values.index_copy_(2, self.cursor.write_pos, value_states)
+            return self.keys, self.values
+        t = key_states.shape[-2]
+        if self.length + t > self.max_length:
+            raise RuntimeError(f"static cache of {self.max_length} tokens is full ({self.length} + {t})")
+        self.keys[:, :, self.length : self.length + t] = key_states
+        self.values[:, :, self.length : self.length + t] = value_states
+        self.length += t
+        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.max_length
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class StaticKVLayer(StaticKVMixin, CacheLayerMixin):
+    def __init__(self, max_length: int, cursor: StaticCursor):
+        CacheLayerMixin.__init__(self)
+        self._init_static(max_length, cursor)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self._kv_lazy_init(key_states, value_states)
+
+
+class StaticLinearKVLayer(StaticKVMixin, LinearAttentionLayer, CacheLayerMixin):
+    """A layer holding both a recurrent state and attention KV (Falcon-H1's parallel hybrid layers); like
+    transformers' LinearAttentionAndFullAttentionLayer it is both kinds of layer."""
+
+    def __init__(self, max_length: int, cursor: StaticCursor, number_of_states: int = 1):
+        LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
+        CacheLayerMixin.__init__(self)
+        self._init_static(max_length, cursor)
+
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        # transformers initializes the recurrent side with keyword states and the attention side through update().
+        if args and not kwargs:
+            self._kv_lazy_init(*args)
+        else:
+            LinearAttentionLayer.lazy_initialization(self, *args, **kwargs)
+
+
+def _kv_length(layer) -> int | None:
+    """Committed tokens of an attention layer, None for layers without KV (or not yet filled)."""
+    if isinstance(layer, StaticKVMixin):
+        return layer.length if layer.is_initialized else None
+    if _has_kv(layer) and layer.keys is not None and layer.keys.numel() > 0:
+        return layer.keys.shape[-2]
+    return None
+
+
+def _kv_crop(layer, length: int) -> None:
+    if isinstance(layer, StaticKVMixin):
+        layer.length = length
+    else:
+        layer.keys = layer.keys[..., :length, :]
+        layer.values = layer.values[..., :length, :]
+
+
+def _kv_commit(layer, prefix: int, path: torch.Tensor) -> None:
+    """Keep the prefix and the tree nodes `path` (indices into the tree, [k] on the layer's device)."""
+    src = prefix + path
+    if isinstance(layer, StaticKVMixin):
+        dst = torch.arange(prefix, prefix + path.numel(), device=path.device)
+        # index_select copies first, so overlapping source and destination ranges are safe.
+        layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
+        layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
+        layer.length = prefix + path.numel()
+        return
+    idx = torch.cat([torch.arange(prefix, device=path.device), src])
+    layer.keys = layer.keys.index_select(-2, idx)
+    layer.values = layer.values.index_select(-2, idx)
+
+
 @dataclass
 class _TreeBook:
     tree: TreeState
@@ -98,16 +227,29 @@ class HybridTreeCache(DynamicCache):
 
     Args:
         config: the model config (the text config is taken from it), as for `DynamicCache(config=...)`.
+        static_length: if given, attention layers use preallocated buffers of this many tokens (prompt,
+            generated tokens and one tree), for CUDA-graph capture; see `cursor`.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, static_length: int | None = None):
         super().__init__(config=config)
         self._book: _TreeBook | None = None
+        self.cursor = StaticCursor() if static_length is not None else None
         for idx, layer in enumerate(self.layers):
             if getattr(layer, "is_sliding", False):
                 raise NotImplementedError(
                     f"layer {idx} uses sliding-window attention, which tree verification does not support yet"
                 )
+            if static_length is None or not _has_kv(layer):
+                continue
+            if _is_linear(layer):
+                self.layers[idx] = StaticLinearKVLayer(static_length, self.cursor, layer.number_of_states)
+            else:
+                self.layers[idx] = StaticKVLayer(static_length, self.cursor)
+
+    @property
+    def is_static(self) -> bool:
+        return self.cursor is not None
 
     # ------------------------------------------------------------------ tree lifecycle
     @property
@@ -135,11 +277,9 @@ class HybridTreeCache(DynamicCache):
         if not self.is_ready():
             raise RuntimeError("the cache is empty: run the prompt (prefill) through the model before a tree")
         for idx, layer in enumerate(self.layers):
-            if _has_kv(layer) and layer.keys is not None and layer.keys.numel() > 0:
-                if layer.keys.shape[-2] != prefix_length:
-                    raise RuntimeError(
-                        f"layer {idx} holds {layer.keys.shape[-2]} tokens but the tree expects a prefix of {prefix_length}"
-                    )
+            length = _kv_length(layer)
+            if length is not None and length != prefix_length:
+                raise RuntimeError(f"layer {idx} holds {length} tokens but the tree expects a prefix of {prefix_length}")
         tree = TreeState(parent=parent.long(), prefix_length=prefix_length, num_nodes=num_nodes)
         self._book = _TreeBook(tree=tree)
         return tree
@@ -176,8 +316,8 @@ class HybridTreeCache(DynamicCache):
         path = self._path(parent[0], int(leaf[0]))
         try:
             for idx, layer in enumerate(self.layers):
-                if _has_kv(layer) and layer.keys is not None and layer.keys.numel() > 0:
-                    self._commit_kv(layer, book.tree.prefix_length, path)
+                if _kv_length(layer) is not None:
+                    _kv_commit(layer, book.tree.prefix_length, path.to(layer.keys.device))
                 for pending in book.pending.get(idx, []):
                     self._commit_recurrent(layer, pending, parent, leaf)
         finally:
@@ -189,9 +329,8 @@ class HybridTreeCache(DynamicCache):
             return
         prefix = self._book.tree.prefix_length
         for layer in self.layers:
-            if _has_kv(layer) and layer.keys is not None and layer.keys.numel() > 0:
-                layer.keys = layer.keys[..., :prefix, :]
-                layer.values = layer.values[..., :prefix, :]
+            if _kv_length(layer) is not None:
+                _kv_crop(layer, prefix)
         self._book = None
 
     # ------------------------------------------------------------------ snapshots
@@ -201,8 +340,9 @@ class HybridTreeCache(DynamicCache):
             raise RuntimeError("snapshot is not available in tree mode")
         kv, conv, rec = {}, {}, {}
         for idx, layer in enumerate(self.layers):
-            if _has_kv(layer) and layer.keys is not None:
-                kv[idx] = layer.keys.shape[-2] if layer.keys.numel() > 0 else 0
+            length = _kv_length(layer)
+            if length is not None:
+                kv[idx] = length
             if _is_linear(layer):
                 for s, t in layer.conv_states.items():
                     if t is not None:
@@ -215,9 +355,7 @@ class HybridTreeCache(DynamicCache):
     def restore(self, snap: CacheSnapshot) -> None:
         """Roll back to `snap`: crop attention layers, copy recurrent states back in place."""
         for idx, length in snap.kv_lengths.items():
-            layer = self.layers[idx]
-            layer.keys = layer.keys[..., :length, :]
-            layer.values = layer.values[..., :length, :]
+            _kv_crop(self.layers[idx], length)
         for (idx, s), t in snap.conv_states.items():
             self.layers[idx].conv_states[s].copy_(t)
         for (idx, s), t in snap.recurrent_states.items():
@@ -229,7 +367,7 @@ class HybridTreeCache(DynamicCache):
         for layer in self.layers:
             if _is_linear(layer) and any(layer.has_previous_state.values()):
                 return True
-            if _has_kv(layer) and layer.keys is not None and layer.keys.numel() > 0:
+            if _kv_length(layer):
                 return True
         return False
 
@@ -242,12 +380,6 @@ class HybridTreeCache(DynamicCache):
             nodes.append(cur)
             cur = par[cur]
         return torch.tensor(nodes[::-1], dtype=torch.long, device=parent_row.device)
-
-    @staticmethod
-    def _commit_kv(layer, prefix: int, path: torch.Tensor) -> None:
-        idx = torch.cat([torch.arange(prefix, device=path.device), prefix + path]).to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, idx)
-        layer.values = layer.values.index_select(-2, idx)
 
     @staticmethod
     def _commit_recurrent(layer, pending: PendingRecurrent, parent: torch.Tensor, leaf: torch.Tensor) -> None:

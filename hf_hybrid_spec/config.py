@@ -51,6 +51,13 @@ class AssistantConfig:
         verification: "lossless" (greedy: identical to plain greedy; sampling: exactly the target's
             distribution).
         kernel_backend: "auto" (Triton on CUDA, closed-form PyTorch on CPU), "triton", "torch" or "naive".
+
+    Static shapes and CUDA graphs (`hf_hybrid_spec.static`):
+        compile: verify with a static cache and fixed tree sizes, each verify forward captured once as a CUDA graph
+            and replayed (on CPU the same static code runs eagerly). Also turned on by
+            `generate(..., cache_implementation="static")`.
+        compile_buckets: tree sizes (root included) captured; a tree is padded to the smallest that fits and the
+            draft budget is capped at the largest minus one.
     """
 
     drafter: str = "suffix"
@@ -72,6 +79,9 @@ class AssistantConfig:
     verification: str = "lossless"
     kernel_backend: str = "auto"
     extra: dict = field(default_factory=dict)
+    # static shapes / CUDA graphs (issue #8)
+    compile: bool = False
+    compile_buckets: tuple[int, ...] = (8, 16, 32, 64)
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
@@ -94,6 +104,12 @@ class AssistantConfig:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.extra, dict):
             raise ValueError("extra must be a dict")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be a bool, got {self.compile!r}")
+        buckets = tuple(self.compile_buckets)
+        if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 128 for b in buckets):
+            raise ValueError(f"compile_buckets must be integers in [2, 128], got {self.compile_buckets!r}")
+        self.compile_buckets = tuple(sorted(set(buckets)))
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict:

@@ -33,6 +33,7 @@ from .forward import forward_tokens, forward_tree
 from .kernels import use_backend
 from .models import ModelAdapter, get_adapter
 from .tree import build_verify_tree
+from .static import StaticTreeRunner
 from .verify import VerifyResult, process_tree_logits, verify_greedy, verify_sampling
 
 logger = logging.get_logger(__name__)
@@ -55,6 +56,8 @@ class SpecStats:
         drafted_tokens: per verification forward, draft nodes verified.
         prefill_tokens: prompt tokens run through the target before the first step.
         draft_seconds / verify_seconds: wall time spent drafting and in target forward + verification.
+        static / graph_captures: whether the static cache verified the trees, and how many CUDA graphs it
+            captured (one per tree-size bucket used, never more).
     """
 
     target_forwards: int = 0
@@ -63,6 +66,8 @@ class SpecStats:
     prefill_tokens: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    static: bool = False  # verified with the static cache (issue #8)
+    graph_captures: int = 0  # CUDA graphs captured (at most one per tree-size bucket)
 
     @property
     def mean_accepted_length(self) -> float:
@@ -238,6 +243,10 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     )
     stats = SpecStats(prefill_tokens=input_ids.shape[1])
     cache = HybridTreeCache(model.config)
+    # Static shapes and CUDA graphs (issue #8): asked for, or implied by cache_implementation="static".
+    static = config.compile or generation_config.cache_implementation == "static"
+    if static:
+        cache = HybridTreeCache(model.config, static_length=generation_config.max_length + max(config.compile_buckets))
     # 0/1 padding mask over every token so far (generated tokens are never padding).
     mask = model_kwargs.get("attention_mask")
     full_mask = torch.ones_like(input_ids) if mask is None else mask.to(device)
@@ -259,6 +268,13 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     drafter.begin(input_ids, DraftContext(model, cache, adapter, generation_config), prompt_hidden)
     del prompt_hidden
     drafter.accept(rec.input_ids, VerifyResult(path=[0], tokens=first, score_nodes=[0]))
+    runner = None
+    if static:
+        runner = StaticTreeRunner(model, cache, config.compile_buckets, output_hidden_states=bool(want_hidden))
+        if mask is not None:
+            runner.set_prefix_valid(full_mask[0])
+        valid_prompt = int(full_mask.sum())
+        stats.static = True
 
     max_length = generation_config.max_length
     while not rec.finished:
@@ -268,7 +284,8 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
                                                      device=device)], dim=1)
         # Tokens one forward can commit: the accepted draft depth plus the bonus token.
         remaining = max_length - length
-        budget = DraftBudget(max_nodes=config.max_draft_tokens, max_depth=min(config.max_depth, remaining - 1))
+        max_nodes = config.max_draft_tokens if runner is None else min(config.max_draft_tokens, runner.max_nodes - 1)
+        budget = DraftBudget(max_nodes=max_nodes, max_depth=min(config.max_depth, remaining - 1))
 
         t0 = time.perf_counter()
         draft = drafter.propose(ids, budget) if budget.max_depth > 0 else None
@@ -281,10 +298,13 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         t1 = time.perf_counter()
 
         tree = build_verify_tree(ids[:, -1], draft)
-        out = forward_tree(
-            model, tree, cache, prefix_length=length - 1, root_position=full_mask[:, :-1].sum(-1),
-            prefix_mask=full_mask[:, :-1], output_hidden_states=bool(want_hidden),
-        )
+        if runner is None:
+            out = forward_tree(
+                model, tree, cache, prefix_length=length - 1, root_position=full_mask[:, :-1].sum(-1),
+                prefix_mask=full_mask[:, :-1], output_hidden_states=bool(want_hidden),
+            )
+        else:
+            out = runner.forward(tree, length - 1, valid_prompt + length - 1 - input_ids.shape[1])
         try:
             raw = out.logits.to(dtype=torch.float32, device=device)
             scores = process_tree_logits(ids, tree, raw, processors)
@@ -306,6 +326,8 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         drafter.accept(rec.input_ids, result, path_hidden)
 
     drafter.end(rec.input_ids)
+    if runner is not None:
+        stats.graph_captures = runner.captures
     if streamer is not None:
         streamer.end()
     logger.info(

@@ -1,10 +1,16 @@
 import functools
 import os
 
-import pytest
 import torch
 
-from hf_hybrid_spec.testing import fixture_path
+# Triton kernels run in the interpreter on CPU-only machines. transformers imports triton (through
+# torch._dynamo) as soon as it loads, so this must be set before anything imports transformers.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from hf_hybrid_spec.testing import fixture_path  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

@@ -1,0 +1,198 @@
+"""Fixed-shape tree verification, captured as CUDA graphs (one per tree-size bucket).
+
+Eager decoding of a small model is bound by kernel launches and Python, not by the GPU: stock `generate`
+with a static cache compiles its forward to get rid of that overhead, and a speculative loop has to do the
+same to win. `StaticTreeRunner` runs the verify forward over a `HybridTreeCache(static_length=...)`:
+
+- the tree is padded to a bucket size N (8/16/32/64 by default): padding nodes hang off the committed state,
+  so no real node ever attends to them or follows them;
+- every input of the forward lives in a preallocated device buffer (tokens, parent pointers, the committed
+  length and the root position); the tree mask, positions and write positions are computed from them inside
+  the captured region, so one H2D copy per step feeds the graph;
+- on CUDA, the forward (model, tree kernels, stashing of the recurrent factors) is captured once per bucket and
+  replayed; a different bucket at the next step replays another graph, never recompiles;
+- on CPU the same buffers and code run eagerly (no capture), which is what the CPU tests exercise.
+
+The commit stays outside the graph (a few index copies and one commit kernel per recurrent layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.utils import logging
+
+from .cache import HybridTreeCache, TreeState, _TreeBook
+from .forward import forward_tokens
+from .kernels.tree import ancestor_mask
+from .tree import VerifyTree
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["StaticTreeRunner", "StaticForwardOutput", "DEFAULT_BUCKETS"]
+
+DEFAULT_BUCKETS = (8, 16, 32, 64)
+
+
+@dataclass
+class StaticForwardOutput:
+    """Outputs of one verify forward, sliced to the tree's real nodes.
+
+    Attributes:
+        logits: [1, n, V].
+        hidden_states: the model's hidden states ([1, n, H] each) when the runner was built to return them.
+    """
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+class _Bucket:
+    """Static buffers (and, on CUDA, the graph) of one tree size."""
+
+    def __init__(self, n: int, max_length: int, device: torch.device, mask_dtype: torch.dtype):
+        self.n = n
+        self.tokens = torch.zeros(1, n, dtype=torch.long, device=device)
+        self.parent = torch.full((1, n), -1, dtype=torch.long, device=device)
+        # [prefix_length, root_position]: committed tokens in the cache, and the root's position id.
+        self.scalars = torch.zeros(2, dtype=torch.long, device=device)
+        self.write_pos = torch.arange(n, device=device)
+        self.prefix_valid = torch.ones(max_length, dtype=torch.bool, device=device)
+        self.mask_dtype = mask_dtype
+        self.max_length = max_length
+        self.graph = None
+        self.out = None
+        self.pending = None
+
+    def prepare(self):
+        """Mask [1, 1, n, L], positions [1, n] and write positions from the buffers (graph-safe: no host reads)."""
+        prefix = self.scalars[0]
+        anc = ancestor_mask(self.parent, include_self=True)[0]  # [n, n]
+        depth = anc.sum(-1) - 1
+        positions = (self.scalars[1] + depth).view(1, -1)
+        self.write_pos.copy_(prefix + torch.arange(self.n, device=prefix.device))
+        rel = torch.arange(self.max_length, device=prefix.device) - prefix  # key slot relative to the tree
+        in_tree = (rel >= 0) & (rel < self.n)
+        tree_part = anc[:, rel.clamp(0, self.n - 1)] & in_tree  # [n, L]
+        allowed = ((rel < 0) & self.prefix_valid) | tree_part
+        mask = torch.zeros(allowed.shape, dtype=self.mask_dtype, device=prefix.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.mask_dtype).min)
+        return mask.view(1, 1, self.n, self.max_length), positions
+
+
+class StaticTreeRunner:
+    """Verify forwards of fixed shape over a static `HybridTreeCache`.
+
+    Args:
+        model: the target (its mixers routed by `get_adapter`).
+        cache: a `HybridTreeCache` built with `static_length`, already holding the prompt.
+        buckets: tree sizes (root included) to capture; a tree is padded to the smallest that fits.
+        output_hidden_states: also return hidden states (for drafters that read them).
+        use_graphs: capture CUDA graphs (default: when the model is on CUDA).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cache: HybridTreeCache,
+        buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+        output_hidden_states: bool = False,
+        use_graphs: bool | None = None,
+    ):
+        if not cache.is_static:
+            raise ValueError("StaticTreeRunner needs a HybridTreeCache built with static_length")
+        self.model = model
+        self.cache = cache
+        self.device = model.device
+        self.buckets = tuple(sorted(set(int(b) for b in buckets)))
+        self.output_hidden_states = output_hidden_states
+        self.use_graphs = (self.device.type == "cuda") if use_graphs is None else use_graphs
+        max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
+        self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype) for n in self.buckets}
+        self._pool = None
+        self.captures = 0  # graphs captured so far (a budget change must not add any beyond one per bucket)
+
+    @property
+    def max_nodes(self) -> int:
+        return self.buckets[-1]
+
+    def set_prefix_valid(self, valid: torch.Tensor) -> None:
+        """0/1 [P] padding mask of the prompt (generated tokens are always valid)."""
+        for b in self._buckets.values():
+            b.prefix_valid.fill_(True)
+            b.prefix_valid[: valid.numel()].copy_(valid.bool().view(-1))
+
+    def forward(self, tree: VerifyTree, prefix_length: int, root_position: int) -> StaticForwardOutput:
+        """Run `tree` (n <= max bucket nodes) and leave the cache in tree mode (commit or abort next)."""
+        n = tree.num_nodes
+        bucket = self._buckets[next(b for b in self.buckets if b >= n)]
+        # One host->device copy per buffer; padding nodes keep parent -1 and token 0.
+        bucket.tokens.zero_()
+        bucket.tokens[:, :n].copy_(tree.tokens, non_blocking=True)
+        bucket.parent.fill_(-1)
+        bucket.parent[:, :n].copy_(tree.parent, non_blocking=True)
+        bucket.scalars.copy_(torch.tensor([prefix_length, root_position]), non_blocking=True)
+        if self.use_graphs:
+            if bucket.graph is None:
+                self._capture(bucket, prefix_length)
+            self._enter_tree(bucket, prefix_length)
+            bucket.graph.replay()
+        else:
+            self._enter_tree(bucket, prefix_length)
+            bucket.out = self._run(bucket)
+            self.cache._book.pending = bucket.pending
+        out = bucket.out
+        hidden = None
+        if self.output_hidden_states:
+            hidden = tuple(h[:, :n] for h in out.hidden_states)
+        return StaticForwardOutput(logits=out.logits[:, :n], hidden_states=hidden)
+
+    # ------------------------------------------------------------------ internals
+    def _enter_tree(self, bucket: _Bucket, prefix_length: int) -> None:
+        if self.cache.in_tree_mode:
+            raise RuntimeError("a tree is already pending on this cache; commit or abort it first")
+        book = _TreeBook(tree=TreeState(parent=bucket.parent, prefix_length=prefix_length))
+        if bucket.pending is not None:
+            # The graph rewrites the captured factor tensors in place: the stash from capture time stays valid.
+            book.pending = bucket.pending
+        self.cache._book = book
+
+    def _run(self, bucket: _Bucket):
+        """The forward itself, in tree mode; records the recurrent factors the adapters stash."""
+        cursor = self.cache.cursor
+        mask, positions = bucket.prepare()
+        cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
+        self.cache._book.pending = {}
+        try:
+            out = forward_tokens(
+                self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
+                logits_to_keep=0, output_hidden_states=self.output_hidden_states,
+            )
+        finally:
+            cursor.tree_mode = False
+        bucket.pending = self.cache._book.pending
+        return out
+
+    def _capture(self, bucket: _Bucket, prefix_length: int) -> None:
+        # Warm up on a side stream (Triton compiles, cuBLAS picks algorithms), then capture. Warm-up forwards
+        # only write tree keys beyond the committed prefix and stash factors: nothing committed changes.
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._enter_tree(bucket, prefix_length)
+                self._run(bucket)
+                self.cache._book = None
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        self._enter_tree(bucket, prefix_length)
+        with torch.cuda.graph(graph, pool=self._pool):
+            bucket.out = self._run(bucket)
+        self.cache._book = None
+        bucket.graph = graph
+        self.captures += 1
+        logger.info("captured the verify forward for trees of %d nodes", bucket.n)
