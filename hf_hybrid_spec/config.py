@@ -17,6 +17,8 @@ CONFIG_NAME = "assistant_config.json"
 
 # Drafters `speculative_generate` knows; `model` drafts with `draft_model=` (any causal LM, same tokenizer).
 DRAFTERS = ("suffix", "ngram", "model")
+# EAGLE-3 drafter (issue #4): `draft_model=` an `hf_hybrid_spec.eagle.EagleDrafter` trained for the target.
+DRAFTERS = DRAFTERS + ("eagle",)
 VERIFICATIONS = ("lossless",)
 KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
 
@@ -46,6 +48,10 @@ class AssistantConfig:
     Model drafter (`drafter="model"`, with `draft_model=` passed to generate):
         draft_top_k: children expanded per drafted node; 1 drafts a chain, k > 1 a tree (EAGLE-2 style,
             best `max_draft_tokens` nodes by path probability).
+
+    EAGLE-3 drafter (`drafter="eagle"`, with `draft_model=EagleDrafter.from_pretrained(...)`): an EAGLE-2
+    dynamic tree; `max_draft_tokens` is the tree size (60 in EAGLE-2), `max_depth` its depth and
+    `draft_top_k` the children per expanded node (1 drafts a chain).
 
     Verification:
         verification: "lossless" (greedy: identical to plain greedy; sampling: exactly the target's

@@ -27,6 +27,15 @@ __all__ = [
 
 
 def make_drafter(config: AssistantConfig, target: nn.Module, draft_model: nn.Module | None = None) -> Drafter:
+    # EAGLE-3 (issue #4): imported here because hf_hybrid_spec.eagle builds on this package.
+    from ..eagle.modeling import EagleDrafter
+
+    if config.drafter == "eagle":
+        from ..eagle.drafter import make_eagle_drafter
+
+        return make_eagle_drafter(config, target, draft_model)
+    if isinstance(draft_model, EagleDrafter):
+        raise ValueError("draft_model is an EagleDrafter: pass assistant_config=AssistantConfig(drafter='eagle', ...)")
     if config.drafter != "model" and draft_model is not None:
         raise ValueError(f"draft_model was given but the assistant config asks for the {config.drafter!r} drafter")
     if config.drafter == "suffix":

@@ -1,0 +1,199 @@
+"""`EagleTreeDrafter`: drafts EAGLE-2 dynamic trees with an `EagleDrafter`, inside `speculative_generate`.
+
+Alignment (EAGLE-3). The drafter's step t pairs the target's features of token x_t with the embedding of
+x_{t+1} and predicts x_{t+2}. The target never runs the root (the last committed token) before verification,
+so after each step the drafter holds one step per committed token but the root:
+
+    begin(prompt x_0..x_{P-1}, hidden g_0..g_{P-1})  -> steps (g_t, x_{t+1}) for t < P - 1; g_{P-1} waits
+    accept(first token x_P)                          -> step (g_{P-1}, x_P); its output predicts x_{P+1}
+    propose()                                        -> tree off that output (the drafter's own KV + tree KV)
+    accept(path root, a_1..a_k, bonus b; hidden of root, a_1..a_k from the verify forward)
+                                                     -> steps (g_root, a_1) .. (g_{a_k}, b)
+
+The drafter's key/value cache therefore only ever holds steps built from the target's real hidden states:
+tree nodes get temporary keys/values during `propose` that are dropped afterwards (rejected positions are
+rolled back by construction; accepted ones are recomputed from the verify forward's hidden states, as EAGLE
+does). No second target pass is needed.
+
+Tree (EAGLE-2): the root's top-k draft tokens are the first candidates. For each further depth, the k
+candidates of the last depth with the best cumulative log-probability are run through the drafter in one
+batch (each attends to the committed steps and its own ancestors), and each yields its top-k children as
+candidates. The draft is the best `max_nodes` candidates by cumulative log-probability (closed under
+parents: a child never scores above its parent, ties go to the earlier node). `top_k = 1` is a greedy chain.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..drafters.base import DraftBudget, DraftContext, Drafter, TargetHidden
+from ..tree import DraftTree, empty_draft
+from ..verify import VerifyResult
+from .modeling import EagleDrafter
+
+__all__ = ["EagleTreeDrafter", "make_eagle_drafter"]
+
+
+class EagleTreeDrafter(Drafter):
+    """A `Drafter` that proposes EAGLE-2 trees (chains for `top_k=1`) from a bound `EagleDrafter`.
+
+    Args:
+        model: the EagleDrafter (bound to `target` here; its aux layers become `target_hidden_layers`).
+        target: the target model.
+        top_k: children per expanded node, and nodes expanded per depth.
+    """
+
+    name = "eagle"
+
+    def __init__(self, model: EagleDrafter, target: nn.Module, top_k: int = 10):
+        if not isinstance(model, EagleDrafter):
+            raise TypeError(f"the 'eagle' drafter needs an EagleDrafter as draft_model, got {type(model).__name__}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+        self.model = model.bind(target)
+        self.top_k = min(top_k, model.config.draft_vocab_size)
+        self.target_hidden_layers = tuple(model.config.aux_layers)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.keys: torch.Tensor | None = None  # [1, kv_heads, steps, head_dim]
+        self.values: torch.Tensor | None = None
+        self.steps = 0  # drafter steps held = committed tokens paired with the features before them
+        self.features: list[torch.Tensor] = []  # fused target features [1, t, H] not yet paired with a token
+        self.last_hidden: torch.Tensor | None = None  # [1, H] output of the newest step
+        self.last_logp: torch.Tensor | None = None  # [draft_vocab] log-probabilities of the newest step
+
+    # ------------------------------------------------------------------ keeping in step with the target
+    def begin(self, input_ids: torch.Tensor, context: DraftContext | None = None,
+              hidden: TargetHidden | None = None) -> None:
+        self._reset()
+        self._take(hidden, "begin")
+        self._advance(input_ids)
+
+    def accept(self, input_ids: torch.Tensor, result: VerifyResult, hidden: TargetHidden | None = None) -> None:
+        if hidden is not None:
+            self._take(hidden, "accept")
+        self._advance(input_ids)
+
+    def end(self, input_ids: torch.Tensor) -> None:
+        self._reset()
+
+    def _take(self, hidden: TargetHidden | None, where: str) -> None:
+        if hidden is None:
+            raise RuntimeError(f"the EAGLE drafter got no target hidden states at {where}(); it must run inside "
+                               "speculative_generate, which provides the layers in target_hidden_layers")
+        if tuple(hidden.layers) != self.target_hidden_layers:
+            raise RuntimeError(f"expected target hidden states {self.target_hidden_layers}, got {hidden.layers}")
+        with torch.no_grad():
+            self.features.append(self.model.fuse(hidden.states))
+
+    @torch.no_grad()
+    def _advance(self, input_ids: torch.Tensor) -> None:
+        """Run the steps that both a target feature and the token after it are known for."""
+        pending = torch.cat(self.features, dim=1) if self.features else None
+        available = 0 if pending is None else pending.shape[1]
+        count = min(available, input_ids.shape[1] - 1 - self.steps)
+        if count <= 0:
+            return
+        device = self.model.fc.weight.device
+        tokens = input_ids[:, self.steps + 1 : self.steps + 1 + count].to(device)
+        positions = torch.arange(self.steps, self.steps + count, device=device).unsqueeze(0)
+        step = self.model.project(pending[:, :count], self.model.embed(tokens), positions)
+        keys = step.key if self.keys is None else torch.cat([self.keys, step.key], dim=2)
+        values = step.value if self.values is None else torch.cat([self.values, step.value], dim=2)
+        past = keys.shape[2] - count
+        # Causal over everything held: new step i sees the `past` old steps and new steps 0..i.
+        mask = torch.ones(count, past + count, dtype=torch.bool, device=device)
+        mask[:, past:] = torch.ones(count, count, dtype=torch.bool, device=device).tril()
+        out = self.model.finish(step.residual, self.model.attend(step.query, keys, values, mask))
+        self.keys, self.values = keys, values
+        self.steps += count
+        self.features = [pending[:, count:]] if available > count else []
+        self.last_hidden = out[:, -1]
+        self.last_logp = torch.log_softmax(self.model.logits(out[0, -1]).float(), dim=-1)
+
+    # ------------------------------------------------------------------ drafting
+    @torch.no_grad()
+    def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
+        if self.last_logp is None or self.steps != input_ids.shape[1] - 1:
+            raise RuntimeError(f"the EAGLE drafter holds {self.steps} steps for {input_ids.shape[1]} committed "
+                               "tokens; it is out of step with the target (begin/accept were not called in order)")
+        if budget.max_depth <= 0 or budget.max_nodes <= 0:
+            return empty_draft(1, input_ids.device)
+        model = self.model
+        device = self.last_logp.device
+        k = self.top_k
+        to_target = model.draft_to_target
+
+        top = self.last_logp.topk(k)
+        cand_tokens = [top.indices]  # draft ids, per depth
+        cand_scores = [top.values]  # cumulative log-probabilities
+        cand_parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
+        num_cands = k
+        # The frontier: candidates to run next (global candidate ids), the hidden state of their parent's step,
+        # and their parent's index among the expanded nodes (-1: the root step).
+        frontier = torch.arange(k, device=device)
+        frontier_hidden = self.last_hidden.expand(k, -1)
+        frontier_parent = torch.full((k,), -1, dtype=torch.long, device=device)
+        tree_keys = self.keys[:, :, :0]
+        tree_values = self.values[:, :, :0]
+        ancestors = torch.zeros(0, 0, dtype=torch.bool, device=device)  # among expanded nodes, self included
+        all_tokens = torch.cat(cand_tokens)
+        all_scores = torch.cat(cand_scores)
+        for depth in range(1, budget.max_depth):
+            width = frontier.numel()
+            embeds = model.embed(to_target[all_tokens[frontier]].unsqueeze(0))
+            positions = torch.full((1, width), self.steps + depth - 1, device=device)
+            step = model.project(frontier_hidden.unsqueeze(0), embeds, positions)
+            expanded = ancestors.shape[0]
+            own = torch.zeros(width, expanded + width, dtype=torch.bool, device=device)
+            has_parent = frontier_parent >= 0
+            if expanded:
+                own[has_parent, :expanded] = ancestors[frontier_parent[has_parent]]
+            own[:, expanded:] = torch.eye(width, dtype=torch.bool, device=device)
+            mask = torch.cat([torch.ones(width, self.steps, dtype=torch.bool, device=device), own], dim=1)
+            tree_keys = torch.cat([tree_keys, step.key], dim=2)
+            tree_values = torch.cat([tree_values, step.value], dim=2)
+            attn = model.attend(step.query, torch.cat([self.keys, tree_keys], dim=2),
+                                torch.cat([self.values, tree_values], dim=2), mask)
+            out = model.finish(step.residual, attn)[0]  # [width, H]
+            grown = torch.zeros(expanded + width, expanded + width, dtype=torch.bool, device=device)
+            grown[:expanded, :expanded] = ancestors
+            grown[expanded:] = own
+            ancestors = grown
+
+            logp = torch.log_softmax(model.logits(out).float(), dim=-1)
+            child = logp.topk(k, dim=-1)  # [width, k]
+            scores = (all_scores[frontier].unsqueeze(1) + child.values).flatten()
+            cand_tokens.append(child.indices.flatten())
+            cand_scores.append(scores)
+            cand_parents.append(frontier.repeat_interleave(k))
+            new_ids = torch.arange(num_cands, num_cands + width * k, device=device)
+            num_cands += width * k
+            all_tokens = torch.cat(cand_tokens)
+            all_scores = torch.cat(cand_scores)
+            if depth + 1 == budget.max_depth:
+                break
+            best = scores.topk(min(k, scores.numel())).indices
+            frontier = new_ids[best]
+            frontier_hidden = out[best // k]
+            frontier_parent = expanded + best // k
+
+        parents = torch.cat(cand_parents)
+        # Stable sort: among equal scores the earlier candidate (a parent before its child) comes first, so the
+        # kept set is closed under parents.
+        order = torch.sort(all_scores, descending=True, stable=True).indices[: budget.max_nodes]
+        keep = order.sort().values
+        full = DraftTree(tokens=to_target[all_tokens].unsqueeze(0), parents=parents.unsqueeze(0),
+                         scores=all_scores.exp().unsqueeze(0), info={"drafter": "eagle"})
+        draft = full.select(keep)
+        return DraftTree(tokens=draft.tokens.to(input_ids.device), parents=draft.parents.to(input_ids.device),
+                         scores=draft.scores.to(input_ids.device), info=draft.info)
+
+
+def make_eagle_drafter(config, target: nn.Module, draft_model: nn.Module | None) -> EagleTreeDrafter:
+    """The drafter `AssistantConfig(drafter="eagle")` names: `draft_model` must be an `EagleDrafter`."""
+    if draft_model is None:
+        raise ValueError("the 'eagle' drafter needs draft_model=EagleDrafter.from_pretrained(...)")
+    return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k)

@@ -1,0 +1,388 @@
+"""EAGLE-3 drafter (issue #4): greedy identity, drafting math vs a step-by-step reference, training-time test
+vs inference, Hub format round trip, bad input, and the training recipe end to end."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec.drafters import DraftBudget, TargetHidden
+from hf_hybrid_spec.eagle import EagleConfig, EagleDrafter, EagleTreeDrafter, default_aux_layers
+from hf_hybrid_spec.eagle.training import target_batch, ttt_loss
+from hf_hybrid_spec.testing import tiny_config, tiny_model
+from hf_hybrid_spec.verify import VerifyResult
+
+from conftest import load_fixture
+
+REPO = Path(__file__).resolve().parent.parent
+FAMILIES = ["qwen3_5_text", "falcon_h1"]
+VOCAB = 96
+
+
+def prompt(seed=0, length=10):
+    gen = torch.Generator().manual_seed(seed)
+    motif = torch.randint(2, VOCAB, (1, 4), generator=gen)
+    return torch.cat([torch.randint(2, VOCAB, (1, length - 8), generator=gen), motif, motif], dim=1)
+
+
+def aux_hidden(target, ids, layers):
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+    return tuple(out.hidden_states[i] for i in layers)
+
+
+def reference_logp(drafter, fused, tokens, chain):
+    """Log-probabilities [len(chain) + 1, draft_vocab] after each prefix of `chain`, by a plain causal forward
+    over every step (no cache, no tree mask): committed steps (fused [1, n, H], tokens [1, n]) then the chain's
+    steps, each fed the previous step's output."""
+    rows = []
+    hidden, toks = fused, tokens
+    for j in range(len(chain) + 1):
+        out, logits = drafter(hidden, input_ids=toks)
+        rows.append(torch.log_softmax(logits[0, -1].float(), dim=-1))
+        if j < len(chain):
+            hidden = torch.cat([hidden, out[:, -1:]], dim=1)
+            toks = torch.cat([toks, torch.tensor([[int(chain[j])]])], dim=1)
+    return torch.stack(rows)
+
+
+def run_drafter_to(drafter, target, ids, accepted):
+    """Drive `drafter` as speculative_generate would: begin on ids[:, :p], accept the first token, then accept
+    chunks of `accepted` tokens (hidden states of root..last accepted draft). Returns the committed ids."""
+    p = ids.shape[1] - 1 - sum(accepted)
+    layers = drafter.target_hidden_layers
+    states = aux_hidden(target, ids, layers)
+    drafter.begin(ids[:, :p], None, TargetHidden(layers, tuple(s[:, :p] for s in states)))
+    drafter.accept(ids[:, : p + 1], VerifyResult(path=[0], tokens=ids[0, p : p + 1], score_nodes=[0]))
+    length = p + 1
+    for k in accepted:
+        hidden = TargetHidden(layers, tuple(s[:, length - 1 : length - 1 + k] for s in states))
+        path = list(range(k))
+        drafter.accept(ids[:, : length + k], VerifyResult(path=path, tokens=ids[0, length : length + k],
+                                                           score_nodes=path), hidden)
+        length += k
+    return ids[:, :length]
+
+
+def _to_draft_ids(model, target_ids):
+    table = {int(t): d for d, t in enumerate(model.draft_to_target.tolist())}
+    return [table[int(t)] for t in target_ids]
+
+
+# ---------------------------------------------------------------------- configuration
+def test_default_aux_layers_prefer_post_attention_taps():
+    from transformers import AutoConfig
+
+    qwen8 = tiny_config("qwen3_5_text", num_hidden_layers=8,
+                        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2)
+    assert default_aux_layers(qwen8) == [2, 4, 5]  # 4: output of attention layer 3
+    qwen24 = tiny_config("qwen3_5_text", num_hidden_layers=24,
+                         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 6)
+    assert default_aux_layers(qwen24) == [2, 12, 20]  # 20: output of attention layer 19, not 21
+    assert default_aux_layers(tiny_config("falcon_h1", num_hidden_layers=8)) == [2, 4, 5]
+    assert default_aux_layers(tiny_config("llama", num_hidden_layers=32)) == [2, 16, 29]
+    for family in ("qwen3_5_text", "falcon_h1", "bamba", "nemotron_h", "lfm2"):
+        layers = default_aux_layers(tiny_config(family))
+        n = tiny_config(family).num_hidden_layers
+        assert layers == sorted(set(layers)) and all(1 <= i < n for i in layers)
+
+
+@pytest.mark.parametrize("bad", [dict(draft_vocab_size=200, vocab_size=100), dict(aux_layers=[]),
+                                 dict(aux_layers=[2, 2]), dict(aux_layers=[2, 9], target_num_hidden_layers=8),
+                                 dict(num_attention_heads=6, num_key_value_heads=4), dict(hidden_size=0)])
+def test_config_rejects_bad_values(bad):
+    with pytest.raises(ValueError):
+        EagleConfig(**bad)
+
+
+# ---------------------------------------------------------------------- drafting math
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tree_scores_and_chain_match_step_by_step_reference(family):
+    target = tiny_model(family)
+    torch.manual_seed(1)
+    model = EagleDrafter.from_target(target, draft_vocab_size=48)
+    model.set_vocab_maps(torch.randperm(VOCAB - 2)[:48] + 2)
+    ids = torch.cat([prompt(int(family == "falcon_h1")), torch.randint(2, VOCAB, (1, 6))], dim=1)
+    n_steps = ids.shape[1] - 1
+    layers = tuple(model.config.aux_layers)
+    fused = model.fuse([s[:, :n_steps] for s in aux_hidden(target, ids, layers)]).detach()
+    tokens = ids[:, 1:]
+
+    tree_drafter = EagleTreeDrafter(model, target, top_k=3)
+    committed = run_drafter_to(tree_drafter, target, ids, accepted=[3, 2])
+    assert torch.equal(committed, ids) and tree_drafter.steps == n_steps
+    draft = tree_drafter.propose(ids, DraftBudget(max_nodes=16, max_depth=4))
+    assert draft.num_nodes == 16 and int(draft.depth().max()) <= 4
+    parents = draft.parents[0].tolist()
+    for node in range(draft.num_nodes):
+        path = []
+        cur = node
+        while cur >= 0:
+            path.append(cur)
+            cur = parents[cur]
+        path.reverse()
+        chain = _to_draft_ids(model, draft.tokens[0, path].tolist())
+        ref = reference_logp(model, fused, tokens, [model.draft_to_target[c] for c in chain[:-1]])
+        expected = sum(float(ref[j, c]) for j, c in enumerate(chain))
+        assert abs(float(draft.scores[0, node].log()) - expected) < 1e-4, (node, path)
+        if parents[node] >= 0:
+            assert draft.scores[0, node] <= draft.scores[0, parents[node]] + 1e-7
+
+    chain_drafter = EagleTreeDrafter(model, target, top_k=1)
+    run_drafter_to(chain_drafter, target, ids, accepted=[3, 2])
+    chain = chain_drafter.propose(ids, DraftBudget(max_nodes=5, max_depth=5))
+    assert chain.parents[0].tolist() == [-1, 0, 1, 2, 3]
+    greedy = []
+    for _ in range(5):
+        ref = reference_logp(model, fused, tokens, [model.draft_to_target[c] for c in greedy])
+        greedy.append(int(ref[-1].argmax()))
+    assert chain.tokens[0].tolist() == model.draft_to_target[greedy].tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_training_time_test_matches_inference(family):
+    # TTT step i at position t must be what a depth-(i+1) draft node sees at inference when its ancestors are
+    # the true tokens: the same logits as the step-by-step reference.
+    target = tiny_model(family)
+    torch.manual_seed(2)
+    model = EagleDrafter.from_target(target, draft_vocab_size=VOCAB)
+    ids = prompt(3, length=14)
+    batch = target_batch(target, ids, model.config.aux_layers)
+    with torch.no_grad():
+        out = ttt_loss(model, batch, steps=4, keep_logits=True)
+        fused = model.fuse([s[:, :-1] for s in batch.aux_states])
+    for t in (0, 4, 8):
+        for i in range(4):
+            chain = ids[0, t + 2 : t + 2 + i].tolist()
+            ref = reference_logp(model, fused[:, : t + 1], ids[:, 1 : t + 2], chain)[-1]
+            got = torch.log_softmax(out.logits[i][0, t], dim=-1)
+            torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    assert len(out.step_losses) == 4 and out.positions[0] > out.positions[3] > 0
+
+
+# ---------------------------------------------------------------------- greedy identity
+def _train_briefly(target, seq, steps=40):
+    """A drafter fit to `seq`, the target's own greedy output, so that its drafts get accepted."""
+    torch.manual_seed(0)
+    model = EagleDrafter.from_target(target, draft_vocab_size=VOCAB)
+    batch = target_batch(target, seq, model.config.aux_layers)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        loss = ttt_loss(model, batch, steps=4).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+class RecordingEagle(EagleTreeDrafter):
+    """Keeps its key cache when the request ends, for the in-step check."""
+
+    def end(self, input_ids):
+        self.final_keys, self.final_ids = self.keys.clone(), input_ids.clone()
+        super().end(input_ids)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_identity_random_and_trained_chain_and_tree(family):
+    target = tiny_model(family)
+    ids = prompt(5)
+    # Greedy outputs are prefixes of longer greedy outputs: one stock run gives the reference and training data.
+    longer = target.generate(ids, do_sample=False, max_new_tokens=32, eos_token_id=None)
+    ref = longer[:, : ids.shape[1] + 24]
+    trained = _train_briefly(target, longer)
+    random_init = EagleDrafter.from_target(target, draft_vocab_size=32)
+    runs = [("random", random_init, 1, 5), ("random", random_init, 4, 16), ("trained", trained, 1, 5)]
+    for name, model, top_k, nodes in runs:
+        cfg = H.AssistantConfig(drafter="eagle", draft_top_k=top_k, max_draft_tokens=nodes, max_depth=5)
+        out = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None,
+                              custom_generate=H.speculative_generate, assistant_config=cfg, draft_model=model,
+                              return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref), f"{family} {name} top_k={top_k}"
+        if name == "trained":
+            assert out.spec_stats.mean_accepted_length > 1.5, out.spec_stats.accepted_lengths
+
+    # The trained tree, through a drafter instance that keeps its key cache at the end: it must hold exactly one
+    # step per committed token but the root, built from the target's features of the committed tokens (what a
+    # from-scratch pass computes).
+    drafter = RecordingEagle(trained, target, top_k=4)
+    out = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None,
+                          custom_generate=H.speculative_generate, drafter=drafter,
+                          assistant_config=H.AssistantConfig(max_draft_tokens=16, max_depth=5),
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref) and max(out.spec_stats.accepted_lengths) >= 3
+    final = drafter.final_ids
+    n = final.shape[1] - 1
+    with torch.no_grad():
+        fused = trained.fuse([s[:, :n] for s in aux_hidden(target, final, trained.config.aux_layers)])
+        step = trained.project(fused, trained.embed(final[:, 1:]), torch.arange(n).unsqueeze(0))
+    assert drafter.final_keys.shape == step.key.shape
+    torch.testing.assert_close(drafter.final_keys, step.key, atol=2e-3, rtol=2e-3)
+
+
+def _committed_drafter(name):
+    path = REPO / "examples" / "drafters" / f"{name}-eagle3"
+    return path if (path / "config.json").is_file() else None
+
+
+@pytest.mark.fixture
+@pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
+def test_fixture_greedy_identity(name):
+    target, tok = load_fixture(name)
+    path = _committed_drafter(name)
+    if path is not None:
+        model = EagleDrafter.from_pretrained(path, dtype=torch.float32)
+    else:
+        torch.manual_seed(0)
+        model = EagleDrafter.from_target(target)
+    enc = tok("import numpy as np\n\n\ndef moving_average(x, w):\n    \"\"\"Moving average of x.\"\"\"\n",
+              return_tensors="pt")
+    ref = target.generate(**enc, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    for top_k, nodes in ((1, 6), (10, 60)):
+        cfg = H.AssistantConfig(drafter="eagle", draft_top_k=top_k, max_draft_tokens=nodes, max_depth=6)
+        out = target.generate(**enc, do_sample=False, max_new_tokens=24, eos_token_id=None,
+                              custom_generate=H.speculative_generate, assistant_config=cfg, draft_model=model,
+                              return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref), f"{name} top_k={top_k}"
+        if path is not None:
+            assert out.spec_stats.mean_accepted_length > 1.2, out.spec_stats.accepted_lengths
+
+
+# ---------------------------------------------------------------------- Hub format
+def test_save_load_round_trip_and_hub_layout(tmp_path, monkeypatch):
+    target = tiny_model("qwen3_5_text")
+    torch.manual_seed(3)
+    model = EagleDrafter.from_target(target, draft_vocab_size=40)
+    model.set_vocab_maps(torch.randperm(VOCAB)[:40])
+    model.init_head_from(target)
+    model.config.training["data"] = "unit test"
+    model.save_pretrained(tmp_path / "d")
+    files = sorted(os.listdir(tmp_path / "d"))
+    assert files == ["README.md", "config.json", "model.safetensors"]
+    with safe_open(tmp_path / "d" / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert {"d2t", "t2d", "fc.weight", "lm_head.weight"} <= keys
+    assert not any("embed" in k for k in keys)  # the embedding is the target's
+    card = (tmp_path / "d" / "README.md").read_text()
+    assert "qwen3_5_text" in card and "hidden_states[3]" in card and "unit test" in card
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["model_type"] == "hf_hybrid_spec_eagle3"
+
+    loaded = EagleDrafter.from_pretrained(tmp_path / "d", dtype=torch.float32)
+    for (k, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert loaded.config.aux_layers == model.config.aux_layers and loaded.config.training == model.config.training
+    ids = torch.cat([prompt(), torch.randint(2, VOCAB, (1, 4))], dim=1)
+    drafts = []
+    for m in (model, loaded):
+        d = EagleTreeDrafter(m, target, top_k=3)
+        run_drafter_to(d, target, ids, accepted=[2, 2])
+        drafts.append(d.propose(ids, DraftBudget(max_nodes=12, max_depth=4)))
+    assert torch.equal(drafts[0].tokens, drafts[1].tokens) and torch.equal(drafts[0].parents, drafts[1].parents)
+
+    from transformers import AutoModel
+
+    assert type(AutoModel.from_pretrained(tmp_path / "d")) is EagleDrafter
+
+    uploaded = {}
+
+    class FakeApi:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, repo_id, private=None, exist_ok=False):
+            return type("Repo", (), {"repo_id": repo_id})()
+
+        def upload_folder(self, repo_id, folder_path, **kwargs):
+            uploaded.update(repo=repo_id, files=sorted(os.listdir(folder_path)),
+                            card=Path(folder_path, "README.md").read_text())
+
+    monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
+    model.push_to_hub("someone/drafter")
+    assert uploaded["repo"] == "someone/drafter" and uploaded["files"] == files and uploaded["card"] == card
+
+
+# ---------------------------------------------------------------------- bad input
+def test_bad_input_gets_clear_errors():
+    qwen = tiny_model("qwen3_5_text")
+    model = EagleDrafter.from_target(qwen, draft_vocab_size=32)
+    ids = prompt()
+    with pytest.raises(ValueError, match="vocabulary"):
+        model.bind(tiny_model("qwen3_5_text", vocab_size=128))
+    with pytest.raises(ValueError, match="hidden size"):
+        model.bind(tiny_model("qwen3_5_text", hidden_size=96, head_dim=24))
+    with pytest.raises(ValueError, match="needs draft_model"):
+        qwen.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate,
+                      assistant_config=H.AssistantConfig(drafter="eagle"))
+    with pytest.raises(ValueError, match="drafter='eagle'"):
+        qwen.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate, draft_model=model)
+    with pytest.raises(TypeError, match="EagleDrafter"):
+        qwen.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate, draft_model=tiny_model("llama"),
+                      assistant_config=H.AssistantConfig(drafter="eagle"))
+    with pytest.raises(RuntimeError, match="not bound"):
+        EagleDrafter(model.config).embed(ids)
+    drafter = EagleTreeDrafter(model, qwen)
+    with pytest.raises(RuntimeError, match="no target hidden states"):
+        drafter.begin(ids, None, None)
+
+
+# ---------------------------------------------------------------------- the recipe
+def _tiny_target_with_tokenizer(path):
+    """A tiny Qwen3.5 target and a small byte-level BPE tokenizer trained here (no download)."""
+    import glob
+    import json as json_module
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    texts = [open(f).read() for f in sorted(glob.glob(os.path.join(os.path.dirname(json_module.__file__), "*.py")))]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|pad|>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
+                                   bos_token="<|endoftext|>")
+    target = tiny_model("qwen3_5_text", vocab_size=len(fast))
+    target.save_pretrained(path)
+    fast.save_pretrained(path)
+
+
+def test_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
+    import json as json_module
+
+    sys.path.insert(0, str(REPO / "recipes"))
+    import train_eagle3
+
+    _tiny_target_with_tokenizer(tmp_path / "target")
+    sources = os.path.dirname(json_module.__file__)
+    config = tmp_path / "recipe.yaml"
+    config.write_text(f"source_dirs: [{sources}]\nnum_prompts: 4\nheldout_prompts: 1\nheldout_percent: 20\n"
+                      "prompt_tokens: 20\nresponse_tokens: 6\nregen_batch_size: 4\ndraft_vocab_size: 64\n"
+                      "batch_size: 2\nwarmup_steps: 1\nsave_every: 1\nlog_every: 1\nttt_steps: 3\neval_prompts: 1\n"
+                      "eval_new_tokens: 5\neval_tree_tokens: 6\neval_depth: 3\neval_top_k: 2\n")
+    out = tmp_path / "out"
+    args = ["--config", str(config), "--target", str(tmp_path / "target"), "--output_dir", str(out)]
+    summary = train_eagle3.main(args + ["--max_steps", "2"])
+    assert summary["training"]["steps"] == 2 and summary["evaluate"]["mean_accepted_length_tree"] >= 1.0
+    assert sorted(os.listdir(out / "hub")) == ["README.md", "config.json", "model.safetensors"]
+    hub = EagleDrafter.from_pretrained(out / "hub")
+    assert hub.dtype == torch.bfloat16 and hub.config.draft_vocab_size == 64
+    assert "prompts of 20 tokens" in (out / "hub" / "README.md").read_text()
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(out / "data"))
+    assert len(data["train"]) == 4 and data["train"][0]["prompt_length"] == 20
+    # A second run with a larger step budget resumes from the last checkpoint instead of starting over.
+    capsys.readouterr()
+    summary = train_eagle3.main(args + ["--max_steps", "3", "--stages", "train"])
+    assert "resumed from" in capsys.readouterr().out and summary["training"]["steps"] == 3
+    assert len((out / "train_log.jsonl").read_text().splitlines()) == 3
+
+    with pytest.raises(SystemExit) as exc:
+        train_eagle3.main(["--help"])
+    assert exc.value.code == 0
