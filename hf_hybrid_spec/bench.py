@@ -4,8 +4,11 @@
 
 1. Correctness gate: every drafter's greedy output is compared with stock greedy on every prompt.
 2. Timing: per prompt, stock greedy and each drafter run back to back (same process, same prompt), so ratios
-   are measured side by side on a noisy machine.
-3. A table (tokens/s, mean accepted length, speedup), a PNG histogram of accepted lengths, and a JSON line last.
+   are measured side by side on a noisy machine. `--stock-static` adds stock generate with
+   `cache_implementation="static"` (transformers compiles its forward); `--compiled` adds each drafter with
+   `AssistantConfig(compile=True)` (static tree cache, CUDA graphs).
+3. A table (ms/token, committed tokens per target forward, per-forward time against the weight-bytes floor,
+   speedup), PNGs of accepted lengths and of ms/token, and a JSON line last.
 
 Models: a local path / Hub id, or `random:qwen3_5-2b` (a ~2B Qwen3.5-shaped random-init model, for forward
 cost only) or `tiny:<model_type>` (the test suite's tiny configs).
@@ -92,6 +95,7 @@ def encode_prompts(tokenizer, n: int, device, vocab_size: int, prompt_tokens: in
 @dataclass
 class MethodResult:
     name: str
+    kind: str = "spec"  # "stock", "stock_static" or "spec"
     seconds: float = 0.0
     new_tokens: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
@@ -110,13 +114,20 @@ class MethodResult:
     def mean_accepted_length(self) -> float | None:
         return statistics.fmean(self.accepted_lengths) if self.accepted_lengths else None
 
+    @property
+    def ms_per_forward(self) -> float:
+        forwards = self.target_forwards if self.kind == "spec" else self.new_tokens
+        return 1000.0 * self.seconds / max(forwards, 1)
+
 
 def _sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
 
-def run_stock(model, ids, gen_kwargs):
+def run_stock(model, ids, gen_kwargs, static=False):
+    if static:
+        return model.generate(ids, do_sample=False, cache_implementation="static", **gen_kwargs)
     return model.generate(ids, do_sample=False, **gen_kwargs)
 
 
@@ -125,7 +136,32 @@ def run_spec(model, ids, gen_kwargs, cfg, draft_model):
                           draft_model=draft_model, return_dict_in_generate=True, **gen_kwargs)
 
 
-def build_methods(names: list[str], dtype, device):
+def weight_floor_ms(model, bandwidth_gbps: float) -> float:
+    """Milliseconds to read every weight once at `bandwidth_gbps` (a decode forward's memory floor)."""
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return 1000.0 * n_bytes / (bandwidth_gbps * 1e9)
+
+
+def measure_copy_bandwidth_gbps(device) -> float | None:
+    """Device-to-device copy bandwidth (bytes read + written), the ceiling of a memory-bound forward."""
+    if torch.device(device).type != "cuda":
+        return None
+    x = torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        y.copy_(x)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1000.0 / 10
+    return 2 * x.numel() / seconds / 1e9
+
+
+def build_methods(names: list[str], dtype, device, compiled: bool = False):
     methods = []
     for name in names:
         if name in PRESETS:
@@ -137,6 +173,8 @@ def build_methods(names: list[str], dtype, device):
             methods.append((name, AssistantConfig.from_pretrained(name.split(":", 1)[1]), None))
         else:
             raise ValueError(f"unknown drafter {name!r}: use {sorted(PRESETS)}, model:<path> or config:<dir>")
+    if compiled:
+        methods += [(f"{name}+graphs", cfg.replace(compile=True), draft) for name, cfg, draft in methods]
     return methods
 
 
@@ -159,6 +197,26 @@ def plot_histograms(results: list[MethodResult], path: str) -> None:
     plt.close(fig)
 
 
+def plot_speed(results: list[MethodResult], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.4 * len(results) + 2, 3.4))
+    names = [r.name for r in results]
+    values = [r.ms_per_token for r in results]
+    ax.bar(names, values, color=["tab:gray" if r.kind != "spec" else "tab:blue" for r in results])
+    for i, v in enumerate(values):
+        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("ms per generated token")
+    ax.set_title(title, fontsize=9)
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="path / Hub id, random:qwen3_5-2b or tiny:<model_type>")
@@ -175,23 +233,31 @@ def main(argv: list[str] | None = None) -> dict:
                         help="report but do not fail on outputs that differ from stock greedy (low precision)")
     parser.add_argument("--out", default=None, help="directory for results.json and the histogram PNG")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--stock-static", action="store_true",
+                        help="also time stock generate with cache_implementation='static' (compiled forward)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also time each drafter with AssistantConfig(compile=True) (static cache, CUDA graphs)")
     args = parser.parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     model, tok = load_model(args.model, dtype, args.device)
-    methods = build_methods(args.drafters, dtype, args.device)
+    methods = build_methods(args.drafters, dtype, args.device, compiled=args.compiled)
     vocab = model.config.get_text_config().vocab_size
     prompts = encode_prompts(tok, args.num_prompts, args.device, vocab, args.prompt_tokens)
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens)
     if not args.keep_eos:
         gen_kwargs.update(eos_token_id=None, min_new_tokens=args.max_new_tokens)
 
-    # Warm up every path once (allocator, kernels' first compilation).
-    run_stock(model, prompts[0], dict(gen_kwargs, max_new_tokens=8, min_new_tokens=None))
+    # Warm up every path on a full-length request (compilation, graph capture, allocator), so the timed runs
+    # see the steady state a server would.
+    run_stock(model, prompts[0], gen_kwargs)
+    if args.stock_static:
+        for _ in range(2):
+            run_stock(model, prompts[0], gen_kwargs, static=True)
     for _, cfg, draft in methods:
-        run_spec(model, prompts[0], dict(gen_kwargs, max_new_tokens=8, min_new_tokens=None), cfg, draft)
+        run_spec(model, prompts[0], gen_kwargs, cfg, draft)
 
     # 1. Correctness gate.
     gate_ok = True
@@ -210,7 +276,8 @@ def main(argv: list[str] | None = None) -> dict:
             sys.exit(1)
 
     # 2. Timing, interleaved per prompt.
-    stock = MethodResult("stock greedy")
+    stock = MethodResult("stock greedy", kind="stock")
+    stock_static = MethodResult("stock static+compile", kind="stock_static") if args.stock_static else None
     results = {name: MethodResult(name) for name, _, _ in methods}
     for ids in tqdm(prompts, desc="timing"):
         _sync(args.device)
@@ -219,6 +286,14 @@ def main(argv: list[str] | None = None) -> dict:
         _sync(args.device)
         stock.seconds += time.perf_counter() - t
         stock.new_tokens += ref.shape[1] - ids.shape[1]
+        if stock_static is not None:
+            _sync(args.device)
+            t = time.perf_counter()
+            out = run_stock(model, ids, gen_kwargs, static=True)
+            _sync(args.device)
+            stock_static.seconds += time.perf_counter() - t
+            stock_static.new_tokens += out.shape[1] - ids.shape[1]
+            stock_static.mismatches += int(not torch.equal(out, ref))
         for name, cfg, draft in methods:
             _sync(args.device)
             t = time.perf_counter()
@@ -232,14 +307,21 @@ def main(argv: list[str] | None = None) -> dict:
             r.mismatches += int(not torch.equal(out.sequences, ref))
 
     # 3. Report.
-    all_results = [stock, *results.values()]
+    all_results = [stock, *([stock_static] if stock_static else []), *results.values()]
+    bandwidth = measure_copy_bandwidth_gbps(args.device)
+    floor = weight_floor_ms(model, bandwidth) if bandwidth else None
+    best_stock = min((r for r in all_results if r.kind != "spec"), key=lambda r: r.ms_per_token)
     print(f"\nmodel={args.model} device={args.device} dtype={args.dtype} prompts={len(prompts)} "
-          f"max_new_tokens={args.max_new_tokens}")
-    print(f"{'method':<28}{'tokens/s':>10}{'ms/token':>10}{'mean acc.':>11}{'speedup':>9}{'mismatch':>10}")
+          f"max_new_tokens={args.max_new_tokens}"
+          + (f" copy_bw={bandwidth:.0f}GB/s weight_floor={floor:.3f}ms" if floor else ""))
+    print(f"{'method':<28}{'tokens/s':>10}{'ms/token':>10}{'tok/fwd':>9}{'ms/fwd':>9}{'x floor':>9}"
+          f"{'vs stock':>10}{'vs best':>9}{'mismatch':>10}")
     for r in all_results:
         acc = f"{r.mean_accepted_length:.2f}" if r.mean_accepted_length else "1.00"
-        print(f"{r.name:<28}{r.tokens_per_second:>10.1f}{r.ms_per_token:>10.2f}{acc:>11}"
-              f"{r.tokens_per_second / stock.tokens_per_second:>8.2f}x{r.mismatches:>10}")
+        xfloor = f"{r.ms_per_forward / floor:.1f}" if floor else "-"
+        print(f"{r.name:<28}{r.tokens_per_second:>10.1f}{r.ms_per_token:>10.2f}{acc:>9}{r.ms_per_forward:>9.2f}"
+              f"{xfloor:>9}{stock.ms_per_token / r.ms_per_token:>9.2f}x{best_stock.ms_per_token / r.ms_per_token:>8.2f}x"
+              f"{r.mismatches:>10}")
     summary = {
         "model": args.model,
         "device": args.device,
@@ -250,12 +332,19 @@ def main(argv: list[str] | None = None) -> dict:
         "gate": "pass" if gate_ok else "fail",
         "gate_mismatches": mismatches,
         "stock_tokens_per_s": round(stock.tokens_per_second, 3),
+        "stock_ms_per_token": round(stock.ms_per_token, 4),
+        "stock_static_ms_per_token": round(stock_static.ms_per_token, 4) if stock_static else None,
+        "stock_static_mismatches": stock_static.mismatches if stock_static else None,
+        "copy_bandwidth_gbps": round(bandwidth, 1) if bandwidth else None,
+        "weight_floor_ms": round(floor, 4) if floor else None,
         "methods": {
             r.name: {
                 "tokens_per_s": round(r.tokens_per_second, 3),
                 "ms_per_token": round(r.ms_per_token, 3),
                 "mean_accepted_length": None if r.mean_accepted_length is None else round(r.mean_accepted_length, 3),
                 "speedup": round(r.tokens_per_second / stock.tokens_per_second, 3),
+                "speedup_vs_best_stock": round(best_stock.ms_per_token / r.ms_per_token, 3),
+                "ms_per_forward": round(r.ms_per_forward, 4),
                 "target_forwards": r.target_forwards,
                 "mismatches": r.mismatches,
             }
@@ -267,6 +356,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         os.makedirs(args.out, exist_ok=True)
         plot_histograms(all_results, os.path.join(args.out, "accepted_lengths.png"))
+        plot_speed(all_results, os.path.join(args.out, "ms_per_token.png"),
+                   f"{args.model} ({args.device}, {args.dtype})")
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(summary, f, indent=2)
     print(json.dumps(summary))

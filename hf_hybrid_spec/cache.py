@@ -166,6 +166,10 @@ class StaticLinearKVLayer(StaticKVMixin, LinearAttentionLayer, CacheLayerMixin):
         CacheLayerMixin.__init__(self)
         self._init_static(max_length, cursor)
 
+    def reset(self) -> None:
+        StaticKVMixin.reset(self)
+        LinearAttentionLayer.reset(self)
+
     def lazy_initialization(self, *args, **kwargs) -> None:
         # transformers initializes the recurrent side with keyword states and the attention side through update().
         if args and not kwargs:
@@ -250,6 +254,11 @@ class HybridTreeCache(DynamicCache):
     @property
     def is_static(self) -> bool:
         return self.cursor is not None
+
+    def reset(self) -> None:
+        """Empty the cache for a new request, keeping every buffer (and so its address) in place."""
+        self._book = None
+        super().reset()
 
     # ------------------------------------------------------------------ tree lifecycle
     @property

@@ -33,7 +33,7 @@ from .forward import forward_tokens, forward_tree
 from .kernels import use_backend
 from .models import ModelAdapter, get_adapter
 from .tree import build_verify_tree
-from .static import StaticTreeRunner
+from .static import static_runner
 from .verify import VerifyResult, process_tree_logits, verify_greedy, verify_sampling
 
 logger = logging.get_logger(__name__)
@@ -246,7 +246,9 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     # Static shapes and CUDA graphs (issue #8): asked for, or implied by cache_implementation="static".
     static = config.compile or generation_config.cache_implementation == "static"
     if static:
-        cache = HybridTreeCache(model.config, static_length=generation_config.max_length + max(config.compile_buckets))
+        runner = static_runner(model, generation_config.max_length + max(config.compile_buckets),
+                               config.compile_buckets, bool(tuple(drafter.target_hidden_layers)))
+        cache = runner.cache
     # 0/1 padding mask over every token so far (generated tokens are never padding).
     mask = model_kwargs.get("attention_mask")
     full_mask = torch.ones_like(input_ids) if mask is None else mask.to(device)
@@ -268,11 +270,11 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     drafter.begin(input_ids, DraftContext(model, cache, adapter, generation_config), prompt_hidden)
     del prompt_hidden
     drafter.accept(rec.input_ids, VerifyResult(path=[0], tokens=first, score_nodes=[0]))
-    runner = None
-    if static:
-        runner = StaticTreeRunner(model, cache, config.compile_buckets, output_hidden_states=bool(want_hidden))
-        if mask is not None:
-            runner.set_prefix_valid(full_mask[0])
+    if not static:
+        runner = None
+    else:
+        runner.capture_all(input_ids.shape[1])
+        runner.set_prefix_valid(full_mask[0])
         valid_prompt = int(full_mask.sum())
         stats.static = True
 

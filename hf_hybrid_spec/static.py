@@ -18,6 +18,7 @@ The commit stays outside the graph (a few index copies and one commit kernel per
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ from .tree import VerifyTree
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["StaticTreeRunner", "StaticForwardOutput", "DEFAULT_BUCKETS"]
+__all__ = ["StaticTreeRunner", "StaticForwardOutput", "DEFAULT_BUCKETS", "static_runner"]
 
 DEFAULT_BUCKETS = (8, 16, 32, 64)
 
@@ -113,6 +114,7 @@ class StaticTreeRunner:
         self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype) for n in self.buckets}
         self._pool = None
         self.captures = 0  # graphs captured so far (a budget change must not add any beyond one per bucket)
+        self.static_length = max_length
 
     @property
     def max_nodes(self) -> int:
@@ -148,6 +150,15 @@ class StaticTreeRunner:
         if self.output_hidden_states:
             hidden = tuple(h[:, :n] for h in out.hidden_states)
         return StaticForwardOutput(logits=out.logits[:, :n], hidden_states=hidden)
+
+    def capture_all(self, prefix_length: int) -> None:
+        """Capture every bucket now (after a prefill, so the cache's buffers exist), not at first use."""
+        if not self.use_graphs:
+            return
+        for bucket in self._buckets.values():
+            if bucket.graph is None:
+                bucket.scalars.copy_(torch.tensor([prefix_length, prefix_length]))
+                self._capture(bucket, prefix_length)
 
     # ------------------------------------------------------------------ internals
     def _enter_tree(self, bucket: _Bucket, prefix_length: int) -> None:
@@ -196,3 +207,29 @@ class StaticTreeRunner:
         bucket.graph = graph
         self.captures += 1
         logger.info("captured the verify forward for trees of %d nodes", bucket.n)
+
+
+# Runners outlive one `generate` call: their graphs point at the static cache's buffers, so the cache is reset
+# and reused by the next request instead of rebuilt (which would mean capturing again). Keyed weakly by model.
+_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def static_runner(
+    model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool
+) -> StaticTreeRunner:
+    """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits)."""
+    runner = _RUNNERS.get(model)
+    fits = (
+        runner is not None
+        and runner.static_length >= static_length
+        and runner.buckets == tuple(sorted(set(buckets)))
+        and runner.output_hidden_states == output_hidden_states
+        and runner.device == model.device
+    )
+    if fits:
+        runner.cache.reset()
+        return runner
+    cache = HybridTreeCache(model.config, static_length=static_length)
+    runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states)
+    _RUNNERS[model] = runner
+    return runner

@@ -92,3 +92,17 @@ def test_cuda_graphs_match_eager_and_never_recapture(family):
     assert torch.equal(out.sequences, ref)
     # Random tree sizes hit several buckets; each is captured once, whatever the number of steps.
     assert 1 <= out.spec_stats.graph_captures <= 4 < out.spec_stats.target_forwards
+
+
+def test_static_runner_is_reused_across_requests():
+    model = tiny_model("qwen3_5_text")
+    cfg = H.AssistantConfig(drafter="ngram", compile=True)
+    for n, seed in ((12, 0), (7, 1), (15, 2)):
+        ids = ids_of(n, seed)
+        ref = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None)
+        out = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None,
+                             custom_generate=H.speculative_generate, assistant_config=cfg)
+        assert torch.equal(out, ref)
+    from hf_hybrid_spec.static import _RUNNERS
+
+    assert model in _RUNNERS  # one runner (and one set of graphs on GPU) serves every request
