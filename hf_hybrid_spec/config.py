@@ -21,6 +21,10 @@ DRAFTERS = ("suffix", "ngram", "model")
 DRAFTERS = DRAFTERS + ("eagle",)
 VERIFICATIONS = ("lossless",)
 KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
+# Self-speculative drafters (issue #5): the target's own SSM pathway or first layers.
+DRAFTERS = DRAFTERS + ("self_ssm", "layerskip")
+# How `drafter="self_ssm"` suppresses attention; hf_hybrid_spec.models.base.SSM_VARIANTS documents each.
+SSM_VARIANTS = ("zero_attention", "rescale_ssm", "skip_layer")
 
 
 @dataclass
@@ -48,6 +52,15 @@ class AssistantConfig:
     Model drafter (`drafter="model"`, with `draft_model=` passed to generate):
         draft_top_k: children expanded per drafted node; 1 drafts a chain, k > 1 a tree (EAGLE-2 style,
             best `max_draft_tokens` nodes by path probability).
+
+    Self-speculative drafters (the target's own weights, no extra parameters; `draft_top_k` and the tree
+    budget apply as for the model drafter: a chain of `max_depth` tokens, or a top-k tree):
+        ssm_variant: `drafter="self_ssm"`: "zero_attention" (attention modules output zeros), "rescale_ssm"
+            (parallel hybrids: also multiply the SSM branch by `ssm_scale`) or "skip_layer" (sequential
+            hybrids: layers holding attention pass the residual through, MLP skipped).
+        ssm_scale: the SSM branch multiplier of "rescale_ssm".
+        exit_layer: `drafter="layerskip"`: draft with the first `exit_layer` decoder layers, then the final
+            norm and head (required there; 1 <= exit_layer < number of layers, checked against the model).
 
     EAGLE-3 drafter (`drafter="eagle"`, with `draft_model=EagleDrafter.from_pretrained(...)`): an EAGLE-2
     dynamic tree; `max_draft_tokens` is the tree size (60 in EAGLE-2), `max_depth` its depth and
@@ -81,6 +94,10 @@ class AssistantConfig:
     ngram_size: int = 3
     # model drafter
     draft_top_k: int = 1
+    # self-speculative drafters
+    ssm_variant: str = "zero_attention"
+    ssm_scale: float = 1.5
+    exit_layer: int | None = None
     # verification
     verification: str = "lossless"
     kernel_backend: str = "auto"
@@ -116,6 +133,16 @@ class AssistantConfig:
         if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 128 for b in buckets):
             raise ValueError(f"compile_buckets must be integers in [2, 128], got {self.compile_buckets!r}")
         self.compile_buckets = tuple(sorted(set(buckets)))
+        if self.ssm_variant not in SSM_VARIANTS:
+            raise ValueError(f"ssm_variant must be one of {SSM_VARIANTS}, got {self.ssm_variant!r}")
+        if isinstance(self.ssm_scale, bool) or not isinstance(self.ssm_scale, (int, float)) or not self.ssm_scale > 0:
+            raise ValueError(f"ssm_scale must be a positive number, got {self.ssm_scale!r}")
+        if self.exit_layer is not None and (
+            isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int) or self.exit_layer < 1
+        ):
+            raise ValueError(f"exit_layer must be a positive integer, got {self.exit_layer!r}")
+        if self.drafter == "layerskip" and self.exit_layer is None:
+            raise ValueError("drafter='layerskip' needs exit_layer= (how many decoder layers draft)")
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict:

@@ -11,6 +11,7 @@ from ..config import AssistantConfig
 from .base import DraftBudget, DraftContext, Drafter, TargetHidden
 from .model import ModelDrafter, check_same_vocabulary
 from .ngram import NgramDrafter
+from .self_spec import LayerSkipDrafter, SelfSSMDrafter
 from .suffix import SuffixDrafter, clear_global_suffix_cache
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "SuffixDrafter",
     "NgramDrafter",
     "ModelDrafter",
+    "SelfSSMDrafter",
+    "LayerSkipDrafter",
     "make_drafter",
     "clear_global_suffix_cache",
 ]
@@ -59,4 +62,8 @@ def make_drafter(config: AssistantConfig, target: nn.Module, draft_model: nn.Mod
             raise ValueError("the 'model' drafter needs a draft model: pass draft_model= (or assistant_model= after enable())")
         check_same_vocabulary(target, draft_model)
         return ModelDrafter(draft_model, top_k=config.draft_top_k)
+    if config.drafter == "self_ssm":
+        return SelfSSMDrafter(target, variant=config.ssm_variant, ssm_scale=config.ssm_scale, top_k=config.draft_top_k)
+    if config.drafter == "layerskip":
+        return LayerSkipDrafter(target, exit_layer=config.exit_layer, top_k=config.draft_top_k)
     raise ValueError(f"unknown drafter {config.drafter!r}")

@@ -7,4 +7,6 @@ ADAPTER = ModelAdapter(
     name="bamba",
     model_types=("bamba",),
     mixers={"BambaMixer": make_mamba2_tree_forward()},
+    attention=("BambaAttention",),
+    layer_tuple_length=2,
 )

@@ -23,4 +23,6 @@ ADAPTER = ModelAdapter(
     model_types=("falcon_h1",),
     mixers={"FalconH1Mixer": make_mamba2_tree_forward(project, gate)},
     kind="parallel",
+    attention=("FalconH1Attention",),
+    layer_tuple_length=1,
 )

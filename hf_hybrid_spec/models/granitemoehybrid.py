@@ -7,4 +7,5 @@ ADAPTER = ModelAdapter(
     name="granitemoehybrid",
     model_types=("granitemoehybrid",),
     mixers={"GraniteMoeHybridMambaLayer": make_mamba2_tree_forward()},
+    attention=("GraniteMoeHybridAttention",),
 )

@@ -25,4 +25,5 @@ ADAPTER = ModelAdapter(
     name="lfm2",
     model_types=("lfm2",),
     mixers={"Lfm2ShortConv": tree_forward},
+    attention=("Lfm2Attention",),
 )

@@ -7,4 +7,5 @@ ADAPTER = ModelAdapter(
     name="nemotron_h",
     model_types=("nemotron_h",),
     mixers={"NemotronHMamba2Mixer": make_mamba2_tree_forward()},
+    attention=("NemotronHAttention",),
 )

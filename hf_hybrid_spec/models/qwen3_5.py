@@ -25,4 +25,5 @@ ADAPTER = ModelAdapter(
     model_types=("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe"),
     mixers={"Qwen3_5GatedDeltaNet": make_gated_delta_tree_forward(project),
             "Qwen3_5MoeGatedDeltaNet": make_gated_delta_tree_forward(project)},
+    attention=("Qwen3_5Attention", "Qwen3_5MoeAttention"),
 )

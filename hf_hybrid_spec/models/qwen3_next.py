@@ -22,4 +22,5 @@ ADAPTER = ModelAdapter(
     name="qwen3_next",
     model_types=("qwen3_next",),
     mixers={"Qwen3NextGatedDeltaNet": make_gated_delta_tree_forward(project)},
+    attention=("Qwen3NextAttention",),
 )
