@@ -29,8 +29,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
 from .config import AssistantConfig
+from .drafters import Drafter, suffix
 from .generate import speculative_generate
 from .prompts import code_prompts
+from .tree import DraftTree
 
 logger = logging.get_logger(__name__)
 
@@ -60,8 +62,10 @@ def load_model(spec: str, dtype: torch.dtype, device: str):
         if name != "qwen3_5-2b":
             raise ValueError(f"unknown random model {name!r} (known: qwen3_5-2b)")
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(random_qwen3_5_2b_config(), dtype=dtype, attn_implementation="sdpa")
-        return model.to(device).eval(), None
+        with torch.device(device):  # initialize on the device: a 2B init on the host takes minutes
+            model = AutoModelForCausalLM.from_config(random_qwen3_5_2b_config(), dtype=dtype,
+                                                     attn_implementation="sdpa")
+        return model.eval(), None
     if spec.startswith("tiny:"):
         from .testing import tiny_model
 
@@ -161,6 +165,42 @@ def measure_copy_bandwidth_gbps(device) -> float | None:
     return 2 * x.numel() / seconds / 1e9
 
 
+class _SizeSweep(Drafter):
+    """Warm-up drafter: a chain of the next size on each step, so every tree-size variant of the kernels (and
+    every graph bucket) is compiled before timing starts."""
+
+    def __init__(self, sizes):
+        self.sizes = list(sizes)
+
+    def propose(self, input_ids, budget):
+        n = min(self.sizes.pop(0) if self.sizes else 1, budget.max_nodes, budget.max_depth)
+        tokens = input_ids[:, -1:].expand(1, n).clone()
+        return DraftTree(tokens=tokens, parents=(torch.arange(n, device=tokens.device) - 1).view(1, -1))
+
+
+def warm_up_tree_sizes(model, ids, cfg, sizes=(1, 7, 15, 16, 31, 32, 63)):
+    sizes = [min(s, cfg.max_draft_tokens) for s in sizes]
+    cfg = cfg.replace(max_depth=max(sizes))
+    model.generate(ids, do_sample=False, max_new_tokens=len(sizes) + 1, eos_token_id=None,
+                   custom_generate=speculative_generate, assistant_config=cfg, drafter=_SizeSweep(sizes))
+
+
+class SuffixStores:
+    """One process-wide suffix cache per method, so that a method only ever learns from its own earlier
+    prompts, never from another method's (or its own earlier) run of the same prompt."""
+
+    def __init__(self):
+        self.stores: dict[str, dict] = {}
+
+    def enter(self, name: str) -> None:
+        suffix._GLOBAL.clear()
+        suffix._GLOBAL.update(self.stores.get(name, {}))
+
+    def leave(self, name: str) -> None:
+        self.stores[name] = dict(suffix._GLOBAL)
+        suffix._GLOBAL.clear()
+
+
 def build_methods(names: list[str], dtype, device, compiled: bool = False):
     methods = []
     for name in names:
@@ -257,7 +297,9 @@ def main(argv: list[str] | None = None) -> dict:
         for _ in range(2):
             run_stock(model, prompts[0], gen_kwargs, static=True)
     for _, cfg, draft in methods:
+        warm_up_tree_sizes(model, prompts[0], cfg)
         run_spec(model, prompts[0], gen_kwargs, cfg, draft)
+    suffix.clear_global_suffix_cache()
 
     # 1. Correctness gate.
     gate_ok = True
@@ -269,6 +311,7 @@ def main(argv: list[str] | None = None) -> dict:
                 out = run_spec(model, ids, gen_kwargs, cfg, draft)
                 if not torch.equal(out.sequences, ref):
                     mismatches[name] += 1
+        suffix.clear_global_suffix_cache()
         gate_ok = not any(mismatches.values())
         print(f"correctness gate: {'PASS' if gate_ok else 'FAIL'} (prompts differing from stock greedy: {mismatches})")
         if not gate_ok and not args.allow_mismatch:
@@ -279,6 +322,7 @@ def main(argv: list[str] | None = None) -> dict:
     stock = MethodResult("stock greedy", kind="stock")
     stock_static = MethodResult("stock static+compile", kind="stock_static") if args.stock_static else None
     results = {name: MethodResult(name) for name, _, _ in methods}
+    stores = SuffixStores()
     for ids in tqdm(prompts, desc="timing"):
         _sync(args.device)
         t = time.perf_counter()
@@ -295,10 +339,12 @@ def main(argv: list[str] | None = None) -> dict:
             stock_static.new_tokens += out.shape[1] - ids.shape[1]
             stock_static.mismatches += int(not torch.equal(out, ref))
         for name, cfg, draft in methods:
+            stores.enter(name)
             _sync(args.device)
             t = time.perf_counter()
             out = run_spec(model, ids, gen_kwargs, cfg, draft)
             _sync(args.device)
+            stores.leave(name)
             r = results[name]
             r.seconds += time.perf_counter() - t
             r.new_tokens += out.sequences.shape[1] - ids.shape[1]
