@@ -6,6 +6,7 @@ tuned configuration can live in a Hub repository next to a drafter checkpoint.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -20,6 +21,8 @@ DRAFTERS = ("suffix", "ngram", "model")
 # EAGLE-3 drafter (issue #4): `draft_model=` an `hf_hybrid_spec.eagle.EagleDrafter` trained for the target.
 DRAFTERS = DRAFTERS + ("eagle",)
 VERIFICATIONS = ("lossless",)
+# Lossy, opt-in verification (issue #9, hf_hybrid_spec.cospec): an arbiter may keep the draft's token at a mismatch.
+VERIFICATIONS = VERIFICATIONS + ("cospec", "fly", "typical")
 KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
 # Self-speculative drafters (issue #5): the target's own SSM pathway or first layers.
 DRAFTERS = DRAFTERS + ("self_ssm", "layerskip")
@@ -77,6 +80,15 @@ class AssistantConfig:
             `generate(..., cache_implementation="static")`.
         compile_buckets: tree sizes (root included) captured; a tree is padded to the smallest that fits and the
             draft budget is capped at the largest minus one.
+
+    Lossy verification (opt-in, greedy only; `hf_hybrid_spec.cospec`): where the draft's own choice differs from
+    the target's, an arbiter decides which token is kept (`spec_stats.arbiter_overrides` counts the draft's):
+        verification="cospec": a learned arbiter, `arbiter=` the directory / Hub id of a saved `CoSpecArbiter`
+            (or any `hf_hybrid_spec.cospec.Arbiter` instance); needs `drafter="model"`.
+        verification="fly": FLy's training-free gate: keep the draft's token where the target's top-3 entropy is
+            >= `fly_entropy_threshold` and the target then accepts the next `fly_window - 1` draft tokens.
+        verification="typical": Medusa's typical acceptance: keep it where the target's probability of it (at
+            `typical_temperature`) exceeds min(`typical_epsilon`, `typical_delta` * exp(-entropy)).
     """
 
     drafter: str = "suffix"
@@ -105,6 +117,13 @@ class AssistantConfig:
     # static shapes / CUDA graphs (issue #8)
     compile: bool = False
     compile_buckets: tuple[int, ...] = (8, 16, 32, 64)
+    # lossy verification (issue #9): read only when verification != "lossless"
+    arbiter: object = None  # "cospec": a saved CoSpecArbiter (directory or Hub id) or an Arbiter instance
+    fly_entropy_threshold: float = 0.3  # FLy's gate (top-3 entropy of the target, nats)
+    fly_window: int = 6  # FLy's deferred window: the mismatch plus this many - 1 exactly accepted tokens
+    typical_epsilon: float = 0.09  # Medusa's posterior_threshold
+    typical_delta: float = 0.3  # Medusa's posterior_alpha
+    typical_temperature: float = 0.7
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
@@ -143,10 +162,33 @@ class AssistantConfig:
             raise ValueError(f"exit_layer must be a positive integer, got {self.exit_layer!r}")
         if self.drafter == "layerskip" and self.exit_layer is None:
             raise ValueError("drafter='layerskip' needs exit_layer= (how many decoder layers draft)")
+        self._validate_lossy()
+
+    def _validate_lossy(self) -> None:
+        """Checks of the lossy-verification fields (issue #9)."""
+        if self.verification == "cospec" and self.arbiter is None:
+            raise ValueError("verification='cospec' needs arbiter= (a saved CoSpecArbiter's directory or Hub id, "
+                             "or an hf_hybrid_spec.cospec.Arbiter)")
+        if self.arbiter is not None and self.verification != "cospec":
+            raise ValueError(f"arbiter= is only used with verification='cospec', not {self.verification!r}")
+        if self.arbiter is not None and not isinstance(self.arbiter, (str, os.PathLike)) and not callable(
+            getattr(self.arbiter, "decide", None)
+        ):
+            raise ValueError(f"arbiter must be a path / Hub id or an Arbiter (with .decide), got {self.arbiter!r}")
+        if isinstance(self.fly_window, bool) or not isinstance(self.fly_window, int) or self.fly_window < 1:
+            raise ValueError(f"fly_window must be a positive integer, got {self.fly_window!r}")
+        if not self.fly_entropy_threshold >= 0:
+            raise ValueError(f"fly_entropy_threshold must be >= 0, got {self.fly_entropy_threshold!r}")
+        if not 0 < self.typical_epsilon <= 1 or not self.typical_delta > 0 or not self.typical_temperature > 0:
+            raise ValueError("typical acceptance needs 0 < typical_epsilon <= 1, typical_delta > 0 and "
+                             "typical_temperature > 0")
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        # An in-memory arbiter (issue #9) is written as the directory / Hub id it was saved to or loaded from.
+        shallow = copy.copy(self)
+        shallow.arbiter = _arbiter_reference(self.arbiter)
+        return dataclasses.asdict(shallow)
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -183,3 +225,18 @@ class AssistantConfig:
     def replace(self, **changes) -> AssistantConfig:
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+def _arbiter_reference(arbiter) -> str | None:
+    """The JSON form of `AssistantConfig.arbiter`: a path / Hub id (a saved arbiter's `name_or_path`)."""
+    if arbiter is None or isinstance(arbiter, str):
+        return arbiter
+    if isinstance(arbiter, os.PathLike):
+        return os.fspath(arbiter)
+    reference = getattr(arbiter, "name_or_path", None)
+    if not reference:
+        raise ValueError(
+            f"cannot serialize the in-memory arbiter {arbiter!r}: save it (arbiter.save_pretrained(dir)) and pass "
+            "the directory as arbiter="
+        )
+    return reference

@@ -35,6 +35,8 @@ from .models import ModelAdapter, get_adapter
 from .tree import build_verify_tree
 from .static import static_runner
 from .verify import VerifyResult, process_tree_logits, verify_greedy, verify_sampling
+from .cospec.verify import make_lossy_verifier  # lossy, opt-in verification (issue #9)
+from .drafters import ModelDrafter
 
 logger = logging.get_logger(__name__)
 
@@ -56,6 +58,8 @@ class SpecStats:
         drafted_tokens: per verification forward, draft nodes verified.
         prefill_tokens: prompt tokens run through the target before the first step.
         draft_seconds / verify_seconds: wall time spent drafting and in target forward + verification.
+        arbiter_decisions / arbiter_overrides: lossy verification only (issue #9): draft/target mismatches an
+            arbiter ruled on, and how many of them kept the draft's token.
         static / graph_captures: whether the static cache verified the trees, and how many CUDA graphs it
             captured (one per tree-size bucket used, never more).
     """
@@ -66,6 +70,8 @@ class SpecStats:
     prefill_tokens: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    arbiter_decisions: int = 0
+    arbiter_overrides: int = 0
     static: bool = False  # verified with the static cache (issue #8)
     graph_captures: int = 0  # CUDA graphs captured (at most one per tree-size bucket)
 
@@ -214,6 +220,8 @@ def speculative_generate(
     adapter = get_adapter(model)
     if drafter is None:
         drafter = make_drafter(config, model, draft_model)
+        if config.verification != "lossless" and isinstance(drafter, ModelDrafter):
+            drafter.next_probs = True  # lossy verification reads the assistant's distributions (issue #9)
     elif not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter, got {type(drafter).__name__}")
     with use_backend(config.kernel_backend):
@@ -242,6 +250,9 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         want_dict and bool(generation_config.output_logits),
     )
     stats = SpecStats(prefill_tokens=input_ids.shape[1])
+    # Lossy, opt-in verification (issue #9); None keeps the lossless path as it is.
+    lossy = make_lossy_verifier(config, do_sample, drafter)
+    arbiter_hidden = lossy is not None and lossy.uses_target_hidden
     cache = HybridTreeCache(model.config)
     # Static shapes and CUDA graphs (issue #8): asked for, or implied by cache_implementation="static".
     static = config.compile or generation_config.cache_implementation == "static"
@@ -257,7 +268,7 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
     want_hidden = tuple(drafter.target_hidden_layers)
     out = forward_tokens(model, input_ids, cache, position_ids=positions, attention_mask=mask, logits_to_keep=1,
-                         output_hidden_states=bool(want_hidden))
+                         output_hidden_states=bool(want_hidden) or arbiter_hidden)
     prompt_hidden = _hidden(out, want_hidden)
     logits = out.logits[:, -1].to(dtype=torch.float32, device=device)
     scores = processors(rec.input_ids, logits.clone()) if processors else logits
@@ -265,6 +276,14 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         first = torch.multinomial(torch.softmax(scores, dim=-1), 1).view(1)
     else:
         first = scores.argmax(dim=-1).view(1)
+    if lossy is not None:
+        # The first new token is arbitrated too: the model drafter is begun here (its second begin below keeps it).
+        arbitrated = lossy.first_token(drafter, input_ids, DraftContext(model, cache, adapter, generation_config),
+                                       prompt_hidden, scores, out, config.max_draft_tokens)
+        if arbitrated is not None:
+            first = arbitrated.tokens[:1]
+            stats.arbiter_decisions += arbitrated.decisions
+            stats.arbiter_overrides += arbitrated.overrides
     del out
     rec.append(first, scores, logits)
     drafter.begin(input_ids, DraftContext(model, cache, adapter, generation_config), prompt_hidden)
@@ -290,8 +309,9 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         budget = DraftBudget(max_nodes=max_nodes, max_depth=min(config.max_depth, remaining - 1))
 
         t0 = time.perf_counter()
-        draft = drafter.propose(ids, budget) if budget.max_depth > 0 else None
-        if draft is None or draft.num_nodes == 0:
+        # Lossy verification arbitrates the token after the root even when nothing can be drafted (issue #9).
+        draft = drafter.propose(ids, budget) if budget.max_depth > 0 or lossy is not None else None
+        if draft is None or (draft.num_nodes == 0 and draft.next_probs is None):
             draft = _empty(device)
         else:
             draft = draft.truncate_depth(budget.max_depth)
@@ -303,14 +323,17 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         if runner is None:
             out = forward_tree(
                 model, tree, cache, prefix_length=length - 1, root_position=full_mask[:, :-1].sum(-1),
-                prefix_mask=full_mask[:, :-1], output_hidden_states=bool(want_hidden),
+                prefix_mask=full_mask[:, :-1], output_hidden_states=bool(want_hidden) or arbiter_hidden,
             )
         else:
             out = runner.forward(tree, length - 1, valid_prompt + length - 1 - input_ids.shape[1])
         try:
             raw = out.logits.to(dtype=torch.float32, device=device)
             scores = process_tree_logits(ids, tree, raw, processors)
-            result = verify_sampling(tree, scores) if do_sample else verify_greedy(tree, scores)
+            if lossy is None:
+                result = verify_sampling(tree, scores) if do_sample else verify_greedy(tree, scores)
+            else:
+                result = lossy.verify(tree, scores, length, out)
             path_hidden = _hidden(out, want_hidden, torch.tensor(result.path, device=raw.device))
             del out
         except BaseException:
@@ -324,6 +347,9 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         stats.drafted_tokens.append(draft.num_nodes)
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
+        if lossy is not None:
+            stats.arbiter_decisions += result.decisions
+            stats.arbiter_overrides += result.overrides
         rec.append(result.tokens, scores[result.score_nodes], raw[0, result.score_nodes])
         drafter.accept(rec.input_ids, result, path_hidden)
 

@@ -31,6 +31,10 @@ class DraftTree:
             probability), used to trim a tree to a budget.
         info: optional drafter-specific facts about the proposal (match length, source, expected accepted
             length...), recorded for analysis and payoff prediction; never used by verification.
+        next_probs: optional [B, M + 1, V] float32; the drafter's full next-token distribution after the root
+            (row 0) and after each draft node j (row j + 1), leaves included. Only lossy verification
+            (`verification="cospec" | "fly" | "typical"`, issue #9) reads it, to know the draft's own choice at
+            every node; unlike `probs` it says nothing about how the nodes were drawn.
     """
 
     tokens: torch.Tensor
@@ -38,6 +42,7 @@ class DraftTree:
     probs: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     info: dict | None = None
+    next_probs: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.tokens.ndim != 2 or self.parents.shape != self.tokens.shape:
@@ -48,6 +53,10 @@ class DraftTree:
             validate_parent(self.parents)
         if self.probs is not None and self.probs.shape[:2] != self.tokens.shape:
             raise ValueError(f"probs must be [B, M, V] with [B, M] = {tuple(self.tokens.shape)}")
+        if self.next_probs is not None and (
+            self.next_probs.ndim != 3 or self.next_probs.shape[:2] != (self.tokens.shape[0], self.tokens.shape[1] + 1)
+        ):
+            raise ValueError(f"next_probs must be [B, M + 1, V] with [B, M] = {tuple(self.tokens.shape)}")
 
     @property
     def num_nodes(self) -> int:
@@ -59,6 +68,9 @@ class DraftTree:
 
     def truncate_depth(self, max_depth: int) -> DraftTree:
         """Drop nodes deeper than `max_depth` below the root (batch size 1)."""
+        if max_depth <= 0 and self.next_probs is not None:
+            # Lossy verification still arbitrates the token after the root (issue #9): keep row 0.
+            return self.select(torch.zeros(0, dtype=torch.long, device=self.tokens.device))
         if self.num_nodes == 0 or max_depth <= 0:
             return empty_draft(self.tokens.shape[0], self.tokens.device) if max_depth <= 0 else self
         keep = (self.depth()[0] <= max_depth).nonzero().flatten()
@@ -80,6 +92,8 @@ class DraftTree:
             probs=None if self.probs is None else self.probs[:, keep],
             scores=None if self.scores is None else self.scores[:, keep],
             info=self.info,
+            next_probs=None if self.next_probs is None
+            else self.next_probs[:, torch.cat([keep.new_zeros(1), keep + 1]).to(self.next_probs.device)],
         )
 
 

@@ -10,9 +10,15 @@ the tokens committed since the last one (the root included), then drafts
   by path log-probability form the draft.
 
 Drafts are deterministic, so sampling verification stays lossless without draft probabilities.
+
+With `next_probs=True` (set by `speculative_generate` for lossy verification, issue #9) every proposal also
+carries the assistant's full next-token distribution after the root and after every node, leaves included:
+a chain costs one more assistant forward (the last token's), a tree one more tree forward over the kept nodes.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
@@ -45,16 +51,26 @@ def check_same_vocabulary(target: nn.Module, draft: nn.Module) -> None:
 class ModelDrafter(Drafter):
     name = "model"
 
-    def __init__(self, draft_model: nn.Module, top_k: int = 1):
+    def __init__(self, draft_model: nn.Module, top_k: int = 1, next_probs: bool = False):
         self.model = draft_model
         self.top_k = top_k
+        self.next_probs = next_probs
         get_adapter(draft_model)  # routes its recurrent layers for tree forwards, or raises for unsupported models
         self.cache: HybridTreeCache | None = None
         self.processed = 0
+        self._prompt: torch.Tensor | None = None
 
     def begin(self, input_ids: torch.Tensor, context=None, hidden=None) -> None:
+        # Lossy verification begins the drafter before the loop does, to arbitrate the first new token (issue #9);
+        # a second begin() on the same prompt keeps the assistant's prefilled cache.
+        if self.cache is not None and self._prompt is input_ids:
+            return
+        self._prompt = input_ids
         self.cache = HybridTreeCache(self.model.config)
         self.processed = 0
+
+    def end(self, input_ids: torch.Tensor) -> None:
+        self._prompt = None
 
     @torch.no_grad()
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
@@ -65,7 +81,10 @@ class ModelDrafter(Drafter):
         out = forward_tokens(self.model, new, self.cache, position_ids=positions, logits_to_keep=1)
         self.processed = length
         logits = out.logits[:, -1].float()
-        if self.top_k == 1:
+        if self.next_probs and budget.max_depth <= 0:
+            # Nothing to draft, but lossy verification still needs the assistant's choice after the root.
+            draft = dataclasses.replace(empty_draft(1, logits.device), next_probs=torch.softmax(logits, dim=-1)[:, None])
+        elif self.top_k == 1:
             draft = self._chain(logits, length, min(budget.max_nodes, budget.max_depth))
         else:
             draft = self._tree(logits, length, budget)
@@ -74,6 +93,7 @@ class ModelDrafter(Drafter):
             parents=draft.parents.to(input_ids.device),
             scores=None if draft.scores is None else draft.scores.to(input_ids.device),
             info={"drafter": "model"},
+            next_probs=draft.next_probs,
         )
 
     def _chain(self, logits: torch.Tensor, length: int, steps: int) -> DraftTree:
@@ -81,17 +101,23 @@ class ModelDrafter(Drafter):
             return empty_draft(1, logits.device)
         snap = self.cache.snapshot()
         tokens = []
+        dists = [torch.softmax(logits, dim=-1)] if self.next_probs else []
         try:
             for d in range(steps):
                 tok = logits.argmax(dim=-1, keepdim=True)  # [1, 1]
                 tokens.append(tok)
-                if d + 1 == steps:
+                if d + 1 == steps and not self.next_probs:
                     break
                 pos = torch.tensor([[length + d]], device=logits.device)
                 logits = forward_tokens(self.model, tok, self.cache, position_ids=pos).logits[:, -1].float()
+                if self.next_probs:
+                    dists.append(torch.softmax(logits, dim=-1))
         finally:
             self.cache.restore(snap)
-        return chain_tree(torch.cat(tokens, dim=1))
+        chain = chain_tree(torch.cat(tokens, dim=1))
+        if self.next_probs:
+            chain = dataclasses.replace(chain, next_probs=torch.stack(dists, dim=1))  # [1, steps + 1, V]
+        return chain
 
     def _tree(self, logits: torch.Tensor, length: int, budget: DraftBudget) -> DraftTree:
         k = self.top_k
@@ -135,5 +161,16 @@ class ModelDrafter(Drafter):
             parents=torch.tensor([parents], device=dev),
             scores=torch.tensor([scores], device=dev).exp(),
         )
-        return full.select(keep)
+        kept = full.select(keep)
+        if self.next_probs:
+            # The expansion forwards never ran the deepest kept nodes: one tree forward over the kept tree gives the
+            # assistant's distribution after every node.
+            sub = VerifyTree.from_parents(kept.tokens, kept.parents)
+            out = forward_tree(self.model, sub, self.cache, length, torch.tensor([length], device=dev))
+            self.cache.abort()
+            node_probs = torch.softmax(out.logits[0].float(), dim=-1)  # [M, V]
+            kept = dataclasses.replace(
+                kept, next_probs=torch.cat([torch.softmax(logits, dim=-1), node_probs], dim=0).unsqueeze(0)
+            )
+        return kept
 
