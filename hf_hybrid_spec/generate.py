@@ -174,7 +174,9 @@ def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_confi
             f"nothing to generate: max_length={generation_config.max_length} <= prompt length {input_ids.shape[1]} "
             "(max_new_tokens must be >= 1)"
         )
-    extra = sorted(k for k, v in model_kwargs.items() if k not in _KNOWN_MODEL_KWARGS and v is not None)
+    # Empty containers count as absent: multimodal models pass e.g. mm_encoder_outputs={} for text-only prompts.
+    extra = sorted(k for k, v in model_kwargs.items()
+                   if k not in _KNOWN_MODEL_KWARGS and v is not None and not (isinstance(v, (dict, list, tuple)) and not v))
     if extra:
         raise NotImplementedError(f"speculative_generate does not support these model inputs: {extra}")
     for name in ("cache", "past_key_values"):

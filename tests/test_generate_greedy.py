@@ -120,3 +120,22 @@ def test_fixtures_match_plain_greedy(name):
                                      custom_generate=H.speculative_generate, assistant_config=cfg,
                                      draft_model=draft_model)
                 assert torch.equal(out, ref), f"{name} {cfg.drafter} eos={eos}"
+
+
+def test_qwen3_5_multimodal_model_text_backbone():
+    """Qwen3_5ForConditionalGeneration (model_type qwen3_5) generating text: the text backbone is routed."""
+    from transformers import AutoConfig, Qwen3_5ForConditionalGeneration
+
+    from hf_hybrid_spec.testing import tiny_config
+
+    text = tiny_config("qwen3_5_text").to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    cfg = AutoConfig.for_model("qwen3_5", text_config=text, vision_config=vision, image_token_id=95,
+                               video_token_id=94)
+    torch.manual_seed(0)
+    model = Qwen3_5ForConditionalGeneration(cfg).eval()
+    ids = prompts()["repeating"]
+    ref = plain(model, ids, max_new_tokens=24, eos_token_id=None)
+    for drafter in ("suffix", "ngram"):
+        out = spec(model, ids, max_new_tokens=24, eos_token_id=None, assistant_config=H.AssistantConfig(drafter=drafter))
+        assert torch.equal(out, ref)
