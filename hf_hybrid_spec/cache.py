@@ -323,12 +323,14 @@ class HybridTreeCache(DynamicCache):
         if int(leaf.min()) < 0:
             raise ValueError("leaf must be >= 0: the root of a verify tree is always accepted")
         path = self._path(parent[0], int(leaf[0]))
+        on_path = torch.zeros(parent.shape, dtype=torch.bool, device=parent.device)
+        on_path[0, path] = True
         try:
             for idx, layer in enumerate(self.layers):
                 if _kv_length(layer) is not None:
                     _kv_commit(layer, book.tree.prefix_length, path.to(layer.keys.device))
                 for pending in book.pending.get(idx, []):
-                    self._commit_recurrent(layer, pending, parent, leaf)
+                    self._commit_recurrent(layer, pending, parent, leaf, on_path)
         finally:
             self._book = None
 
@@ -391,17 +393,17 @@ class HybridTreeCache(DynamicCache):
         return torch.tensor(nodes[::-1], dtype=torch.long, device=parent_row.device)
 
     @staticmethod
-    def _commit_recurrent(layer, pending: PendingRecurrent, parent: torch.Tensor, leaf: torch.Tensor) -> None:
+    def _commit_recurrent(layer, pending: PendingRecurrent, parent, leaf, on_path) -> None:
         s = pending.state_idx
         if pending.conv_inputs is not None:
             conv = layer.conv_states[s]
-            new_conv = commit_causal_conv1d(conv, pending.conv_inputs, parent, leaf)
+            new_conv = commit_causal_conv1d(conv, pending.conv_inputs, parent, leaf, on_path=on_path)
             # In place, so compiled graphs that captured the buffer's address stay valid.
             conv.copy_(new_conv)
         if pending.gated_delta is not None or pending.mamba2 is not None:
             state = layer.recurrent_states[s]
             if pending.gated_delta is not None:
-                new_state = commit_gated_delta_rule(state, pending.gated_delta, parent, leaf)
+                new_state = commit_gated_delta_rule(state, pending.gated_delta, parent, leaf, on_path=on_path)
             else:
-                new_state = commit_mamba2(state, pending.mamba2, parent, leaf)
+                new_state = commit_mamba2(state, pending.mamba2, parent, leaf, on_path=on_path)
             state.copy_(new_state.to(state.dtype))

@@ -123,12 +123,21 @@ def tree_gated_delta_rule(
     )
 
 
-def commit_gated_delta_rule(initial_state, out: TreeGatedDeltaOutput, parent, leaf) -> torch.Tensor:
+def _commit(op: str, device, args, on_path):
+    impl = _impl(op, device)
+    # Only the PyTorch path walks parents on the host; a caller that already has the path mask spares it that.
+    if on_path is not None and impl is _TORCH[op]:
+        return impl(*args, on_path=on_path)
+    return impl(*args)
+
+
+def commit_gated_delta_rule(initial_state, out: TreeGatedDeltaOutput, parent, leaf, on_path=None) -> torch.Tensor:
     """Exact state after the root->leaf path, [B, HV, K, V] float32 (a new tensor).
 
     leaf: [B] int, the accepted node per row; -1 leaves that row's state unchanged (bit-identical).
+    on_path: optional [B, N] bool mask of each row's root->leaf path, when the caller has it already.
     """
-    return _impl("commit_gated_delta_rule", initial_state.device)(initial_state, out, parent, leaf)
+    return _commit("commit_gated_delta_rule", initial_state.device, (initial_state, out, parent, leaf), on_path)
 
 
 def tree_causal_conv1d(x, weight, bias, parent, conv_state, activation="silu") -> torch.Tensor:
@@ -145,9 +154,9 @@ def tree_causal_conv1d(x, weight, bias, parent, conv_state, activation="silu") -
     return _impl("tree_causal_conv1d", x.device)(x, weight, bias, parent, conv_state, activation)
 
 
-def commit_causal_conv1d(conv_state, x, parent, leaf) -> torch.Tensor:
+def commit_causal_conv1d(conv_state, x, parent, leaf, on_path=None) -> torch.Tensor:
     """Conv window after the root->leaf path: the last S entries of [conv_state, x[path]], [B, C, S]."""
-    return _impl("commit_causal_conv1d", conv_state.device)(conv_state, x, parent, leaf)
+    return _commit("commit_causal_conv1d", conv_state.device, (conv_state, x, parent, leaf), on_path)
 
 
 def tree_mamba2(
@@ -171,6 +180,6 @@ def tree_mamba2(
     )
 
 
-def commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf) -> torch.Tensor:
+def commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf, on_path=None) -> torch.Tensor:
     """Exact SSM state after the root->leaf path, [B, H, P, S] float32; leaf = -1 leaves a row unchanged."""
-    return _impl("commit_mamba2", initial_state.device)(initial_state, out, parent, leaf)
+    return _commit("commit_mamba2", initial_state.device, (initial_state, out, parent, leaf), on_path)

@@ -28,16 +28,14 @@ def torch_tree_causal_conv1d(x, weight, bias, parent, conv_state, activation="si
     return y.to(x.dtype)
 
 
-def torch_commit_causal_conv1d(conv_state, x, parent, leaf):
-    bsz, _, s = conv_state.shape
-    n = x.shape[1]
-    on_path = path_mask(parent, leaf)  # [B, N]
-    length = on_path.sum(-1)  # [B]
-    # The path, root first, sits at the on-path positions in increasing order (topological order).
-    order = torch.where(on_path, torch.arange(n, device=x.device), n + torch.arange(n, device=x.device))
-    order = order.sort(dim=-1).values.clamp(max=n - 1)  # first `length` entries are the path
-    buf = torch.cat([conv_state, x.transpose(1, 2).to(conv_state.dtype)], dim=-1)  # [B, C, S + N]
-    # Window position t (0..S-1) holds element (length + t) of [conv_state, path].
-    t = torch.arange(s, device=x.device)[None, :] + length[:, None]  # [B, S]
-    src = torch.where(t < s, t, s + order.gather(1, (t - s).clamp(min=0, max=n - 1)))
-    return buf.gather(2, src[:, None, :].expand(-1, conv_state.shape[1], -1))
+def torch_commit_causal_conv1d(conv_state, x, parent, leaf, on_path=None):
+    """on_path: optional [B, N] bool mask of the root->leaf path, when the caller already has it."""
+    s = conv_state.shape[-1]
+    on_path = path_mask(parent, leaf) if on_path is None else on_path  # [B, N]
+    rows = []
+    for b in range(conv_state.shape[0]):
+        # On-path nodes in index order are the path from the root down (topological order).
+        nodes = on_path[b].nonzero().flatten()
+        seq = torch.cat([conv_state[b], x[b, nodes].transpose(0, 1).to(conv_state.dtype)], dim=-1)
+        rows.append(seq[:, -s:])
+    return torch.stack(rows)

@@ -60,12 +60,19 @@ def torch_tree_gated_delta_rule(
 
 
 def torch_commit_gated_delta_rule(
-    initial_state: torch.Tensor, out: TreeGatedDeltaOutput, parent: torch.Tensor, leaf: torch.Tensor
+    initial_state: torch.Tensor,
+    out: TreeGatedDeltaOutput,
+    parent: torch.Tensor,
+    leaf: torch.Tensor,
+    on_path: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """S* = exp(G_leaf) S0 + sum_{j on path} exp(G_leaf - G_j) k_j u_j^T; rows with leaf = -1 unchanged."""
+    """S* = exp(G_leaf) S0 + sum_{j on path} exp(G_leaf - G_j) k_j u_j^T; rows with leaf = -1 unchanged.
+
+    on_path: optional [B, N] bool mask of the root->leaf path, when the caller already has it.
+    """
     bsz, hv = initial_state.shape[:2]
     group = hv // out.k.shape[2]
-    on_path = path_mask(parent, leaf)  # [B, N]
+    on_path = path_mask(parent, leaf) if on_path is None else on_path  # [B, N]
     leaf_c = leaf.clamp(min=0).long()
     g_leaf = out.g_cum.gather(1, leaf_c.view(bsz, 1, 1).expand(bsz, 1, hv)).squeeze(1)  # [B, HV]
     w = torch.where(on_path[..., None], (g_leaf[:, None, :] - out.g_cum), float("-inf")).exp()  # [B, N, HV]

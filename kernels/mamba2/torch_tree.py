@@ -33,10 +33,11 @@ def torch_tree_mamba2(
     return TreeMamba2Output(y=finish_output(y, p, x.dtype), x=p.x, b=p.b, dt=p.dt, a_cum=a_cum)
 
 
-def torch_commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf) -> torch.Tensor:
+def torch_commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf, on_path=None) -> torch.Tensor:
+    """on_path: optional [B, N] bool mask of the root->leaf path, when the caller already has it."""
     bsz, h = initial_state.shape[:2]
     rep = h // out.b.shape[2]
-    on_path = path_mask(parent, leaf)
+    on_path = path_mask(parent, leaf) if on_path is None else on_path
     leaf_c = leaf.clamp(min=0).long()
     a_leaf = out.a_cum.gather(1, leaf_c.view(bsz, 1, 1).expand(bsz, 1, h)).squeeze(1)  # [B, H]
     w = torch.where(on_path[..., None], a_leaf[:, None, :] - out.a_cum, float("-inf")).exp() * out.dt  # [B, N, H]
