@@ -55,6 +55,15 @@ class TreeState:
     parent: torch.Tensor
     prefix_length: int
     num_nodes: torch.Tensor | None = None
+    _copies: dict = field(default_factory=dict, repr=False)
+
+    def parent_on(self, device: torch.device) -> torch.Tensor:
+        """`parent` on `device`, copied once per device (a model split over devices has layers on several)."""
+        if self.parent.device == device:
+            return self.parent
+        if device not in self._copies:
+            self._copies[device] = self.parent.to(device)
+        return self._copies[device]
 
 
 @dataclass
@@ -395,6 +404,8 @@ class HybridTreeCache(DynamicCache):
     @staticmethod
     def _commit_recurrent(layer, pending: PendingRecurrent, parent, leaf, on_path) -> None:
         s = pending.state_idx
+        dev = (pending.conv_inputs if pending.conv_inputs is not None else layer.recurrent_states[s]).device
+        parent, leaf, on_path = parent.to(dev), leaf.to(dev), on_path.to(dev)
         if pending.conv_inputs is not None:
             conv = layer.conv_states[s]
             new_conv = commit_causal_conv1d(conv, pending.conv_inputs, parent, leaf, on_path=on_path)

@@ -109,7 +109,11 @@ class StaticTreeRunner:
         self.device = model.device
         self.buckets = tuple(sorted(set(int(b) for b in buckets)))
         self.output_hidden_states = output_hidden_states
-        self.use_graphs = (self.device.type == "cuda") if use_graphs is None else use_graphs
+        if use_graphs is None:
+            # A CUDA graph lives on one device: a model split over devices (device_map) runs the static path eagerly.
+            devices = {p.device for p in model.parameters()}
+            use_graphs = self.device.type == "cuda" and len(devices) == 1
+        self.use_graphs = use_graphs
         max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
         self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype) for n in self.buckets}
         self._pool = None

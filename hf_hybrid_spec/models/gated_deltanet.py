@@ -50,7 +50,7 @@ def make_gated_delta_tree_forward(project: Callable[[nn.Module, torch.Tensor], G
             proj.qkv,
             mod.conv1d.weight.squeeze(1),
             mod.conv1d.bias,
-            tree.parent,
+            tree.parent_on(hidden_states.device),
             conv_state,
             activation=conv_activation(mod.activation),
         )
@@ -62,7 +62,8 @@ def make_gated_delta_tree_forward(project: Callable[[nn.Module, torch.Tensor], G
         # As the stock layer: in fp32, else A might overflow to -inf in fp16.
         g = -mod.A_log.float().exp() * F.softplus(proj.a.float() + mod.dt_bias)
         out = tree_gated_delta_rule(
-            q, k, v, g, beta, tree.parent, recurrent_state, use_qk_l2norm=True, num_nodes=tree.num_nodes
+            q, k, v, g, beta, tree.parent_on(hidden_states.device), recurrent_state, use_qk_l2norm=True,
+            num_nodes=tree.num_nodes,
         )
         cache.stash(mod.layer_idx, PendingRecurrent(conv_inputs=proj.qkv, gated_delta=out))
         core = out.o.reshape(-1, mod.head_v_dim)

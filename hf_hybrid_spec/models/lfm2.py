@@ -15,7 +15,7 @@ def tree_forward(mod: nn.Module, hidden_states: torch.Tensor, cache: HybridTreeC
     bx = b_gate * x  # [B, N, D], the conv's input
     conv_state, _ = cache.recurrent_states(mod.layer_idx)
     conv_out = tree_causal_conv1d(
-        bx, mod.conv.weight.squeeze(1), mod.conv.bias, cache.tree.parent, conv_state, activation=None
+        bx, mod.conv.weight.squeeze(1), mod.conv.bias, cache.tree.parent_on(hidden_states.device), conv_state, activation=None
     )
     cache.stash(mod.layer_idx, PendingRecurrent(conv_inputs=bx))
     return mod.out_proj(c_gate * conv_out)

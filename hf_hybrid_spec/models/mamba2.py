@@ -40,7 +40,7 @@ def make_mamba2_tree_forward(
         z, xbc, dt = projected.split([mod.intermediate_size, mod.conv_dim, mod.num_heads], dim=-1)
         conv_state, recurrent_state = cache.recurrent_states(mod.layer_idx)
         xbc_conv = tree_causal_conv1d(
-            xbc, mod.conv1d.weight.squeeze(1), mod.conv1d.bias, tree.parent, conv_state,
+            xbc, mod.conv1d.weight.squeeze(1), mod.conv1d.bias, tree.parent_on(hidden_states.device), conv_state,
             activation=conv_activation(mod.activation),
         )
         groups_state = mod.n_groups * mod.ssm_state_size
@@ -51,7 +51,7 @@ def make_mamba2_tree_forward(
             -torch.exp(mod.A_log.float()),
             b.reshape(bsz, n, mod.n_groups, mod.ssm_state_size),
             c.reshape(bsz, n, mod.n_groups, mod.ssm_state_size),
-            tree.parent,
+            tree.parent_on(hidden_states.device),
             recurrent_state,
             D=mod.D,
             dt_bias=mod.dt_bias,
