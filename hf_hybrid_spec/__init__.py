@@ -15,6 +15,8 @@ from .drafters import Drafter, DraftBudget, ModelDrafter, NgramDrafter, SuffixDr
 from .generate import SpeculativeDecoderOnlyOutput, SpecStats, enable, speculative_generate
 from .models import get_adapter, supported_model_types
 from .tree import DraftTree, VerifyTree
+# Self-speculative drafters (issue #5).
+from .drafters import LayerSkipDrafter, SelfSSMDrafter
 
 __version__ = "0.1.0"
 
@@ -35,4 +37,6 @@ __all__ = [
     "clear_global_suffix_cache",
     "get_adapter",
     "supported_model_types",
+    "SelfSSMDrafter",
+    "LayerSkipDrafter",
 ]
