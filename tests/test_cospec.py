@@ -1,0 +1,276 @@
+"""CoSpec and the training-free lossy rules (issue #9): exactness at both ends, the rules, the arbiter model, the recipe.
+
+- verification="lossless" is untouched: greedy identity with plain generate, no arbiter counts.
+- An arbiter that never keeps the draft's token reproduces lossless greedy output exactly; one that always keeps
+  it reproduces the draft model's own plain greedy output exactly (first token and last token of every step
+  included), on tiny configs and on the fixtures, chains and trees.
+"""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import load_fixture
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec.cospec import (
+    ConstantArbiter,
+    CoSpecArbiter,
+    CoSpecArbiterConfig,
+    FlyGate,
+    Mismatch,
+    SamplingArbiter,
+    TypicalAcceptance,
+    verify_arbitrated,
+)
+from hf_hybrid_spec.testing import tiny_model
+from hf_hybrid_spec.tree import DraftTree, build_verify_tree
+
+REPO = Path(__file__).resolve().parent.parent
+PAIRS = [("qwen3_5_text", "falcon_h1"), ("falcon_h1", "qwen3_5_text")]
+
+
+def _prompt(length, seed=0, vocab=96):
+    return torch.randint(2, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _spec(target, draft, ids, max_new_tokens, **cfg):
+    cfg = {"drafter": "model", "max_depth": 4, "max_draft_tokens": 8, **cfg}
+    return target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None,
+                           custom_generate=H.speculative_generate, draft_model=draft,
+                           assistant_config=H.AssistantConfig(**cfg), return_dict_in_generate=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # Several engineers share 2 cores: OpenMP threads spinning against each other make these small forwards up to
+    # 60x slower, so this module runs single-threaded (restored afterwards).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_pairs():
+    return {(t, d): (tiny_model(t), tiny_model(d, seed=7)) for t, d in PAIRS}
+
+
+# ---------------------------------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}-by-{p[1]}")
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_constant_arbiters_reproduce_both_endpoints(tiny_pairs, pair, top_k):
+    target, draft = tiny_pairs[pair]
+    for length in (11, 1):
+        ids = _prompt(length, seed=length)
+        ref_target = target.generate(ids, do_sample=False, max_new_tokens=30, eos_token_id=None)
+        ref_draft = draft.generate(ids, do_sample=False, max_new_tokens=30, eos_token_id=None)
+        assert not torch.equal(ref_target, ref_draft)
+        lossless = _spec(target, draft, ids, 30, draft_top_k=top_k)
+        assert torch.equal(lossless.sequences, ref_target)
+        assert lossless.spec_stats.arbiter_decisions == lossless.spec_stats.arbiter_overrides == 0
+        reject = _spec(target, draft, ids, 30, draft_top_k=top_k, verification="cospec",
+                       arbiter=ConstantArbiter(False))
+        assert torch.equal(reject.sequences, ref_target)
+        assert reject.spec_stats.arbiter_decisions > 0 and reject.spec_stats.arbiter_overrides == 0
+        accept = _spec(target, draft, ids, 30, draft_top_k=top_k, verification="cospec",
+                       arbiter=ConstantArbiter(True))
+        assert torch.equal(accept.sequences, ref_draft)
+        stats = accept.spec_stats
+        assert stats.arbiter_overrides == stats.arbiter_decisions > 0
+        # Every committed token is the draft's, so a step commits its whole path plus the draft's next token.
+        assert stats.mean_accepted_length > lossless.spec_stats.mean_accepted_length
+
+
+@pytest.mark.fixture
+@pytest.mark.parametrize("names", [("qwen3_5-small", "falcon_h1-small"), ("falcon_h1-small", "qwen3_5-small")],
+                         ids=lambda n: f"{n[0]}-by-{n[1]}")
+def test_constant_arbiters_on_fixtures(names):
+    target, tok = load_fixture(names[0])
+    draft, _ = load_fixture(names[1])
+    text = "import numpy as np\n\n\ndef moving_average(values, window):\n    kernel = np.ones(window)"
+    ids = tok(text, return_tensors="pt").input_ids
+    ref_target = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    ref_draft = draft.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    assert not torch.equal(ref_target, ref_draft)
+    for top_k, depth in ((1, 5), (2, 3)):
+        reject = _spec(target, draft, ids, 24, draft_top_k=top_k, max_depth=depth, verification="cospec",
+                       arbiter=ConstantArbiter(False))
+        assert torch.equal(reject.sequences, ref_target), f"top_k={top_k}"
+        accept = _spec(target, draft, ids, 24, draft_top_k=top_k, max_depth=depth, verification="cospec",
+                       arbiter=ConstantArbiter(True))
+        assert torch.equal(accept.sequences, ref_draft), f"top_k={top_k}"
+        assert accept.spec_stats.arbiter_overrides > 0
+
+
+def test_training_free_rules_run_end_to_end(tiny_pairs):
+    target, draft = tiny_pairs[PAIRS[0]]
+    ids = _prompt(11)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    # A window longer than any draft can never be confirmed: FLy then keeps every target token.
+    never = _spec(target, draft, ids, 24, verification="fly", fly_window=6, fly_entropy_threshold=0.0)
+    assert torch.equal(never.sequences, ref) and never.spec_stats.arbiter_overrides == 0
+    for cfg in (dict(verification="typical", typical_epsilon=1e-6, typical_delta=1e-6),
+                dict(verification="fly", fly_window=1, fly_entropy_threshold=0.0)):
+        out = _spec(target, draft, ids, 24, **cfg)
+        assert out.spec_stats.arbiter_overrides > 0, cfg
+        assert not torch.equal(out.sequences, ref)
+    # The rules work with drafters that report no distributions (the draft's choice is then the first child).
+    out = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None,
+                          custom_generate=H.speculative_generate,
+                          assistant_config=H.AssistantConfig(drafter="suffix", verification="fly"))
+    assert out.shape[1] == ids.shape[1] + 24
+
+
+# ---------------------------------------------------------------------------------------------------- rules
+def _chain_case():
+    """Root -> a(5) -> b(6) -> c(7); the target wants 9 at the root, then 6 after a, then 7 after b."""
+    v = 16
+    draft = DraftTree(tokens=torch.tensor([[5, 6, 7]]), parents=torch.tensor([[-1, 0, 1]]),
+                      next_probs=torch.nn.functional.one_hot(torch.tensor([[5, 6, 7, 8]]), v).float())
+    tree = build_verify_tree(torch.tensor([3]), draft)
+    scores = torch.full((4, v), -5.0)
+    for node, tok in enumerate([9, 6, 7, 2]):
+        scores[node, tok] = 5.0
+    scores[0, 5] = 4.0  # the target finds the draft's 5 almost as good as its 9 (high entropy at the root)
+    return tree, scores
+
+
+class _Recorder(ConstantArbiter):
+    def __init__(self, accept):
+        super().__init__(accept)
+        self.seen = []
+
+    def decide(self, mismatch):
+        self.seen.append(mismatch)
+        return super().decide(mismatch)
+
+
+def test_verify_arbitrated_walks_the_kept_token():
+    tree, scores = _chain_case()
+    rec = _Recorder(False)
+    out = verify_arbitrated(tree, scores, rec, length=10)
+    assert out.path == [0] and out.tokens.tolist() == [9] and out.decisions == 1 and out.overrides == 0
+    m = rec.seen[0]
+    assert (m.node, m.depth, m.position, m.draft_token, m.target_token) == (0, 0, 10, 5, 9)
+    assert m.draft_continues and m.agreement_below == 2  # the target accepts 6 and 7 after 5
+    rec = _Recorder(True)
+    out = verify_arbitrated(tree, scores, rec, length=10)
+    # Keep 5, accept 6 and 7 exactly, then the leaf: the draft wants 8, the target 2: kept 8.
+    assert out.path == [0, 1, 2, 3] and out.tokens.tolist() == [5, 6, 7, 8]
+    assert out.decisions == out.overrides == 2
+    assert not rec.seen[1].draft_continues and rec.seen[1].position == 13
+
+
+def test_fly_gate_and_typical_acceptance():
+    tree, scores = _chain_case()
+    assert verify_arbitrated(tree, scores, FlyGate(0.3, window=3), 10).tokens.tolist()[:3] == [5, 6, 7]
+    assert verify_arbitrated(tree, scores, FlyGate(0.3, window=4), 10).tokens.tolist() == [9]  # window too long
+    assert verify_arbitrated(tree, scores, FlyGate(5.0, window=3), 10).tokens.tolist() == [9]  # target too sure
+    logits = torch.tensor([2.0, 1.5, -3.0, -3.0])
+    m = Mismatch(node=0, depth=0, position=0, draft_token=1, target_token=0, target_logits=logits, draft_probs=None,
+                 draft_continues=False, agreement_below=0)
+    p = torch.softmax(logits / 0.7, -1)
+    h = float(-(p * p.log()).sum())
+    expect = float(p[1]) > min(0.09, 0.3 * math.exp(-h))
+    assert TypicalAcceptance().decide(m) == expect
+    assert TypicalAcceptance(epsilon=0.99, delta=10.0).decide(m) is False
+
+
+# ---------------------------------------------------------------------------------------------------- arbiter model
+@pytest.mark.parametrize("hidden", [0, 64])
+def test_arbiter_save_load_round_trip(tmp_path, hidden, tiny_pairs):
+    from transformers import AutoModel
+
+    arb = CoSpecArbiter(CoSpecArbiterConfig(target_hidden_size=hidden, width=16,
+                                            training_summary={"target": "t", "steps": 3}))
+    with torch.no_grad():
+        for p in arb.parameters():
+            p.add_(torch.randn_like(p))
+    arb.save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    assert "library_name: hf_hybrid_spec" in card and "| steps | 3 |" in card
+    for loaded in (CoSpecArbiter.from_pretrained(tmp_path), AutoModel.from_pretrained(tmp_path)):
+        assert isinstance(loaded, CoSpecArbiter)
+        x = torch.randn(5, len(loaded.config.features))
+        hid = torch.randn(5, hidden) if hidden else None
+        torch.testing.assert_close(loaded(x, hid), arb(x, hid), rtol=0, atol=0)
+    # In generate, by path or by instance; the config serializes an instance by the path it came from.
+    target, draft = tiny_pairs[PAIRS[0]]
+    ids = _prompt(9)
+    by_path = _spec(target, draft, ids, 12, verification="cospec", arbiter=str(tmp_path))
+    cfg = H.AssistantConfig(drafter="model", verification="cospec", arbiter=loaded)
+    assert H.AssistantConfig.from_dict(cfg.to_dict()).arbiter == str(tmp_path)
+    by_instance = _spec(target, draft, ids, 12, verification="cospec", arbiter=loaded)
+    assert torch.equal(by_path.sequences, by_instance.sequences)
+    assert by_path.spec_stats.arbiter_decisions > 0
+
+
+def test_sampling_arbiter_records_decisions(tiny_pairs):
+    target, draft = tiny_pairs[PAIRS[0]]
+    arb = CoSpecArbiter(CoSpecArbiterConfig(target_hidden_size=64, init_accept_prob=0.5))
+    policy = SamplingArbiter(arb, torch.Generator().manual_seed(0))
+    ids = _prompt(9)
+    out = _spec(target, draft, ids, 16, verification="cospec", arbiter=policy)
+    stats = out.spec_stats
+    assert len(policy.decisions) == stats.arbiter_decisions > 0
+    assert sum(d.accept for d in policy.decisions) == stats.arbiter_overrides
+    positions = [d.position for d in policy.decisions]
+    assert positions == sorted(positions) and positions[0] >= ids.shape[1]
+    assert all(d.hidden.shape == (64,) for d in policy.decisions)
+    from hf_hybrid_spec.cospec import decision_log_probs
+
+    torch.testing.assert_close(decision_log_probs(arb, policy.decisions),
+                               torch.tensor([d.log_prob for d in policy.decisions]))
+
+
+def test_bad_configurations_are_refused(tiny_pairs):
+    target, draft = tiny_pairs[PAIRS[0]]
+    with pytest.raises(ValueError, match="needs arbiter"):
+        H.AssistantConfig(verification="cospec")
+    with pytest.raises(ValueError, match="only used with"):
+        H.AssistantConfig(verification="fly", arbiter=ConstantArbiter(True))
+    with pytest.raises(ValueError, match="cannot serialize"):
+        H.AssistantConfig(verification="cospec", arbiter=ConstantArbiter(True)).to_json_string()
+    ids = _prompt(5)
+    with pytest.raises(NotImplementedError, match="greedy decoding only"):
+        target.generate(ids, do_sample=True, max_new_tokens=4, custom_generate=H.speculative_generate,
+                        draft_model=draft, assistant_config=H.AssistantConfig(drafter="model", verification="typical"))
+    with pytest.raises(ValueError, match="next-token distributions"):
+        target.generate(ids, do_sample=False, max_new_tokens=4, custom_generate=H.speculative_generate,
+                        assistant_config=H.AssistantConfig(verification="cospec", arbiter=CoSpecArbiter(
+                            CoSpecArbiterConfig())))
+
+
+# ---------------------------------------------------------------------------------------------------- recipe
+def test_recipe_runs_a_few_steps_on_tiny_models(tmp_path):
+    sys.path.insert(0, str(REPO / "recipes"))
+    try:
+        from cospec_task import build, split_of
+    finally:
+        sys.path.pop(0)
+    task, manifest = build(packages=["pluggy"], per_file=2, caps=(12, 3, 3))
+    assert manifest["examples"] == {"train": 12, "validation": 3, "test": 3}
+    for split in ("train", "validation", "test"):
+        assert {split_of(p) for p in task[split]["path"]} == {split}
+    with pytest.raises(ValueError, match="held out"):
+        build(packages=["sympy"])
+    task.save_to_disk(str(tmp_path / "task"))
+    out = tmp_path / "arbiter"
+    cmd = [sys.executable, str(REPO / "recipes" / "train_cospec.py"), "--target", "tiny:qwen3_5_text", "--draft",
+           "tiny:falcon_h1", "--task", str(tmp_path / "task"), "--out", str(out), "--steps", "2",
+           "--prompts-per-step", "2", "--num-generations", "2", "--eval-every", "2", "--eval-examples", "2",
+           "--max-new-tokens", "6", "--max-depth", "3", "--init-accept-prob", "0.5", "--prefilter", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("config.json", "model.safetensors", "README.md", "reward_curve.png", "train_log.jsonl"):
+        assert (out / name).is_file(), name
+    arb = CoSpecArbiter.from_pretrained(out)
+    assert arb.config.training_summary["steps"] == 2
+    lines = (out / "train_log.jsonl").read_text().splitlines()
+    assert sum('"kind": "train"' in line for line in lines) == 2
