@@ -209,6 +209,23 @@ def build_methods(names: list[str], dtype, device, compiled: bool = False):
         elif name.startswith("model:"):
             draft, _ = load_model(name.split(":", 1)[1], dtype, device)
             methods.append((name, AssistantConfig(drafter="model", max_depth=6), draft))
+        elif name.startswith("eagle:"):
+            # eagle:<checkpoint dir>[:tree|chain]; the tree is EAGLE-2's 60 nodes, depth 6, top-k 10.
+            from .eagle import EagleDrafter
+
+            path, _, shape = name.split(":", 1)[1].partition(":")
+            draft = EagleDrafter.from_pretrained(path).to(device=device, dtype=dtype).eval()
+            if shape == "chain":
+                cfg = AssistantConfig(drafter="eagle", max_draft_tokens=6, max_depth=6, draft_top_k=1)
+            else:
+                cfg = AssistantConfig(drafter="eagle", max_draft_tokens=60, max_depth=6, draft_top_k=10)
+            methods.append((name.rsplit("/", 1)[-1] if "/" in name else name, cfg, draft))
+        elif name.startswith("layerskip:"):
+            methods.append((name, AssistantConfig(drafter="layerskip", exit_layer=int(name.split(":")[1]),
+                                                  max_depth=4), None))
+        elif name.startswith("self_ssm"):
+            variant = name.split(":")[1] if ":" in name else "zero_attention"
+            methods.append((name, AssistantConfig(drafter="self_ssm", ssm_variant=variant, max_depth=2), None))
         elif name.startswith("config:"):
             methods.append((name, AssistantConfig.from_pretrained(name.split(":", 1)[1]), None))
         else:
@@ -261,7 +278,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="path / Hub id, random:qwen3_5-2b or tiny:<model_type>")
     parser.add_argument("--drafters", nargs="+", default=["suffix", "ngram"],
-                        help=f"presets {sorted(PRESETS)}, model:<path> or config:<dir with assistant_config.json>")
+                        help=f"presets {sorted(PRESETS)}, model:<path>, eagle:<dir>[:chain], layerskip:<E>, "
+                             "self_ssm[:<variant>] or config:<dir with assistant_config.json>")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=None, help="left-fill prompts to this many tokens")
     parser.add_argument("--max-new-tokens", type=int, default=128)
