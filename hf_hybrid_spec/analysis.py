@@ -321,11 +321,13 @@ def plot(report: AnalysisReport, path: str) -> None:
     left.set_title(f"{report.model}: acceptance")
     left.legend(fontsize=7)
     k_mid = report.ks[min(1, len(report.ks) - 1)]
-    xs = [r.ppl_ratio for r in report.results]
-    ys = [r.alpha[k_mid] for r in report.results]
-    right.scatter(xs, ys)
-    for r, x, y in zip(report.results, xs, ys):
-        right.annotate(r.label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for drafter, marker in (("self_ssm", "s"), ("layerskip", "o")):
+        rows = [r for r in report.results if r.fields["drafter"] == drafter]
+        right.scatter([r.ppl_ratio for r in rows], [r.alpha[k_mid] for r in rows], marker=marker, label=drafter)
+        for r in rows:
+            right.annotate(r.label.split(":", 1)[1], (r.ppl_ratio, r.alpha[k_mid]), fontsize=7, xytext=(3, 3),
+                           textcoords="offset points")
+    right.legend(fontsize=7)
     right.set_xscale("log")
     right.set_xlabel("perplexity ratio (ablated / full)")
     right.set_ylabel(f"alpha at k={k_mid}")
@@ -398,9 +400,14 @@ def main(argv: list[str] | None = None) -> dict:
     print("rank agreement of perplexity ratio with alpha (Spearman): "
           + ", ".join(f"k={k}: {'n/a' if v is None else f'{v:+.2f}'}" for k, v in report.rank_agreement.items()))
     rec = report.recommendation
-    print(f"recommendation: {rec['label']} with chains of k={rec['k']} (alpha {rec['alpha']:.3f}, "
-          f"{rec['mean_accepted_length']:.2f} tokens per target forward, measured {rec['speedup']:.2f}x here): "
-          f"AssistantConfig({', '.join(f'{a}={b!r}' for a, b in rec['fields'].items())}, max_depth={rec['k']})")
+    setting = (f"{rec['label']} with chains of k={rec['k']} (alpha {rec['alpha']:.3f}, {rec['mean_accepted_length']:.2f} "
+               f"tokens per target forward, measured {rec['speedup']:.2f}x here): AssistantConfig("
+               f"{', '.join(f'{a}={b!r}' for a, b in rec['fields'].items())}, max_depth={rec['k']})")
+    if rec["speedup"] >= 1.0:
+        print(f"recommendation: {setting}")
+    else:
+        print(f"recommendation: plain greedy decoding; no self-speculative draft beat it on this machine. The best "
+              f"was {setting}")
     summary = asdict(report)
     summary["device"] = args.device
     summary["dtype"] = args.dtype

@@ -176,8 +176,11 @@ class AgreementGuard(TrainerCallback):
     def check(self, step: int) -> bool:
         was_training = self.model.training
         self.model.eval()
-        full = top1(self.model, self.windows)
-        early = top1(self.model, self.windows, self.exit_ctx)
+        # The unwrapped model (LoRA layers included): the trainer wraps the PEFT model's forward in autocast
+        # when training in bf16, and the check must compare fp32 predictions with the fp32 reference.
+        base = self.model.get_base_model()
+        full = top1(base, self.windows)
+        early = top1(base, self.windows, self.exit_ctx)
         self.model.train(was_training)
         entry = dict(step=step, full_agreement=agreement(full, self.reference), exit_agreement=agreement(early, full))
         self.history.append(entry)
@@ -245,6 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--merge", action="store_true", help="also save the merged model + tokenizer")
+    parser.add_argument("--bf16", action="store_true", help="train under bf16 autocast (checks stay in fp32)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="output directory")
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
         learning_rate=args.lr, lr_scheduler_type="cosine", warmup_steps=min(10, args.max_steps // 10),
         logging_steps=max(1, args.check_every), save_strategy="no", report_to=[], seed=args.seed,
         max_length=args.seq_len, packing=False, use_cpu=not torch.cuda.is_available(), disable_tqdm=False,
-        dataloader_num_workers=0,
+        dataloader_num_workers=0, bf16=args.bf16, fp16=False,
     )
     trainer = EarlyExitTrainer(
         model=peft_model, args=config, train_dataset=Dataset.from_dict({"input_ids": train}), processing_class=tok,
