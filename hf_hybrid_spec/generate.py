@@ -255,13 +255,14 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     # Lossy, opt-in verification (issue #9); None keeps the lossless path as it is.
     lossy = make_lossy_verifier(config, do_sample, drafter)
     arbiter_hidden = lossy is not None and lossy.uses_target_hidden
-    cache = HybridTreeCache(model.config)
     # Static shapes and CUDA graphs (issue #8): asked for, or implied by cache_implementation="static".
     static = config.compile or generation_config.cache_implementation == "static"
     if static:
         runner = static_runner(model, generation_config.max_length + max(config.compile_buckets),
-                               config.compile_buckets, bool(tuple(drafter.target_hidden_layers)))
+                               config.compile_buckets, bool(tuple(drafter.target_hidden_layers)) or arbiter_hidden)
         cache = runner.cache
+    else:
+        cache = HybridTreeCache(model.config)
     # 0/1 padding mask over every token so far (generated tokens are never padding).
     mask = model_kwargs.get("attention_mask")
     full_mask = torch.ones_like(input_ids) if mask is None else mask.to(device)
