@@ -310,6 +310,7 @@ def plot(report: AnalysisReport, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in report.results:
@@ -329,6 +330,7 @@ def plot(report: AnalysisReport, path: str) -> None:
                            textcoords="offset points")
     right.legend(fontsize=7)
     right.set_xscale("log")
+    right.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     right.set_xlabel("perplexity ratio (ablated / full)")
     right.set_ylabel(f"alpha at k={k_mid}")
     right.set_title("does the perplexity ratio predict acceptance?")

@@ -13,10 +13,11 @@ prefill, followed by `cache.abort()`: recurrent layers never write their state i
 layers are cropped back, so the committed state is exactly what it was. The draft is a chain
 (`draft_top_k=1`, `max_depth` tokens) or an EAGLE-2-style tree (`draft_top_k > 1`): each step runs the root
 and every node drafted so far, expands the top-k children of the k most probable frontier nodes, and the best
-`max_nodes` nodes by path probability form the proposal.
+`max_nodes` nodes by path probability form the proposal. Draft positions assume an unpadded prompt: a
+left-padded one only lowers the acceptance, never the exactness (verification is the loop's).
 
-The drafted tokens' first-E-layer activations are not handed to verification (see docs/benchmarks.md,
-"Self-speculation"): the loop's verify forward recomputes them.
+The drafted tokens' first-E-layer activations are not handed to verification (docs/benchmarks.md,
+"Self-speculation", says why): the loop's verify forward recomputes them.
 """
 
 from __future__ import annotations

@@ -112,7 +112,8 @@ class ModelAdapter:
                            ssm_scale: float = 1.0) -> Iterator[None]:
         """Within the block, `model` runs with its attention pathway removed as `variant` says (see
         SSM_VARIANTS). Forwards are swapped on module instances and always restored on exit; configs and
-        weights are never touched. Raises ValueError where the variant does not apply to this family."""
+        weights are never touched. Raises ValueError where the variant does not apply to this family. Not
+        thread-safe: while the block runs, every forward of `model` is the restricted one."""
         if self.kind == "attention" or not self.attention:
             raise ValueError(
                 f"self_ssm drafting needs a hybrid model with recurrent layers; {self.name} models are "
@@ -146,7 +147,8 @@ class ModelAdapter:
     @contextlib.contextmanager
     def early_exit(self, model: nn.Module, exit_layer: int) -> Iterator[None]:
         """Within the block, `model` runs its first `exit_layer` decoder layers only, then its own final norm
-        and head (multipliers included). The full layer list is put back on exit, whatever happens."""
+        and head (multipliers included). The full layer list is put back on exit, whatever happens (not
+        thread-safe, as `suppress_attention`)."""
         decoder = model.get_decoder()
         layers = self.decoder_layers(model)
         if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer < len(layers):
