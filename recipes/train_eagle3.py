@@ -316,6 +316,9 @@ def collate(rows: list[list[int]], pad_id: int) -> dict:
 def build_drafter(cfg: RecipeConfig, target, rows: list[dict]) -> EagleDrafter:
     if cfg.init_from:
         drafter = EagleDrafter.from_pretrained(cfg.init_from, dtype=torch.float32).to(target.device)
+        # Keep the earlier run's record: this run's numbers replace the top-level ones.
+        earlier = dict(drafter.config.training)
+        drafter.config.training = {"init_from": cfg.init_from, "earlier_training": earlier}
         return drafter.bind(target)
     vocab = target.config.get_text_config().vocab_size
     counts = torch.zeros(vocab, dtype=torch.long)
@@ -367,7 +370,10 @@ def train(cfg: RecipeConfig, accelerator, target, rows: list[dict], pad_id: int)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    module, optimizer, loader, scheduler = accelerator.prepare(module, optimizer, loader, scheduler)
+    module, optimizer, loader = accelerator.prepare(module, optimizer, loader)
+    # Not prepared: accelerate would step a prepared scheduler once per process; `schedule` counts optimizer
+    # steps. Registered so that checkpoints still save and restore it.
+    accelerator.register_for_checkpointing(scheduler)
 
     state = {"step": 0, "epoch": 0, "batches_in_epoch": 0, "tokens": 0, "seconds": 0.0}
     checkpoints = _checkpoints(cfg.output_dir)
@@ -407,7 +413,8 @@ def train(cfg: RecipeConfig, accelerator, target, rows: list[dict], pad_id: int)
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(params, 1.0)
                 optimizer.step()
-                scheduler.step()
+                if accelerator.sync_gradients:
+                    scheduler.step()
                 optimizer.zero_grad()
             state["batches_in_epoch"] += 1
             state["tokens"] += int(batch["loss_mask"].sum()) * accelerator.num_processes

@@ -36,6 +36,7 @@ def aux_hidden(target, ids, layers):
     return tuple(out.hidden_states[i] for i in layers)
 
 
+@torch.no_grad()
 def reference_logp(drafter, fused, tokens, chain):
     """Log-probabilities [len(chain) + 1, draft_vocab] after each prefix of `chain`, by a plain causal forward
     over every step (no cache, no tree mask): committed steps (fused [1, n, H], tokens [1, n]) then the chain's
@@ -242,14 +243,15 @@ def test_fixture_greedy_identity(name):
         model = EagleDrafter.from_target(target)
     enc = tok("import numpy as np\n\n\ndef moving_average(x, w):\n    \"\"\"Moving average of x.\"\"\"\n",
               return_tensors="pt")
-    ref = target.generate(**enc, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    ref = target.generate(**enc, do_sample=False, max_new_tokens=16, eos_token_id=None)
     for top_k, nodes in ((1, 6), (10, 60)):
         cfg = H.AssistantConfig(drafter="eagle", draft_top_k=top_k, max_draft_tokens=nodes, max_depth=6)
-        out = target.generate(**enc, do_sample=False, max_new_tokens=24, eos_token_id=None,
+        out = target.generate(**enc, do_sample=False, max_new_tokens=16, eos_token_id=None,
                               custom_generate=H.speculative_generate, assistant_config=cfg, draft_model=model,
                               return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref), f"{name} top_k={top_k}"
-        if path is not None:
+        if path is not None and top_k > 1:
+            # The committed drafter is trained: its tree must get drafts accepted.
             assert out.spec_stats.mean_accepted_length > 1.2, out.spec_stats.accepted_lengths
 
 

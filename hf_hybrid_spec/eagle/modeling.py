@@ -89,7 +89,6 @@ class EagleDrafter(PreTrainedModel):
     base_model_prefix = "eagle"
     main_input_name = "hidden_states"
     _no_split_modules = []
-    _supports_sdpa = True
 
     def __init__(self, config: EagleConfig):
         super().__init__(config)
@@ -312,17 +311,32 @@ def _layer_kind(flags: list[bool] | None, index: int) -> str:
     return f"output of layer {index - 1} ({kind})"
 
 
+def _bullets(record: dict, indent: str = "") -> list[str]:
+    """Markdown bullets of a training record; nested records (an earlier run) become sub-bullets."""
+    lines = []
+    for key, value in record.items():
+        label = key.replace("_", " ")
+        if isinstance(value, dict):
+            lines.append(f"{indent}- {label}:")
+            lines += _bullets(value, indent + "  ")
+        else:
+            lines.append(f"{indent}- {label}: {value}")
+    return lines
+
+
 def write_model_card(config: EagleConfig, path: str | os.PathLike) -> None:
     """Write a Hub model card (README.md with YAML metadata) naming the target, the aux layers and the data."""
     flags = config.target_attention_layers
     target = config.target_name_or_path or "unknown"
-    layers = "\n".join(f"- `hidden_states[{i}]`: {_layer_kind(flags, i)}"
+    layers = "\n".join(f"  - `hidden_states[{i}]`: {_layer_kind(flags, i)}"
                        for i in config.aux_layers)
     training = config.training
     data = training.get("data", "not recorded")
-    facts = [f"- {k.replace('_', ' ')}: {v}" for k, v in training.items()
-             if k != "data"]
-    base = f"base_model: {target}\n" if config.target_name_or_path else ""
+    facts = _bullets({k: v for k, v in training.items() if k != "data"})
+    # Hub metadata takes repository ids only, not local paths.
+    name = config.target_name_or_path or ""
+    is_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~")) and not os.path.exists(name)
+    base = f"base_model: {name}\n" if is_hub_id else ""
     card = f"""---
 library_name: hf_hybrid_spec
 tags:
