@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_fixture
 from safetensors import safe_open
 
 import hf_hybrid_spec as H
@@ -16,8 +17,6 @@ from hf_hybrid_spec.eagle import EagleConfig, EagleDrafter, EagleTreeDrafter, de
 from hf_hybrid_spec.eagle.training import target_batch, ttt_loss
 from hf_hybrid_spec.testing import tiny_config, tiny_model
 from hf_hybrid_spec.verify import VerifyResult
-
-from conftest import load_fixture
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILIES = ["qwen3_5_text", "falcon_h1"]
@@ -77,7 +76,6 @@ def _to_draft_ids(model, target_ids):
 
 # ---------------------------------------------------------------------- configuration
 def test_default_aux_layers_prefer_post_attention_taps():
-    from transformers import AutoConfig
 
     qwen8 = tiny_config("qwen3_5_text", num_hidden_layers=8,
                         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2)
@@ -344,7 +342,7 @@ def _tiny_target_with_tokenizer(path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    texts = [open(f).read() for f in sorted(glob.glob(os.path.join(os.path.dirname(json_module.__file__), "*.py")))]
+    texts = [Path(f).read_text() for f in sorted(glob.glob(os.path.join(os.path.dirname(json_module.__file__), "*.py")))]
     tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|pad|>"],
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",

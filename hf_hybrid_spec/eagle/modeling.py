@@ -88,7 +88,6 @@ class EagleDrafter(PreTrainedModel):
     config_class = EagleConfig
     base_model_prefix = "eagle"
     main_input_name = "hidden_states"
-    _no_split_modules = []
 
     def __init__(self, config: EagleConfig):
         super().__init__(config)

@@ -18,7 +18,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .modeling import EagleDrafter
@@ -129,7 +128,7 @@ def ttt_loss(drafter: EagleDrafter, batch: TargetBatch, steps: int = 7, decay: f
             diag_v = []
             for kj, vj in zip(diag_keys, diag_values):
                 kj = kj.repeat_interleave(groups, dim=1)
-                scores.append(((q * kj).sum(-1, keepdim=True) * scale))
+                scores.append((q * kj).sum(-1, keepdim=True) * scale)
                 diag_v.append(vj.repeat_interleave(groups, dim=1))
             probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
             attn = probs[..., :n] @ v0
