@@ -28,6 +28,9 @@ KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
 DRAFTERS = DRAFTERS + ("self_ssm", "layerskip")
 # How `drafter="self_ssm"` suppresses attention; hf_hybrid_spec.models.base.SSM_VARIANTS documents each.
 SSM_VARIANTS = ("zero_attention", "rescale_ssm", "skip_layer")
+# Hybrid Verified Decoding (issue #6, hf_hybrid_spec.hvd): per step, the cache draft, the model draft or both.
+DRAFTERS = DRAFTERS + ("hvd",)
+HVD_POLICIES = ("learned", "threshold")
 
 
 @dataclass
@@ -89,6 +92,20 @@ class AssistantConfig:
             >= `fly_entropy_threshold` and the target then accepts the next `fly_window - 1` draft tokens.
         verification="typical": Medusa's typical acceptance: keep it where the target's probability of it (at
             `typical_temperature`) exceeds min(`typical_epsilon`, `typical_delta` * exp(-entropy)).
+
+    Hybrid Verified Decoding (`drafter="hvd"`, with `draft_model=` an `EagleDrafter` or an assistant causal LM;
+    `hf_hybrid_spec.hvd`): each step the suffix drafter (the settings above) proposes a cache draft, and a policy
+    verifies it, the model drafter's draft (`draft_top_k` as for "eagle" / "model"), or one tree merging both
+    (trimmed to `max_draft_tokens`); the model drafter is skipped on steps where the cache draft wins anyway:
+        hvd_policy: "learned" (a payoff predictor and the profiled cost per step pick the option with the most
+            tokens per second) or "threshold" (SuffixDecoding's gate: the cache draft iff its score >= `hvd_threshold`).
+        hvd_predictor: "learned": the directory / Hub id of a saved `hf_hybrid_spec.hvd.PayoffPredictor`.
+        hvd_threshold: "threshold": the score (sum of the cache draft's path probabilities) that selects it.
+        hvd_model_tokens / hvd_model_depth: nodes and depth of the model drafter's tree (at most `max_draft_tokens`
+            and `max_depth`, which bound the cache draft and the verified tree).
+        hvd_merge: whether the learned policy may verify one merged tree.
+        hvd_cost_profile: a JSON file of `hf_hybrid_spec.hvd.CostProfile`: loaded when it exists, else written after
+            profiling; None profiles on first use (once per process, target and model drafter).
     """
 
     drafter: str = "suffix"
@@ -124,6 +141,14 @@ class AssistantConfig:
     typical_epsilon: float = 0.09  # Medusa's posterior_threshold
     typical_delta: float = 0.3  # Medusa's posterior_alpha
     typical_temperature: float = 0.7
+    # Hybrid Verified Decoding (issue #6): read only when drafter == "hvd"
+    hvd_policy: str = "learned"
+    hvd_predictor: str | None = None  # a saved PayoffPredictor (directory or Hub id)
+    hvd_threshold: float = 2.0
+    hvd_model_tokens: int = 24
+    hvd_model_depth: int = 6
+    hvd_merge: bool = True
+    hvd_cost_profile: str | None = None
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
@@ -163,6 +188,7 @@ class AssistantConfig:
         if self.drafter == "layerskip" and self.exit_layer is None:
             raise ValueError("drafter='layerskip' needs exit_layer= (how many decoder layers draft)")
         self._validate_lossy()
+        self._validate_hvd()
 
     def _validate_lossy(self) -> None:
         """Checks of the lossy-verification fields (issue #9)."""
@@ -182,6 +208,34 @@ class AssistantConfig:
         if not 0 < self.typical_epsilon <= 1 or not self.typical_delta > 0 or not self.typical_temperature > 0:
             raise ValueError("typical acceptance needs 0 < typical_epsilon <= 1, typical_delta > 0 and "
                              "typical_temperature > 0")
+
+    def _validate_hvd(self) -> None:
+        """Checks of the Hybrid Verified Decoding fields (issue #6)."""
+        if self.hvd_policy not in HVD_POLICIES:
+            hint = (" (the oracle is benchmark-only: build hf_hybrid_spec.hvd.HybridDrafter with an OraclePolicy)"
+                    if self.hvd_policy == "oracle" else "")
+            raise ValueError(f"hvd_policy must be one of {HVD_POLICIES}, got {self.hvd_policy!r}{hint}")
+        if self.hvd_predictor is not None and not isinstance(self.hvd_predictor, (str, os.PathLike)):
+            raise ValueError(f"hvd_predictor must be a directory or Hub id (str), got {type(self.hvd_predictor).__name__}"
+                             "; pass an in-memory predictor through hf_hybrid_spec.hvd.HybridDrafter instead")
+        if self.drafter == "hvd" and self.hvd_policy == "learned" and self.hvd_predictor is None:
+            raise ValueError("drafter='hvd' with hvd_policy='learned' needs hvd_predictor= (a saved PayoffPredictor, "
+                             "e.g. examples/payoff/qwen3_5-small), or use hvd_policy='threshold'")
+        if isinstance(self.hvd_threshold, bool) or not isinstance(self.hvd_threshold, (int, float)) or \
+                not self.hvd_threshold >= 0:
+            raise ValueError(f"hvd_threshold must be a number >= 0, got {self.hvd_threshold!r}")
+        for name in ("hvd_model_tokens", "hvd_model_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.hvd_merge, bool):
+            raise ValueError(f"hvd_merge must be a bool, got {self.hvd_merge!r}")
+        if self.hvd_cost_profile is not None and not isinstance(self.hvd_cost_profile, (str, os.PathLike)):
+            raise ValueError(f"hvd_cost_profile must be a path, got {self.hvd_cost_profile!r}")
+        # Paths are kept as strings so the config stays JSON.
+        for name in ("hvd_predictor", "hvd_cost_profile"):
+            if isinstance(getattr(self, name), os.PathLike):
+                setattr(self, name, os.fspath(getattr(self, name)))
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict:

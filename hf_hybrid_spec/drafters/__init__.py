@@ -37,6 +37,11 @@ def make_drafter(config: AssistantConfig, target: nn.Module, draft_model: nn.Mod
         from ..eagle.drafter import make_eagle_drafter
 
         return make_eagle_drafter(config, target, draft_model)
+    if config.drafter == "hvd":
+        # Hybrid Verified Decoding (issue #6): hf_hybrid_spec.hvd combines this package's drafters.
+        from ..hvd.drafter import make_hvd_drafter
+
+        return make_hvd_drafter(config, target, draft_model)
     if isinstance(draft_model, EagleDrafter):
         raise ValueError("draft_model is an EagleDrafter: pass assistant_config=AssistantConfig(drafter='eagle', ...)")
     if config.drafter != "model" and draft_model is not None:

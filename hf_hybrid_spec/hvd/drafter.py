@@ -1,0 +1,319 @@
+"""`HybridDrafter`: Hybrid Verified Decoding as a `Drafter` inside `speculative_generate`.
+
+Per step (one `propose`):
+
+    cache = cache_drafter.propose(...)                     # SuffixDecoding draft: cheap, always made
+    features = cache_features(cache, history, position)
+    if policy.before_model(...) == "cache": verify cache   # the model drafter's work is skipped this step
+    else:
+        model = model_drafter.propose(...)                 # EAGLE-3 tree, or an assistant model's chain / tree
+        merged = merge_drafts(cache, model)                # union of root paths, trimmed to the budget
+        verify one of cache / model / merged               # policy.choose(...)
+
+`accept` hands the committed tokens to the cache drafter at once and to the model drafter lazily: the model
+drafter's accepts (tokens and the target's hidden states) are buffered and handed over as ONE accept covering every
+token committed since it last heard, right before it next proposes (hidden states concatenated in token order, the
+result a chain of the committed tokens). So a skipped step costs the model drafter nothing, and when it runs again it
+catches up in one batched step: EAGLE advances its key/value steps over all the buffered tokens in one forward, and
+the assistant-model drafter feeds its cache the tokens it missed. Neither is ever out of step. `accept` also
+measures what each proposed draft realized against the committed tokens (`merge.realized_payoff`), updates
+the request's `History`, and, with `record=True`, appends a `StepRecord` (the features and the realized payoffs:
+the training labels of the payoff predictor, see `CollectPolicy`).
+
+The decoding loop is untouched: verification is the loop's own, so greedy output is identical to plain greedy
+decoding whatever the policy picks, and sampling stays lossless (every draft is deterministic).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers.utils import logging
+
+from ..drafters.base import DraftBudget, DraftContext, Drafter, TargetHidden
+from ..tree import DraftTree, empty_draft
+from ..verify import VerifyResult
+from .cost import CostProfile, cached_profile, profile_costs, profile_key
+from .features import History, cache_features, model_features
+from .merge import MergedDraft, merge_drafts, realized_payoff
+from .policy import OPTIONS, LearnedPolicy, Policy, Step, ThresholdPolicy
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["HybridDrafter", "StepRecord", "make_hvd_drafter", "make_model_drafter", "make_cost_profile"]
+
+
+@dataclass
+class StepRecord:
+    """One HVD step, as `HybridDrafter(record=True)` saw it.
+
+    Attributes:
+        features: `FEATURE_NAMES` values at decision time (the model part is 0 when the model drafter did not run).
+        option: what was verified: "cache", "model" or "merged".
+        model_ran: whether the model drafter proposed.
+        nodes: draft nodes of the cache draft, the model draft (0 when it did not run) and the verified tree.
+        predicted: the policy's predicted payoffs (cache, model, merged), NaN where it predicted none.
+        realized: accepted draft tokens each option had (cache, model, merged) against the committed tokens; NaN
+            where the option was not proposed or the value is only a lower bound (an unverified draft that matched
+            every committed token: its true payoff may be larger).
+        accepted: draft tokens the verification accepted this step.
+        position: tokens generated before this step.
+    """
+
+    features: list[float]
+    option: str
+    model_ran: bool
+    nodes: tuple[int, int, int]
+    predicted: list[float]
+    realized: list[float]
+    accepted: int
+    position: int
+
+
+@dataclass
+class _Pending:
+    cache: DraftTree
+    model: DraftTree | None
+    merged: MergedDraft | None
+    option: str
+    features: list[float]
+    predicted: list[float] = field(default_factory=lambda: [math.nan] * 3)
+    position: int = 0
+
+
+class HybridDrafter(Drafter):
+    """Cache draft, model draft or both, per step (see the module docstring). One instance per request.
+
+    Args:
+        cache_drafter: the cache drafter (a `SuffixDrafter`; any drafter whose trees carry path scores works).
+        model_drafter: the model drafter (`EagleTreeDrafter`, `ModelDrafter`, ...).
+        policy: a `Policy` instance (`ThresholdPolicy`, `LearnedPolicy`, ...).
+        cost: the profiled `CostProfile` (policies that weigh costs need it; None for the others).
+        model_tokens / model_depth: node budget and depth of the model drafter's tree (capped by the step's budget).
+        cache_tokens: node budget of the cache draft (None: the step's budget). Label collection verifies merged
+            trees in full with a larger step budget, and keeps the cache draft at its deployed size with this.
+        allow_merge: whether the policy may verify a merged tree.
+        record: keep a `StepRecord` per step in `records`.
+        history_alpha / model_prior: the history's moving-average weight, and the model drafter's payoff assumed
+            before it has run.
+    """
+
+    name = "hvd"
+
+    def __init__(self, cache_drafter: Drafter, model_drafter: Drafter, policy: Policy, cost: CostProfile | None = None,
+                 model_tokens: int = 24, model_depth: int = 6, cache_tokens: int | None = None,
+                 allow_merge: bool = True, record: bool = False, history_alpha: float = 0.3, model_prior: float = 1.0):
+        if not isinstance(cache_drafter, Drafter) or not isinstance(model_drafter, Drafter):
+            raise TypeError("cache_drafter and model_drafter must be hf_hybrid_spec Drafters")
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy must be an hf_hybrid_spec.hvd Policy, got {type(policy).__name__}")
+        for name, value in (("model_tokens", model_tokens), ("model_depth", model_depth),
+                            ("cache_tokens", 1 if cache_tokens is None else cache_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.cache_drafter = cache_drafter
+        self.model_drafter = model_drafter
+        self.policy = policy
+        self.cost = cost
+        self.model_tokens = model_tokens
+        self.model_depth = model_depth
+        self.cache_tokens = cache_tokens
+        self.allow_merge = allow_merge
+        self.record = record
+        self.history_alpha = history_alpha
+        self.model_prior = model_prior
+        self.target_hidden_layers = tuple(model_drafter.target_hidden_layers)
+        self.records: list[StepRecord] = []
+        self.options: dict[str, int] = {}
+        self.model_runs = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.history = History(alpha=self.history_alpha, model_prior=self.model_prior)
+        self._pending: _Pending | None = None
+        self._prompt_length = 0
+        self._deferred: list[tuple[VerifyResult, TargetHidden | None]] = []
+
+    # ------------------------------------------------------------------ request lifecycle
+    def begin(self, input_ids: torch.Tensor, context: DraftContext | None = None,
+              hidden: TargetHidden | None = None) -> None:
+        self._reset()
+        self.records = []
+        self.options = {o: 0 for o in OPTIONS}
+        self.model_runs = 0
+        self._prompt_length = input_ids.shape[1]
+        self.policy.begin()
+        self.cache_drafter.begin(input_ids, context, None)
+        self.model_drafter.begin(input_ids, context, hidden)
+
+    def accept(self, input_ids: torch.Tensor, result: VerifyResult, hidden: TargetHidden | None = None) -> None:
+        self.cache_drafter.accept(input_ids, result, None)
+        self._deferred.append((result, hidden))
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._settle(pending, result)
+
+    def end(self, input_ids: torch.Tensor) -> None:
+        self._deferred = []
+        self.cache_drafter.end(input_ids)
+        self.model_drafter.end(input_ids)
+
+    def _catch_up_model(self, input_ids: torch.Tensor) -> None:
+        """Hand the buffered accepts to the model drafter as one (see the module docstring)."""
+        if not self._deferred:
+            return
+        deferred, self._deferred = self._deferred, []
+        if len(deferred) == 1:
+            result, hidden = deferred[0]
+        else:
+            tokens = torch.cat([r.tokens for r, _ in deferred])
+            chain = list(range(tokens.shape[0] + 1))
+            result = VerifyResult(path=chain, tokens=tokens, score_nodes=chain[:-1])
+            # The first accept of a request (the prefill's token) carries no hidden states: the prompt's came at begin.
+            parts = [h for _, h in deferred if h is not None]
+            hidden = None if not parts else TargetHidden(
+                layers=parts[0].layers,
+                states=tuple(torch.cat([h.states[i] for h in parts], dim=1) for i in range(len(parts[0].states))),
+            )
+        self.model_drafter.accept(input_ids, result, hidden)
+
+    # ------------------------------------------------------------------ drafting
+    def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
+        length = input_ids.shape[1]
+        cache_budget = budget if self.cache_tokens is None else DraftBudget(min(self.cache_tokens, budget.max_nodes),
+                                                                             budget.max_depth)
+        cache = self.cache_drafter.propose(input_ids, cache_budget)
+        if cache.num_nodes:
+            cache = cache.truncate_depth(budget.max_depth)
+            if cache.num_nodes > cache_budget.max_nodes:
+                cache = cache.select(torch.arange(cache_budget.max_nodes, device=cache.tokens.device))
+        position = length - self._prompt_length
+        features = cache_features(cache, self.history, self._prompt_length, position)
+        step = Step(cache=cache, features=features + model_features(None, 0), history=self.history, cost=self.cost,
+                    budget=budget, model_tokens=min(self.model_tokens, budget.max_nodes), length=length,
+                    allow_merge=self.allow_merge)
+        model = merged = None
+        option = self.policy.before_model(step)
+        if option != "cache":
+            model_budget = DraftBudget(max_nodes=step.model_tokens, max_depth=min(self.model_depth, budget.max_depth))
+            self._catch_up_model(input_ids)
+            model = self.model_drafter.propose(input_ids, model_budget).truncate_depth(model_budget.max_depth)
+            if model.num_nodes > model_budget.max_nodes:
+                model = model.select(torch.arange(model_budget.max_nodes, device=model.tokens.device))
+            self.model_runs += 1
+            merged = merge_drafts(cache, model, budget.max_nodes)
+            step.model, step.merged = model, merged
+            step.features = features + model_features(model, merged.shared)
+            option = self.policy.choose(step)
+            if option not in step.options():
+                raise ValueError(f"policy {self.policy.name!r} chose {option!r}, not one of {step.options()}")
+        self.options[option] = self.options.get(option, 0) + 1
+        predicted = list(self.policy.predicted) if self.policy.predicted is not None else [math.nan] * 3
+        self._pending = _Pending(cache=cache, model=model, merged=merged, option=option, features=step.features,
+                                 predicted=predicted, position=position)
+        tree = {"cache": cache, "model": model, "merged": merged.tree if merged is not None else None}[option]
+        if tree is None or tree.num_nodes == 0:
+            return empty_draft(1, input_ids.device)
+        info = dict(tree.info or {})
+        info.update(drafter="hvd", option=option, policy=self.policy.name)
+        return DraftTree(tokens=tree.tokens.to(input_ids.device), parents=tree.parents.to(input_ids.device),
+                         scores=None if tree.scores is None else tree.scores.to(input_ids.device), info=info)
+
+    def _settle(self, pending: _Pending, result: VerifyResult) -> None:
+        """Realized payoffs of the step's drafts against what was committed; history and record."""
+        committed = result.tokens.tolist()
+        accepted = len(result.path) - 1
+        verified = {"cache": pending.cache, "model": pending.model,
+                    "merged": pending.merged.tree if pending.merged is not None else None}
+
+        def payoff(option: str) -> float:
+            tree = verified[option]
+            if tree is None:
+                return math.nan
+            value = realized_payoff(tree, committed)
+            # An unverified draft that matched every committed token might have matched more.
+            if option != pending.option and value >= len(committed):
+                return math.nan
+            return float(value)
+
+        realized = [payoff(o) for o in OPTIONS]
+        cache_payoff = realized_payoff(pending.cache, committed)
+        model_payoff = None if pending.model is None else realized_payoff(pending.model, committed)
+        self.history.update(cache_payoff, model_payoff, pending.option in ("cache", "merged"), accepted)
+        if self.record:
+            nodes = (pending.cache.num_nodes, 0 if pending.model is None else pending.model.num_nodes,
+                     0 if verified[pending.option] is None else verified[pending.option].num_nodes)
+            self.records.append(StepRecord(features=pending.features, option=pending.option,
+                                           model_ran=pending.model is not None, nodes=nodes,
+                                           predicted=pending.predicted, realized=realized, accepted=accepted,
+                                           position=pending.position))
+
+
+# ---------------------------------------------------------------------- construction from an AssistantConfig
+def make_model_drafter(config, target: nn.Module, draft_model) -> Drafter:
+    """The model drafter for `drafter="hvd"`: an `EagleTreeDrafter` for an `EagleDrafter`, a `ModelDrafter` for any
+    other causal LM with the target's vocabulary, or a `Drafter` instance as it is."""
+    from ..drafters.model import ModelDrafter, check_same_vocabulary
+    from ..eagle import EagleDrafter, EagleTreeDrafter
+
+    if draft_model is None:
+        raise ValueError("drafter='hvd' needs a model drafter: pass draft_model= an EagleDrafter "
+                         "(EagleDrafter.from_pretrained(...)) or an assistant causal LM with the target's tokenizer; "
+                         "for cache drafts alone use drafter='suffix'")
+    if isinstance(draft_model, Drafter):
+        return draft_model
+    if isinstance(draft_model, EagleDrafter):
+        return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k)
+    if not isinstance(draft_model, nn.Module):
+        raise TypeError("draft_model must be an EagleDrafter, a causal LM or a Drafter, got "
+                        f"{type(draft_model).__name__}")
+    check_same_vocabulary(target, draft_model)
+    return ModelDrafter(draft_model, top_k=config.draft_top_k)
+
+
+def make_cost_profile(config, target: nn.Module, draft_model) -> CostProfile:
+    """`config.hvd_cost_profile` when it names an existing JSON file; otherwise profiled on this machine (once per
+    process for a target / device / dtype / model drafter, and saved to `hvd_cost_profile` when that is a path)."""
+    from ..drafters import make_drafter
+
+    path = config.hvd_cost_profile
+    if path is not None and os.path.isfile(path):
+        return CostProfile.load(path)
+    probe = make_model_drafter(config, target, draft_model)
+    key = (profile_key(target, probe), config.hvd_model_tokens, config.hvd_model_depth, config.max_depth,
+           config.max_draft_tokens)
+
+    def measure() -> CostProfile:
+        logger.info("HVD: profiling draft and verify costs on this machine (once per process)")
+        cache = make_drafter(config.replace(drafter="suffix", global_cache=False), target)
+        return profile_costs(target, cache, probe, model_tokens=config.hvd_model_tokens,
+                             model_depth=min(config.hvd_model_depth, config.max_depth), max_depth=config.max_depth,
+                             tree_sizes=tuple(sorted({1, 2, 4, 8, 16, 32, 64, config.max_draft_tokens + 1})))
+
+    profile = cached_profile(key, measure)
+    if path is not None:
+        profile.save(path)
+    return profile
+
+
+def make_hvd_drafter(config, target: nn.Module, draft_model) -> HybridDrafter:
+    """The drafter `AssistantConfig(drafter="hvd")` names (policies "threshold" and "learned")."""
+    from ..drafters import make_drafter
+    from .modeling import load_predictor
+
+    model_drafter = make_model_drafter(config, target, draft_model)
+    if config.hvd_policy == "threshold":
+        policy, cost = ThresholdPolicy(config.hvd_threshold), None
+    else:
+        policy = LearnedPolicy(load_predictor(os.fspath(config.hvd_predictor)))
+        cost = make_cost_profile(config, target, draft_model)
+    cache_drafter = make_drafter(config.replace(drafter="suffix"), target)
+    return HybridDrafter(cache_drafter, model_drafter, policy, cost,
+                         model_tokens=config.hvd_model_tokens, model_depth=config.hvd_model_depth,
+                         allow_merge=config.hvd_merge)
+
+

@@ -1,0 +1,263 @@
+"""Policies of Hybrid Verified Decoding: which draft the target verifies at each step.
+
+Each step the cache drafter proposes first. A policy then decides in two stages:
+
+1. `before_model(step)`: "cache" verifies the cache draft without running the model drafter (its work is skipped;
+   it catches up on the accepted tokens later), None runs the model drafter;
+2. `choose(step)`: with both drafts in hand, "cache", "model" or "merged" (one tree holding both).
+
+Policies (one instance per request):
+
+- `ThresholdPolicy`: SuffixDecoding's gate: the cache draft if its score >= a fixed threshold, else the model draft.
+- `LearnedPolicy`: HVD: a `PayoffPredictor` predicts each option's payoff (accepted draft tokens); with the
+  profiled `CostProfile` the option with the most committed tokens per second wins. Stage 1 skips the model drafter
+  when the cache draft beats what the model drafter has recently delivered (its payoff EMA) at the model's cost.
+- `OraclePolicy` (benchmarks only): knows the target's greedy continuation, so it knows each option's realized
+  payoff before verification (`realized_payoff` against the reference); it drafts both every step and picks the
+  option with the most realized tokens per profiled second of that option (model drafting is charged only to the
+  options that use it). `ReplayPolicy` replays its decisions, running only the drafters they need: that is the
+  timed oracle.
+- `CollectPolicy` (label collection): mostly the merged tree, so one verification realizes the payoff of the cache
+  draft, of the model draft and of the merge (greedy: exactly each one's longest greedy-matching root path); on a
+  random share of steps the cache draft or the model draft alone, so that the history features (whether the last
+  tree held the cache draft, the last accepted length) vary as they do under a deciding policy.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from ..drafters.base import DraftBudget
+from ..tree import DraftTree
+from .cost import CostProfile
+from .features import FEATURE_NAMES, History, as_tensor
+from .merge import MergedDraft, realized_payoff
+
+__all__ = ["OPTIONS", "Step", "Policy", "ThresholdPolicy", "LearnedPolicy", "OraclePolicy", "ReplayPolicy",
+           "CollectPolicy"]
+
+OPTIONS = ("cache", "model", "merged")
+_SCORE = FEATURE_NAMES.index("cache_score")
+
+
+@dataclass
+class Step:
+    """What a policy may read at one step.
+
+    Attributes:
+        cache: the cache draft (possibly empty).
+        features: `FEATURE_NAMES` values; the `MODEL_FEATURES` part is 0 until the model drafter has run.
+        history: the request's realized payoffs so far.
+        cost: the profiled cost model (None when the drafter was given none).
+        budget: the verified tree's limits (merged trees are trimmed to `budget.max_nodes`).
+        model_tokens: the model drafter's node budget.
+        length: committed tokens, root included.
+        model / merged: the model draft and the merge of both (after stage 1, when the model drafter ran).
+        allow_merge: whether "merged" may be chosen.
+    """
+
+    cache: DraftTree
+    features: list[float]
+    history: History
+    cost: CostProfile | None
+    budget: DraftBudget
+    model_tokens: int
+    length: int
+    model: DraftTree | None = None
+    merged: MergedDraft | None = None
+    allow_merge: bool = True
+
+    def nodes(self, option: str) -> int:
+        """Draft nodes the option verifies."""
+        if option == "cache":
+            return self.cache.num_nodes
+        if option == "model":
+            return self.model.num_nodes
+        return self.merged.tree.num_nodes
+
+    def options(self) -> tuple[str, ...]:
+        return OPTIONS if self.allow_merge else OPTIONS[:2]
+
+
+class Policy(ABC):
+    """See the module docstring. `predicted` holds the last step's predicted payoffs (cache, model, merged) for the
+    step records, or None for policies that predict nothing."""
+
+    name = "policy"
+    predicted: list[float] | None = None
+
+    def begin(self) -> None:
+        """A request starts."""
+
+    @abstractmethod
+    def before_model(self, step: Step) -> str | None:
+        """"cache" to verify the cache draft without running the model drafter, None to run it."""
+
+    @abstractmethod
+    def choose(self, step: Step) -> str:
+        """One of `step.options()`, once the model drafter has run."""
+
+
+class ThresholdPolicy(Policy):
+    """The cache draft when its score (sum of path probabilities) reaches `threshold`, else the model draft."""
+
+    name = "threshold"
+
+    def __init__(self, threshold: float):
+        if not threshold >= 0:
+            raise ValueError(f"the threshold must be >= 0, got {threshold!r}")
+        self.threshold = threshold
+
+    def before_model(self, step: Step) -> str | None:
+        score = step.features[_SCORE]
+        return "cache" if step.cache.num_nodes and score >= self.threshold else None
+
+    def choose(self, step: Step) -> str:
+        return "model"
+
+
+def _rate(payoff: float, seconds: float) -> float:
+    """Committed tokens (accepted + the bonus token) per second."""
+    return (payoff + 1.0) / seconds
+
+
+def _cost(step: Step, policy: str) -> CostProfile:
+    if step.cost is None:
+        raise ValueError(f"the {policy!r} policy weighs payoffs against costs: give the HybridDrafter a CostProfile")
+    return step.cost
+
+
+class LearnedPolicy(Policy):
+    """HVD: predicted payoff per profiled second (see the module docstring). `predictor`: a `PayoffPredictor`."""
+
+    name = "learned"
+
+    def __init__(self, predictor):
+        self.predictor = predictor
+
+    def before_model(self, step: Step) -> str | None:
+        cache_payoff = float(self.predictor.predict(as_tensor(step.features))[0])
+        self.predicted = [cache_payoff, float("nan"), float("nan")]
+        if step.cache.num_nodes == 0:
+            return None
+        # What the model drafter would bring, judged by what it delivered recently.
+        model_payoff = float(step.history.model_payoff_ema)
+        cost = _cost(step, self.name)
+        cache_rate = _rate(cache_payoff, cost.step(step.cache.num_nodes, False))
+        model_rate = _rate(model_payoff, cost.step(step.model_tokens, True))
+        best = model_rate
+        if step.allow_merge:
+            nodes = min(step.budget.max_nodes, step.cache.num_nodes + step.model_tokens)
+            best = max(best, _rate(max(cache_payoff, model_payoff), cost.step(nodes, True)))
+        return "cache" if cache_rate >= best else None
+
+    def choose(self, step: Step) -> str:
+        cache_payoff, model_payoff, merged_payoff = self.predictor.predict(as_tensor(step.features)).tolist()
+        # A merged tree accepts at least what either part accepts.
+        merged_payoff = max(merged_payoff, cache_payoff, model_payoff)
+        self.predicted = [cache_payoff, model_payoff, merged_payoff]
+        payoff = dict(zip(OPTIONS, self.predicted))
+        # The model drafter has run: its time is spent whichever tree is verified.
+        cost = _cost(step, self.name)
+        rates = {o: _rate(payoff[o], cost.step(step.nodes(o), True)) for o in step.options()}
+        return max(rates, key=lambda o: (rates[o], -OPTIONS.index(o)))
+
+
+class OraclePolicy(Policy):
+    """Hindsight choice (benchmarks only). `reference`: the target's greedy output for the request, prompt included
+    (a list of token ids). `decisions` collects the choices, for `ReplayPolicy`."""
+
+    name = "oracle"
+
+    def __init__(self, reference: list[int]):
+        self.reference = list(reference)
+        self.decisions: list[str] = []
+
+    def begin(self) -> None:
+        self.decisions = []
+
+    def before_model(self, step: Step) -> str | None:
+        return None
+
+    def choose(self, step: Step) -> str:
+        future = self.reference[step.length : step.length + step.budget.max_depth + 1]
+        trees = {"cache": step.cache, "model": step.model, "merged": step.merged.tree}
+        realized = {o: realized_payoff(trees[o], future) for o in step.options()}
+        self.predicted = [float(realized.get(o, float("nan"))) for o in OPTIONS]
+        # Knowing the payoffs, it would not have run the model drafter for a cache-only step.
+        cost = _cost(step, self.name)
+        rates = {o: _rate(realized[o], cost.step(step.nodes(o), o != "cache")) for o in step.options()}
+        choice = max(rates, key=lambda o: (rates[o], -OPTIONS.index(o)))
+        self.decisions.append(choice)
+        return choice
+
+
+class ReplayPolicy(Policy):
+    """Replays recorded decisions (an `OraclePolicy`'s), running the model drafter only where they need it. Steps
+    past the recording (the trajectory diverged) verify the merged tree and are counted in `diverged`."""
+
+    name = "replay"
+
+    def __init__(self, decisions: list[str]):
+        bad = [d for d in decisions if d not in OPTIONS]
+        if bad:
+            raise ValueError(f"decisions must be among {OPTIONS}, got {bad[:3]}")
+        self.decisions = list(decisions)
+        self.index = 0
+        self.diverged = 0
+
+    def begin(self) -> None:
+        self.index = 0
+        self.diverged = 0
+
+    def _next(self) -> str:
+        if self.index < len(self.decisions):
+            return self.decisions[self.index]
+        return "merged"
+
+    def before_model(self, step: Step) -> str | None:
+        if self._next() == "cache":
+            self.index += 1
+            return "cache"
+        return None
+
+    def choose(self, step: Step) -> str:
+        decision = self._next()
+        if self.index >= len(self.decisions):
+            self.diverged += 1
+        self.index += 1
+        return decision if decision in step.options() else "model"
+
+
+class CollectPolicy(Policy):
+    """Label collection: always run the model drafter; verify the merged tree on a `merged_share` of the steps, else
+    the cache draft or the model draft alone (each half of the time; the model draft when there is no cache draft).
+
+    Args:
+        merged_share: share of the steps that verify the merged tree (1.0: all).
+        seed: of the random choices (a request's choices are reproducible).
+    """
+
+    name = "collect"
+
+    def __init__(self, merged_share: float = 0.6, seed: int = 0):
+        if not 0.0 <= merged_share <= 1.0:
+            raise ValueError(f"merged_share must be in [0, 1], got {merged_share!r}")
+        self.merged_share = merged_share
+        self.seed = seed
+        self.rng = random.Random(seed)
+
+    def begin(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def before_model(self, step: Step) -> str | None:
+        return None
+
+    def choose(self, step: Step) -> str:
+        if "merged" in step.options() and self.rng.random() < self.merged_share:
+            return "merged"
+        if step.cache.num_nodes == 0:
+            return "model"
+        return "cache" if self.rng.random() < 0.5 else "model"

@@ -1,0 +1,418 @@
+"""Hybrid Verified Decoding (issue #6): greedy identity under every policy (tiny configs and both fixtures), the
+payoff predictor's Hub round trip, the label-collection mode against known accepted lengths, the model drafter kept
+in step while skipped, draft merging, the cost model, the workload suite, metrics and bad input."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import load_fixture
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec.drafters import DraftBudget, Drafter, SuffixDrafter, TargetHidden
+from hf_hybrid_spec.eagle import EagleDrafter, EagleTreeDrafter
+from hf_hybrid_spec.hvd import (
+    FEATURE_NAMES,
+    CollectPolicy,
+    CostProfile,
+    HybridDrafter,
+    LearnedPolicy,
+    OraclePolicy,
+    PayoffPredictor,
+    PayoffPredictorConfig,
+    ReplayPolicy,
+    ThresholdPolicy,
+    merge_drafts,
+    profile_costs,
+    realized_payoff,
+)
+from hf_hybrid_spec.hvd.drafter import make_model_drafter
+from hf_hybrid_spec.hvd.metrics import payoff_metrics, spearman
+from hf_hybrid_spec.hvd.workloads import AGENTIC, WORKLOADS, load_suite
+from hf_hybrid_spec.testing import tiny_model
+from hf_hybrid_spec.tree import DraftTree, chain_tree, empty_draft
+from hf_hybrid_spec.verify import VerifyResult
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VOCAB = 96
+COST = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.1, 1.6], cache_draft_seconds=0.01,
+                   model_draft_seconds=0.4)
+
+
+def repeating_prompt(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    motif = torch.randint(2, VOCAB, (1, 6), generator=gen)
+    return torch.cat([torch.randint(2, VOCAB, (1, 5), generator=gen), motif, motif, motif[:, :3]], dim=1)
+
+
+def plain(model, ids, n):
+    return model.generate(ids, do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=1)
+
+
+def spec(model, ids, n, **kw):
+    return model.generate(ids, do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=1,
+                          custom_generate=H.speculative_generate, return_dict_in_generate=True, **kw)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """The models here are small: one thread avoids OpenMP spin-waits on a shared CPU (restored afterwards)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def saved_predictor(tmp_path_factory):
+    """A freshly initialized predictor saved to disk, with a cost profile next to it."""
+    path = tmp_path_factory.mktemp("payoff")
+    torch.manual_seed(0)
+    PayoffPredictor(PayoffPredictorConfig(width=8, num_layers=1)).save_pretrained(path)
+    COST.save(path / "cost.json")
+    return path
+
+
+def hybrid(target, eagle, policy, record=False, merge=True):
+    return HybridDrafter(SuffixDrafter(use_global=False), EagleTreeDrafter(eagle, target, top_k=3), policy, COST,
+                         model_tokens=8, model_depth=4, allow_merge=merge, record=record)
+
+
+# ---------------------------------------------------------------------- greedy identity, tiny configs
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_every_policy_matches_plain_greedy(family, saved_predictor):
+    target = tiny_model(family)
+    torch.manual_seed(1)
+    eagle = EagleDrafter.from_target(target, draft_vocab_size=VOCAB)
+    ids = repeating_prompt()
+    ref = plain(target, ids, 36)
+    base = dict(drafter="hvd", max_draft_tokens=16, max_depth=8, draft_top_k=3, hvd_model_tokens=8,
+                hvd_model_depth=4, global_cache=False)
+    configs = {
+        "threshold": H.AssistantConfig(hvd_policy="threshold", hvd_threshold=1.5, **base),
+        "learned": H.AssistantConfig(hvd_policy="learned", hvd_predictor=str(saved_predictor),
+                                     hvd_cost_profile=str(saved_predictor / "cost.json"), **base),
+    }
+    for name, cfg in configs.items():
+        out = spec(target, ids, 36, assistant_config=cfg, draft_model=eagle)
+        assert torch.equal(out.sequences, ref), name
+        drafter = H.drafters.make_drafter(cfg, target, eagle)
+        assert isinstance(drafter, HybridDrafter) and drafter.policy.name == name
+    oracle = OraclePolicy(ref[0].tolist())
+    loop = H.AssistantConfig(max_draft_tokens=16, max_depth=8)
+    drafter = hybrid(target, eagle, oracle)
+    assert torch.equal(spec(target, ids, 36, assistant_config=loop, drafter=drafter).sequences, ref)
+    # The repeating prompt gives the cache drafter matches the oracle takes.
+    assert drafter.options["cache"] > 0 and len(oracle.decisions) == sum(drafter.options.values())
+    replay = hybrid(target, eagle, ReplayPolicy(oracle.decisions))
+    assert torch.equal(spec(target, ids, 36, assistant_config=loop, drafter=replay).sequences, ref)
+    assert replay.policy.diverged == 0 and replay.options == drafter.options
+    # Replaying a cache decision skips the model drafter.
+    assert replay.model_runs == sum(d != "cache" for d in oracle.decisions) < drafter.model_runs
+    # Label collection verifies every kind of tree; without merging, the learned policy never verifies one.
+    collect = hybrid(target, eagle, CollectPolicy(0.5, seed=3))
+    assert torch.equal(spec(target, ids, 36, assistant_config=loop, drafter=collect).sequences, ref)
+    assert all(collect.options[o] > 0 for o in ("cache", "model", "merged"))
+    no_merge = hybrid(target, eagle, LearnedPolicy(PayoffPredictor.from_pretrained(saved_predictor)), merge=False)
+    assert torch.equal(spec(target, ids, 36, assistant_config=loop, drafter=no_merge).sequences, ref)
+    assert no_merge.options["merged"] == 0
+
+
+def test_assistant_model_as_the_model_drafter_and_sampling_stays_valid():
+    target = tiny_model("qwen3_5_text")
+    assistant = tiny_model("llama", seed=7)
+    ids = repeating_prompt(1)
+    ref = plain(target, ids, 24)
+    cfg = H.AssistantConfig(drafter="hvd", hvd_policy="threshold", hvd_threshold=0.5, max_draft_tokens=12,
+                            max_depth=6, draft_top_k=2, hvd_model_tokens=6, global_cache=False)
+    out = spec(target, ids, 24, assistant_config=cfg, draft_model=assistant)
+    assert torch.equal(out.sequences, ref)
+    torch.manual_seed(5)
+    sampled = target.generate(ids, do_sample=True, max_new_tokens=8, eos_token_id=None, pad_token_id=1,
+                              custom_generate=H.speculative_generate, assistant_config=cfg, draft_model=assistant)
+    assert sampled.shape == (1, ids.shape[1] + 8)
+
+
+# ---------------------------------------------------------------------- greedy identity, fixtures
+FIXTURE_PROMPT = (
+    "def moving_average(values, window):\n    total = sum(values[:window])\n    out = [total / window]\n"
+    "    for i in range(window, len(values)):\n        total += values[i] - values[i - window]\n"
+    "        out.append(total / window)\n    return out\n\n\n# revised: rename values to series\n"
+    "def moving_average(series, window):\n"
+)
+
+
+@pytest.mark.fixture
+@pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
+def test_fixtures_match_plain_greedy_under_each_policy(name, saved_predictor):
+    model, tok = load_fixture(name)
+    trained = REPO_ROOT / "examples" / "payoff" / name
+    predictor = trained if (trained / "config.json").is_file() else saved_predictor
+    torch.manual_seed(0)
+    eagle = EagleDrafter.from_target(model, draft_vocab_size=1024)
+    ids = tok(FIXTURE_PROMPT, return_tensors="pt").input_ids
+    ref = plain(model, ids, 24)
+    base = dict(drafter="hvd", max_draft_tokens=24, max_depth=8, draft_top_k=4, hvd_model_tokens=12,
+                hvd_model_depth=4, global_cache=False)
+    for cfg in (H.AssistantConfig(hvd_policy="threshold", **base),
+                H.AssistantConfig(hvd_policy="learned", hvd_predictor=str(predictor),
+                                  hvd_cost_profile=str(saved_predictor / "cost.json"), **base)):
+        out = spec(model, ids, 24, assistant_config=cfg, draft_model=eagle)
+        assert torch.equal(out.sequences, ref), cfg.hvd_policy
+    oracle = OraclePolicy(ref[0].tolist())
+    drafter = HybridDrafter(SuffixDrafter(use_global=False), EagleTreeDrafter(eagle, model, top_k=4), oracle, COST,
+                            model_tokens=12, model_depth=4)
+    out = spec(model, ids, 24, assistant_config=H.AssistantConfig(max_draft_tokens=24, max_depth=8), drafter=drafter)
+    assert torch.equal(out.sequences, ref)
+    # The prompt repeats a function: the cache draft is worth verifying on some steps.
+    assert drafter.options["cache"] > 0
+
+
+# ---------------------------------------------------------------------- label collection
+class ScriptedDrafter(Drafter):
+    """Drafts the reference continuation cut after `schedule[step]` tokens, then a wrong token (a chain); the
+    realized payoff of step k is therefore schedule[k] (capped by what is left to generate)."""
+
+    def __init__(self, reference, schedule, vocab=VOCAB):
+        self.reference = reference[0].tolist()
+        self.schedule = list(schedule)
+        self.vocab = vocab
+        self.step = 0
+
+    def propose(self, input_ids, budget):
+        n = self.schedule[self.step % len(self.schedule)]
+        self.step += 1
+        length = input_ids.shape[1]
+        good = self.reference[length : length + n]
+        nxt = self.reference[length + n] if length + n < len(self.reference) else 2
+        wrong = [2 + (nxt - 1) % (self.vocab - 2)]  # any token but the reference's next one
+        tokens = torch.tensor([good + wrong])[:, : budget.max_depth]
+        if tokens.shape[1] == 0:
+            return empty_draft(1)
+        chain = chain_tree(tokens)
+        return DraftTree(tokens=chain.tokens, parents=chain.parents,
+                         scores=torch.linspace(0.9, 0.5, tokens.shape[1]).view(1, -1),
+                         info={"drafter": "scripted", "match_length": 3, "score": 1.0})
+
+
+@pytest.mark.parametrize("merged_share", [1.0, 0.0])
+def test_label_collection_records_what_verification_realized(merged_share):
+    target = tiny_model("llama")
+    ids = repeating_prompt(2)
+    ref = plain(target, ids, 48)
+    cache_plan, model_plan = [3, 0, 5, 1, 2], [1, 2, 0, 4, 2]
+    drafter = HybridDrafter(ScriptedDrafter(ref, cache_plan), ScriptedDrafter(ref, model_plan),
+                            CollectPolicy(merged_share, seed=1), record=True, model_tokens=8, model_depth=8)
+    out = spec(target, ids, 48, assistant_config=H.AssistantConfig(max_draft_tokens=24, max_depth=8),
+               drafter=drafter)
+    assert torch.equal(out.sequences, ref)
+    records = drafter.records
+    # Every forward but a last one with room for the bonus token only (nothing is drafted there) has a record.
+    assert out.spec_stats.target_forwards - len(records) in (0, 1)
+    for k, (rec, committed) in enumerate(zip(records, out.spec_stats.accepted_lengths)):
+        # Near the end the budget's depth (tokens left - 1) cuts every draft.
+        room = 48 - rec.position - 1
+        want = {"cache": min(cache_plan[k % 5], room), "model": min(model_plan[k % 5], room)}
+        want["merged"] = max(want["cache"], want["model"])
+        assert rec.accepted == committed - 1 == want[rec.option]
+        for i, option in enumerate(("cache", "model", "merged")):
+            if option == rec.option or merged_share == 1.0:
+                assert rec.realized[i] == want[option], (k, option, rec)
+            elif not math.isnan(rec.realized[i]):
+                # An unverified draft's payoff is recorded only where it is exact (shorter than what was committed).
+                assert rec.realized[i] == want[option] < committed
+    if merged_share == 0.0:
+        assert {r.option for r in records} == {"cache", "model"}
+
+
+# ---------------------------------------------------------------------- model drafter kept in step while skipped
+def test_eagle_catches_up_in_one_batched_accept():
+    target = tiny_model("qwen3_5_text")
+    torch.manual_seed(2)
+    eagle = EagleDrafter.from_target(target, draft_vocab_size=VOCAB)
+    ids = torch.cat([repeating_prompt(3), torch.randint(2, VOCAB, (1, 12))], dim=1)
+    layers = tuple(eagle.config.aux_layers)
+    with torch.no_grad():
+        states = target(input_ids=ids, output_hidden_states=True).hidden_states
+    prompt_len, chunks = ids.shape[1] - 10, [3, 1, 4, 2]
+
+    def hidden(a, b):
+        return TargetHidden(layers, tuple(states[i][:, a:b] for i in layers))
+
+    class NoCacheDraft(Drafter):
+        def propose(self, input_ids, budget):
+            return empty_draft(1)
+
+    eager = EagleTreeDrafter(eagle, target, top_k=3)
+    # No cache draft: the threshold gate runs the model drafter and verifies its draft.
+    lazy = HybridDrafter(NoCacheDraft(), EagleTreeDrafter(eagle, target, top_k=3), ThresholdPolicy(0.0), COST,
+                         model_tokens=10, model_depth=4)
+    lazy.begin(ids[:, :prompt_len - 1], None, hidden(0, prompt_len - 1))
+    eager.begin(ids[:, :prompt_len - 1], None, hidden(0, prompt_len - 1))
+    first = VerifyResult(path=[0], tokens=ids[0, prompt_len - 1 : prompt_len], score_nodes=[0])
+    lazy.accept(ids[:, :prompt_len], first)
+    eager.accept(ids[:, :prompt_len], first)
+    length = prompt_len
+    for k in chunks:
+        path = list(range(k))
+        result = VerifyResult(path=path, tokens=ids[0, length : length + k], score_nodes=path)
+        h = hidden(length - 1, length - 1 + k)
+        lazy.accept(ids[:, : length + k], result, h)
+        eager.accept(ids[:, : length + k], result, h)
+        length += k
+    # The accepts were buffered: the lazy EAGLE drafter has not run a step since the prompt.
+    assert lazy.model_drafter.steps < eager.steps == length - 1
+    budget = DraftBudget(max_nodes=10, max_depth=4)
+    a, b = lazy.propose(ids[:, :length], budget), eager.propose(ids[:, :length], budget)
+    assert lazy.model_drafter.steps == length - 1 and lazy.options["model"] == 1
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+    torch.testing.assert_close(a.scores, b.scores, rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- payoff predictor
+def test_predictor_round_trips_through_save_and_load(tmp_path):
+    from transformers import AutoModel
+
+    torch.manual_seed(0)
+    cfg = PayoffPredictorConfig(width=16, num_layers=2, feature_mean=[0.5] * len(FEATURE_NAMES),
+                                feature_std=[2.0] * len(FEATURE_NAMES), drafters={"target": "tiny"},
+                                training={"heldout_cache_mae": 1.25})
+    model = PayoffPredictor(cfg).eval()
+    model.save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    assert "library_name: hf_hybrid_spec" in card and "heldout_cache_mae" in card and "base_model: tiny" in card
+    loaded = PayoffPredictor.from_pretrained(tmp_path).eval()
+    auto = AutoModel.from_pretrained(tmp_path).eval()
+    x = torch.randn(5, len(FEATURE_NAMES))
+    out = model.predict(x)
+    assert out.shape == (5, 3) and bool((out >= 0).all())
+    torch.testing.assert_close(loaded.predict(x), out)
+    torch.testing.assert_close(auto.predict(x), out)
+    assert loaded.config.feature_std == [2.0] * len(FEATURE_NAMES) and loaded.config.training == cfg.training
+    labels = torch.tensor([[1.0, float("nan"), 2.0]] * 5)
+    loss = model(x, labels=labels).loss
+    loss.backward()
+    assert loss.item() > 0 and model.cache_head[0].weight.grad is not None
+
+
+def test_predictor_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="known before the model"):
+        PayoffPredictorConfig(cache_features=["model_expected"])
+    with pytest.raises(ValueError):
+        PayoffPredictorConfig(feature_std=[0.0] * len(FEATURE_NAMES))
+    with pytest.raises(ValueError):
+        PayoffPredictorConfig(width=0)
+    with pytest.raises(ValueError, match=r"\[B, "):
+        PayoffPredictor(PayoffPredictorConfig())(torch.zeros(2, 3))
+
+
+# ---------------------------------------------------------------------- bad input
+def test_hvd_without_a_model_drafter_is_a_clear_error():
+    target = tiny_model("qwen3_5_text")
+    cfg = H.AssistantConfig(drafter="hvd", hvd_policy="threshold")
+    with pytest.raises(ValueError, match="needs a model drafter: pass draft_model="):
+        target.generate(repeating_prompt(), max_new_tokens=4, custom_generate=H.speculative_generate,
+                        assistant_config=cfg)
+    with pytest.raises(ValueError, match="needs hvd_predictor="):
+        H.AssistantConfig(drafter="hvd")
+    with pytest.raises(ValueError, match="benchmark-only"):
+        H.AssistantConfig(drafter="hvd", hvd_policy="oracle")
+    for bad in (dict(hvd_model_tokens=0), dict(hvd_threshold=-1.0), dict(hvd_merge="yes"), dict(hvd_predictor=3)):
+        with pytest.raises(ValueError):
+            H.AssistantConfig(drafter="hvd", hvd_policy="threshold", **bad)
+    with pytest.raises(TypeError):
+        make_model_drafter(H.AssistantConfig(), target, "not a model")
+    cfg = H.AssistantConfig(drafter="hvd", hvd_policy="threshold", hvd_cost_profile="x.json")
+    assert H.AssistantConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="CostProfile"):
+        drafter = HybridDrafter(SuffixDrafter(use_global=False), ScriptedDrafter(repeating_prompt(), [1]),
+                                LearnedPolicy(PayoffPredictor(PayoffPredictorConfig())))
+        spec(target, repeating_prompt(), 4, drafter=drafter)
+
+
+# ---------------------------------------------------------------------- merging, payoffs, costs
+def test_merge_is_the_union_of_root_paths():
+    a = DraftTree(tokens=torch.tensor([[5, 6, 7, 8]]), parents=torch.tensor([[-1, 0, 0, -1]]),
+                  scores=torch.tensor([[0.9, 0.5, 0.3, 0.1]]))
+    b = DraftTree(tokens=torch.tensor([[5, 6, 9, 4]]), parents=torch.tensor([[-1, 0, 1, -1]]),
+                  scores=torch.tensor([[0.8, 0.7, 0.6, 0.2]]))
+    m = merge_drafts(a, b, max_nodes=10)
+    paths = set()
+    for j in range(m.tree.num_nodes):
+        path, cur = [], j
+        while cur >= 0:
+            path.append(int(m.tree.tokens[0, cur]))
+            cur = int(m.tree.parents[0, cur])
+        paths.add(tuple(reversed(path)))
+    assert paths == {(5,), (5, 6), (5, 7), (8,), (5, 6, 9), (4,)}
+    assert m.shared == 2 and m.tree.num_nodes == 6
+    assert m.tree.scores[0].tolist()[:2] == pytest.approx([0.9, 0.7])
+    for cont in ([5, 6, 9, 1], [5, 7, 1], [8, 1], [3]):
+        assert realized_payoff(m.tree, cont) == max(realized_payoff(a, cont), realized_payoff(b, cont))
+    trimmed = merge_drafts(a, b, max_nodes=3)
+    assert trimmed.tree.num_nodes == 3 and [tuple(x) for x in trimmed.tree.parents.tolist()] == [(-1, 0, 1)]
+    assert merge_drafts(empty_draft(), empty_draft(), 4).tree.num_nodes == 0
+
+
+def test_cost_profile_interpolates_and_round_trips(tmp_path):
+    assert COST.verify(1) == 1.0 and COST.verify(20) == pytest.approx(1.35) and COST.verify(64) > 1.6
+    assert COST.step(7, model_ran=True) == pytest.approx(0.41 + 1.1)
+    COST.save(tmp_path / "c.json")
+    assert CostProfile.load(tmp_path / "c.json") == COST
+    with pytest.raises(ValueError):
+        CostProfile(tree_sizes=[8, 1], verify_seconds=[1.0, 1.0], cache_draft_seconds=0, model_draft_seconds=0)
+
+
+def test_profile_costs_through_the_loop():
+    target = tiny_model("qwen3_5_text")
+    eagle = EagleDrafter.from_target(target, draft_vocab_size=VOCAB)
+    profile = profile_costs(target, SuffixDrafter(use_global=False), EagleTreeDrafter(eagle, target, top_k=2),
+                            model_tokens=6, model_depth=3, max_depth=6, tree_sizes=(1, 4, 12), context_tokens=24,
+                            repeats=1)
+    assert profile.tree_sizes == [1, 4, 12]
+    assert all(s > 0 for s in profile.verify_seconds) and profile.verify_seconds == sorted(profile.verify_seconds)
+    assert profile.model_draft_seconds > 0 and profile.cache_draft_seconds >= 0
+
+
+# ---------------------------------------------------------------------- workloads and metrics
+def test_workload_suite_is_built_and_split():
+    suite = load_suite(REPO_ROOT / "examples" / "payoff" / "workloads.json")
+    sizes = suite.sizes()
+    assert set(sizes) == set(WORKLOADS)
+    for workload in WORKLOADS:
+        assert sizes[workload]["heldout"]["sessions"] >= 4 and sizes[workload]["train"]["sessions"] >= 12
+    for session in suite.select(AGENTIC, "heldout"):
+        assert session.num_calls >= 2
+        prompt = session.prompt(1, ["<first output>"])
+        assert prompt.startswith(session.texts[0]) and "<first output>" in prompt
+    text = "".join(t for s in suite.sessions for t in s.texts)
+    assert not any(bad in text for bad in ("networkx", "sympy", "pandas"))
+    with pytest.raises(ValueError):
+        suite.sessions[0].prompt(1, [])
+
+
+def test_workload_builder_needs_bfcl(monkeypatch):
+    import builtins
+
+    from hf_hybrid_spec.hvd import workloads
+
+    real_import = builtins.__import__
+
+    def no_bfcl(name, *args, **kwargs):
+        if name == "bfcl_eval":
+            raise ImportError("no bfcl_eval")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_bfcl)
+    with pytest.raises(ImportError, match="pip install --no-deps bfcl-eval"):
+        workloads.build_suite()
+
+
+def test_metrics():
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert spearman(x, x * 3) == pytest.approx(1.0) and spearman(x, -x) == pytest.approx(-1.0)
+    assert spearman(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([1.0, 2.0, 3.0])) == pytest.approx(0.866, abs=1e-3)
+    m = payoff_metrics(torch.tensor([1.0, 2.0, 9.0]), torch.tensor([1.0, 3.0, float("nan")]))
+    assert m.count == 2 and m.mae == pytest.approx(0.5) and m.mae_constant == pytest.approx(1.0)
+
