@@ -38,15 +38,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.utils import logging
 
 from .config import AssistantConfig
 from .drafters.self_spec import restriction
 from .generate import speculative_generate
 from .models import get_adapter
 from .prompts import code_prompts
-
-logger = logging.get_logger(__name__)
 
 __all__ = ["DraftKind", "KindResult", "AnalysisReport", "draft_kinds", "text_set", "perplexity", "analyze", "main"]
 

@@ -206,12 +206,12 @@ def test_fixtures_greedy_identity(name):
     model, tok = load_fixture(name)
     enc = tok('import numpy as np\n\n\ndef moving_average(x, w):\n    """Moving average of x."""\n',
               return_tensors="pt")
-    ref = model.generate(**enc, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    ref = model.generate(**enc, do_sample=False, max_new_tokens=16, eos_token_id=None)
     configs = [H.AssistantConfig(drafter="layerskip", exit_layer=4, max_depth=3),
                H.AssistantConfig(drafter="self_ssm", ssm_variant="rescale_ssm" if name.startswith("falcon")
                                  else "skip_layer", max_depth=2, draft_top_k=2, max_draft_tokens=4)]
     for cfg in configs:
-        out = _spec(model, enc.input_ids, cfg, attention_mask=enc.attention_mask, max_new_tokens=24,
+        out = _spec(model, enc.input_ids, cfg, attention_mask=enc.attention_mask, max_new_tokens=16,
                     eos_token_id=None)
         assert torch.equal(out.sequences, ref), (name, cfg.drafter, cfg.ssm_variant)
 
