@@ -135,6 +135,8 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--fly-window", type=int, default=3, help="FLy's window (FLy: 6 for 15-token drafts)")
     p.add_argument("--fly-threshold", type=float, default=0.3, help="FLy's entropy gate (top-3 entropy, nats)")
+    p.add_argument("--pairing", default="both", choices=["both", "0", "1"],
+                   help="both pairings, or only model 0 (or 1) as the target: two processes can split the work")
     p.add_argument("--gate", type=int, default=5, help="examples in the correctness gate")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="bench_cospec", help="folder for results.json and accuracy_speedup.png")
@@ -148,6 +150,8 @@ def main(argv=None):
               for n, m in zip(names, args.models)}
     tokenizer = AutoTokenizer.from_pretrained(args.models[0])
     pairings = [(names[0], names[1]), (names[1], names[0])]
+    if args.pairing != "both":
+        pairings = [pairings[int(args.pairing)]]
     arbiters = {pairing_name(t, d): CoSpecArbiter.from_pretrained(Path(args.arbiters) / pairing_name(t, d)).eval()
                 for t, d in pairings}
     split = load_task(args.task)[args.split]

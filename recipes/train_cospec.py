@@ -200,7 +200,8 @@ def plot_curves(log: list[dict], path: Path) -> None:
 
     train = [e for e in log if e["kind"] == "train"]
     val = [e for e in log if e["kind"] == "validation"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2 if val else 1, figsize=(11 if val else 6.5, 4), squeeze=False)
+    ax1 = axes[0][0]
     steps = [e["step"] for e in train]
     rewards = [e["reward"] for e in train]
     ax1.plot(steps, rewards, alpha=0.35, label="batch mean reward")
@@ -209,10 +210,12 @@ def plot_curves(log: list[dict], path: Path) -> None:
               for i in range(len(rewards))]
     ax1.plot(steps, smooth, label=f"moving average ({window})")
     ax1.plot(steps, [e["accuracy"] for e in train], ".", alpha=0.3, label="batch accuracy")
+    ax1.plot(steps, [e["accept_rate"] for e in train], ":", alpha=0.7, label="sampled keep-draft rate")
     ax1.set_xlabel("step")
     ax1.set_title("training rollouts (sampled arbiter)")
     ax1.legend()
     if val:
+        ax2 = axes[0][1]
         vs = [e["step"] for e in val]
         ax2.plot(vs, [e["reward"] for e in val], "o-", label="reward")
         ax2.plot(vs, [e["accuracy"] for e in val], "s-", label="accuracy")
@@ -358,6 +361,7 @@ def main(argv=None):
         arbiter.config.threshold = threshold
         choices.append((threshold, evaluate(arbiter, val, models, tokenizer, args, desc=f"threshold {threshold}")))
     threshold, chosen = max(choices, key=lambda c: (c[1]["accuracy"], -c[1]["forwards_per_token"]))
+    log.append({"kind": "validation", "step": step, "threshold": threshold, **chosen})
     arbiter.config.threshold = threshold
     arbiter.config.training_summary = {
         "target": args.target, "draft": args.draft, "task": "next-line code completion (recipes/cospec_task.py)",
