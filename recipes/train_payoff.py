@@ -18,7 +18,8 @@ settings):
    inputs standardized with the training rows' mean and std; a sixth of the training sessions is the validation
    set that picks the best epoch.
 3. evaluate: on the held-out sessions, per head: MAE, Spearman rank correlation, the MAE of a constant predictor,
-   and a calibration plot (`calibration.png`).
+   and a calibration plot (`calibration.png`); for the cache head also the suffix drafter's own score (the sum of
+   its path probabilities, SuffixDecoding's estimate of the accepted length) as a baseline predictor.
 4. save: `save_pretrained(--out)` (config, safetensors, a model card with the training record) plus metrics.json.
 
 `--help` lists every option. CPU is fine: collection dominates (one verify forward per step); training takes
@@ -81,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=None, help="stop collecting new sessions after this long")
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--huber-delta", type=float, default=0.5,
+                   help="Huber loss delta: small values fit the median payoff (low MAE), large ones the mean")
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -189,7 +192,7 @@ def train(args, data, drafters: dict) -> PayoffPredictor:
     features = torch.tensor(data["train"]["features"], dtype=torch.float32)
     mean, std = standardization(features)
     config = PayoffPredictorConfig(width=args.width, num_layers=args.num_layers, feature_mean=mean, feature_std=std,
-                                   drafters=drafters)
+                                   huber_delta=args.huber_delta, drafters=drafters)
     torch.manual_seed(args.seed)
     model = PayoffPredictor(config)
 
@@ -221,11 +224,14 @@ def evaluate(args, predictor: PayoffPredictor, data) -> dict:
     pred = predictor.predict(features)
     metrics = {}
     curves = {}
-    for i, head in enumerate(HEADS):
-        m = payoff_metrics(pred[:, i], labels[:, i])
+    score = features[:, FEATURE_NAMES.index("cache_score")]
+    columns = [(head, pred[:, i], labels[:, i]) for i, head in enumerate(HEADS)]
+    columns.append(("suffix_score", score, labels[:, 0]))
+    for head, p, y in columns:
+        m = payoff_metrics(p, y)
         metrics[head] = {k: (round(v, 4) if isinstance(v, float) and not math.isnan(v) else v)
                          for k, v in m.__dict__.items()}
-        curves[head] = (pred[:, i], labels[:, i])
+        curves["cache draft: suffix score" if head == "suffix_score" else head] = (p, y)
     os.makedirs(args.out, exist_ok=True)
     plot_calibration(curves, os.path.join(args.out, "calibration.png"),
                      f"payoff predictor, held-out sessions ({os.path.basename(args.target.rstrip('/'))})")
@@ -283,9 +289,9 @@ def main(argv=None) -> dict:
         predictor.save_pretrained(args.out)
         with open(os.path.join(args.out, "metrics.json"), "w") as f:
             json.dump({"heldout": metrics, "settings": settings}, f, indent=2)
-    print(f"{'head':<8}{'steps':>7}{'MAE':>8}{'const':>8}{'rho':>7}{'mean pred':>11}{'mean true':>11}")
+    print(f"{'head':<14}{'steps':>7}{'MAE':>8}{'const':>8}{'rho':>7}{'mean pred':>11}{'mean true':>11}")
     for head, m in metrics.items():
-        print(f"{head:<8}{m['count']:>7}{m['mae']:>8.3f}{m['mae_constant']:>8.3f}{m['spearman']:>7.3f}"
+        print(f"{head:<14}{m['count']:>7}{m['mae']:>8.3f}{m['mae_constant']:>8.3f}{m['spearman']:>7.3f}"
               f"{m['mean_pred']:>11.3f}{m['mean_true']:>11.3f}")
     result = {"out": args.out, "features": len(FEATURE_NAMES), "heldout": metrics}
     print(json.dumps(result))

@@ -416,3 +416,65 @@ def test_metrics():
     m = payoff_metrics(torch.tensor([1.0, 2.0, 9.0]), torch.tensor([1.0, 3.0, float("nan")]))
     assert m.count == 2 and m.mae == pytest.approx(0.5) and m.mae_constant == pytest.approx(1.0)
 
+
+
+# ---------------------------------------------------------------------- policy decisions
+class FixedPredictor:
+    """Predicts the given payoffs (cache, model, merged) whatever the features."""
+
+    def __init__(self, payoffs):
+        self.payoffs = torch.tensor(payoffs)
+
+    def predict(self, features):
+        return self.payoffs
+
+
+def policy_step(cache, model=None, history=None, cost=COST):
+    from hf_hybrid_spec.hvd import History
+    from hf_hybrid_spec.hvd.policy import Step
+
+    step = Step(cache=cache, features=[0.0] * len(FEATURE_NAMES), history=history or History(model_prior=1.0),
+                cost=cost, budget=DraftBudget(max_nodes=16, max_depth=8), model_tokens=8, length=10)
+    if model is not None:
+        step.model, step.merged = model, merge_drafts(cache, model, 16)
+    return step
+
+
+def test_learned_policy_weighs_predicted_payoff_against_cost():
+    from hf_hybrid_spec.hvd import History
+
+    cache = chain_tree(torch.tensor([[5, 6, 7, 8]]))
+    model = chain_tree(torch.tensor([[5, 9]]))
+    # Cache: (3 + 1) / (0.01 + 1.1) tokens/s beats the model's recent 1 token at 0.41 + 1.1 s: skip the model.
+    assert LearnedPolicy(FixedPredictor([3.0, 0.0, 0.0])).before_model(policy_step(cache)) == "cache"
+    # A weak cache draft against a model drafter that delivered 3 tokens lately: run the model drafter.
+    strong_model = History(model_prior=3.0)
+    assert LearnedPolicy(FixedPredictor([0.2, 0.0, 0.0])).before_model(policy_step(cache, history=strong_model)) is None
+    # Whatever the prediction, the model drafter runs after `probe_interval` steps without it.
+    stale = History(model_prior=0.0)
+    stale.steps_since_model = 4
+    probing = LearnedPolicy(FixedPredictor([3.0, 0, 0]), probe_interval=4)
+    assert probing.before_model(policy_step(cache, history=stale)) is None
+    # With no cache draft and a model drafter that brings nothing, verifying the root alone is cheapest.
+    assert LearnedPolicy(FixedPredictor([0.0, 0, 0])).before_model(
+        policy_step(empty_draft(), history=History(model_prior=0.0))) == "cache"
+    # Stage 2: the model has run; a merged tree's payoff is never below its parts'.
+    assert LearnedPolicy(FixedPredictor([1.0, 2.0, 0.5])).choose(policy_step(cache, model)) == "model"
+    policy = LearnedPolicy(FixedPredictor([1.0, 2.0, 3.0]))
+    assert policy.choose(policy_step(cache, model)) == "merged" and policy.predicted == [1.0, 2.0, 3.0]
+    expensive = CostProfile(tree_sizes=[1, 4, 8], verify_seconds=[1.0, 1.0, 9.0], cache_draft_seconds=0.0,
+                            model_draft_seconds=0.0)
+    assert policy.choose(policy_step(cache, model, cost=expensive)) == "model"
+
+
+def test_oracle_picks_the_best_realized_rate():
+    cache = chain_tree(torch.tensor([[5, 6, 7, 8]]))
+    model = chain_tree(torch.tensor([[5, 9]]))
+    reference = list(range(10)) + [5, 6, 7, 1, 1]  # the committed sequence has 10 tokens; then the continuation
+    oracle = OraclePolicy(reference)
+    assert oracle.choose(policy_step(cache, model)) == "cache" and oracle.predicted == [3.0, 1.0, 3.0]
+    reference = list(range(10)) + [5, 9, 1]
+    oracle = OraclePolicy(reference)
+    # The model's 2 tokens against the cache's 1: the merged tree holds both at the model's cost and 5 nodes.
+    assert oracle.choose(policy_step(cache, model)) in ("model", "merged") and oracle.predicted[1] == 2.0
+    assert oracle.decisions == [oracle.decisions[0]]

@@ -16,7 +16,8 @@ Methods, all greedy and exact (every output is compared with stock greedy):
 
 Sessions: the held-out split of the suite (`--workloads`; the predictor never trained on them). Each call's prompt
 carries the earlier calls' stock greedy outputs, which every method reproduces exactly. Per call, stock greedy and
-every method run back to back in one process, so speedups are ratios measured side by side; each method keeps its
+every method run back to back in one process (the methods' order rotating from call to call), so speedups are ratios
+measured side by side; each method keeps its
 own process-wide suffix cache (it learns from the session's earlier calls and earlier sessions, never from another
 method's run of the same prompt or its own earlier run of it). Order: correctness gate (`--gate-sessions` per
 workload, untimed), timing, a table per workload, the issue's targets checked plainly, PNGs (speedups; predictor
@@ -43,6 +44,7 @@ from ..bench import SuffixStores, load_model, warm_up_tree_sizes
 from ..config import AssistantConfig
 from ..drafters import clear_global_suffix_cache, make_drafter
 from .drafter import HybridDrafter, make_cost_profile, make_model_drafter
+from .features import FEATURE_NAMES
 from .metrics import payoff_metrics, plot_calibration
 from .modeling import HEADS, load_predictor
 from .policy import OraclePolicy, ReplayPolicy
@@ -109,6 +111,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cost-profile", default=None, help="a saved CostProfile JSON to use instead of profiling")
     p.add_argument("--gate-sessions", type=int, default=1, help="sessions per workload in the correctness gate")
     p.add_argument("--skip-gate", action="store_true")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="report but do not stop on outputs that differ from stock greedy (low precision)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -269,7 +273,7 @@ def main(argv=None) -> dict:
         clear_global_suffix_cache()
         ok = not any(mismatches.values())
         print(f"correctness gate: {'PASS' if ok else 'FAIL'} (calls differing from stock greedy: {mismatches})")
-        if not ok:
+        if not ok and not args.allow_mismatch:
             print(json.dumps({"gate": "fail", "mismatches": mismatches}))
             sys.exit(1)
 
@@ -277,6 +281,7 @@ def main(argv=None) -> dict:
     stores = SuffixStores()
     tallies = {w: {m: Tally() for m in ["stock", *args.methods]} for w in args.workload}
     oracle_records: list = []
+    calls = 0
     for session in tqdm(sessions, desc="timing"):
         outputs = []
         for call in range(session.num_calls):
@@ -285,7 +290,10 @@ def main(argv=None) -> dict:
             ref = stock.sequences
             outputs.append(tok.decode(ref[0, ids.shape[1]:]))
             tallies[session.workload]["stock"].add(stock, ref)
-            for name in args.methods:
+            # The methods' order rotates from call to call, so none always runs right after stock (warm caches).
+            order = args.methods[calls % len(args.methods):] + args.methods[: calls % len(args.methods)]
+            calls += 1
+            for name in order:
                 run, drafter = run_method(name, methods, stores, ids, gen_kwargs, ref, oracle_records)
                 tallies[session.workload][name].add(run, ref, drafter)
     clear_global_suffix_cache()
@@ -337,14 +345,17 @@ def main(argv=None) -> dict:
         realized = torch.tensor([r.realized for r in oracle_records], dtype=torch.float32)
         pred = predictor.predict(feats)
         curves = {}
-        for i, head in enumerate(HEADS):
-            m = payoff_metrics(pred[:, i], realized[:, i])
+        # The suffix drafter's own score (SuffixDecoding's estimate of the accepted length) as a baseline predictor.
+        score = feats[:, FEATURE_NAMES.index("cache_score")]
+        columns = [(head, pred[:, i], realized[:, i]) for i, head in enumerate(HEADS)]
+        for head, p, y in columns + [("suffix_score", score, realized[:, 0])]:
+            m = payoff_metrics(p, y)
             predictor_quality[head] = {k: (round(v, 4) if isinstance(v, float) and not math.isnan(v) else v)
                                        for k, v in m.__dict__.items()}
-            curves[head] = (pred[:, i], realized[:, i])
+            curves["cache draft: suffix score" if head == "suffix_score" else head] = (p, y)
         print("\npredictor on the held-out sessions (oracle recording pass, both drafters every step):")
         for head, m in predictor_quality.items():
-            print(f"  {head:<7} steps {m['count']:>5}  MAE {m['mae']}  (constant {m['mae_constant']})  "
+            print(f"  {head:<13} steps {m['count']:>5}  MAE {m['mae']}  (constant {m['mae_constant']})  "
                   f"Spearman {m['spearman']}")
         if args.out:
             plot_calibration(curves, os.path.join(args.out, "calibration_heldout.png"),

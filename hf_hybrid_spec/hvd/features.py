@@ -103,6 +103,7 @@ class History:
             `model_payoff_ema` starts at `model_prior`.
         last_from_cache: whether the previous verified tree held the cache draft.
         last_accepted: accepted draft tokens of the previous step.
+        steps_since_model: steps since the model drafter last proposed (not a predictor input: policies read it).
     """
 
     alpha: float = 0.3
@@ -113,6 +114,7 @@ class History:
     model_payoff_ema: float | None = None
     last_from_cache: bool = False
     last_accepted: int = 0
+    steps_since_model: int = 0
 
     def __post_init__(self):
         if self.model_payoff_ema is None:
@@ -128,6 +130,9 @@ class History:
         self.cache_hit_ema = (1 - a) * self.cache_hit_ema + a * float(c >= 1)
         if model_payoff is not None:
             self.model_payoff_ema = (1 - a) * self.model_payoff_ema + a * float(model_payoff)
+            self.steps_since_model = 0
+        else:
+            self.steps_since_model += 1
         self.last_from_cache = verified_cache
         self.last_accepted = accepted
 

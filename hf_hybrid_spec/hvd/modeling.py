@@ -60,7 +60,7 @@ class PayoffPredictorConfig(PretrainedConfig):
         num_layers: int = 2,
         feature_mean: list[float] | None = None,
         feature_std: list[float] | None = None,
-        huber_delta: float = 2.0,
+        huber_delta: float = 0.5,
         drafters: dict | None = None,
         training: dict | None = None,
         **kwargs,

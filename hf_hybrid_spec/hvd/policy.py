@@ -11,7 +11,9 @@ Policies (one instance per request):
 - `ThresholdPolicy`: SuffixDecoding's gate: the cache draft if its score >= a fixed threshold, else the model draft.
 - `LearnedPolicy`: HVD: a `PayoffPredictor` predicts each option's payoff (accepted draft tokens); with the
   profiled `CostProfile` the option with the most committed tokens per second wins. Stage 1 skips the model drafter
-  when the cache draft beats what the model drafter has recently delivered (its payoff EMA) at the model's cost.
+  when the cache draft (no draft at all counts, with payoff 0) beats what the model drafter has recently delivered
+  (its payoff EMA) at the model's cost; every `probe_interval` skipped steps the model drafter runs anyway, so that
+  its EMA follows the text.
 - `OraclePolicy` (benchmarks only): knows the target's greedy continuation, so it knows each option's realized
   payoff before verification (`realized_payoff` against the reference); it drafts both every step and picks the
   option with the most realized tokens per profiled second of that option (model drafting is charged only to the
@@ -130,17 +132,25 @@ def _cost(step: Step, policy: str) -> CostProfile:
 
 
 class LearnedPolicy(Policy):
-    """HVD: predicted payoff per profiled second (see the module docstring). `predictor`: a `PayoffPredictor`."""
+    """HVD: predicted payoff per profiled second (see the module docstring).
+
+    Args:
+        predictor: a `PayoffPredictor`.
+        probe_interval: run the model drafter after this many steps without it, whatever the prediction.
+    """
 
     name = "learned"
 
-    def __init__(self, predictor):
+    def __init__(self, predictor, probe_interval: int = 16):
+        if isinstance(probe_interval, bool) or not isinstance(probe_interval, int) or probe_interval < 1:
+            raise ValueError(f"probe_interval must be a positive integer, got {probe_interval!r}")
         self.predictor = predictor
+        self.probe_interval = probe_interval
 
     def before_model(self, step: Step) -> str | None:
-        cache_payoff = float(self.predictor.predict(as_tensor(step.features))[0])
+        cache_payoff = float(self.predictor.predict(as_tensor(step.features))[0]) if step.cache.num_nodes else 0.0
         self.predicted = [cache_payoff, float("nan"), float("nan")]
-        if step.cache.num_nodes == 0:
+        if step.history.steps_since_model >= self.probe_interval:
             return None
         # What the model drafter would bring, judged by what it delivered recently.
         model_payoff = float(step.history.model_payoff_ema)
