@@ -33,6 +33,7 @@ import math
 import os
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +117,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="start no new timed session after this many minutes (sessions interleave the workloads)")
     p.add_argument("--out", default=None, help="directory for results.json, the cost profile and the PNGs")
     return p.parse_args(argv)
 
@@ -216,6 +219,7 @@ def plot_speedups(table: dict, methods: list[str], path: str, title: str) -> Non
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    started = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -227,7 +231,7 @@ def main(argv=None) -> dict:
 
     eagle = EagleDrafter.from_pretrained(eagle_path).to(device=args.device, dtype=dtype).eval()
     suite = load_suite(args.workloads)
-    sessions = suite.select(args.workload, args.split, args.sessions_per_workload)
+    sessions = suite.select(args.workload, args.split, args.sessions_per_workload, interleave=True)
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tok.pad_token_id)
     if not args.keep_eos:
         gen_kwargs.update(eos_token_id=None, min_new_tokens=args.max_new_tokens)
@@ -282,7 +286,12 @@ def main(argv=None) -> dict:
     tallies = {w: {m: Tally() for m in ["stock", *args.methods]} for w in args.workload}
     oracle_records: list = []
     calls = 0
+    timed_sessions = 0
     for session in tqdm(sessions, desc="timing"):
+        if args.max_minutes is not None and time.perf_counter() - started > 60 * args.max_minutes:
+            print(f"--max-minutes {args.max_minutes}: timed {timed_sessions} of {len(sessions)} sessions")
+            break
+        timed_sessions += 1
         outputs = []
         for call in range(session.num_calls):
             ids = _encode(tok, session.prompt(call, outputs), args.device)
@@ -298,12 +307,14 @@ def main(argv=None) -> dict:
                 tallies[session.workload][name].add(run, ref, drafter)
     clear_global_suffix_cache()
 
-    # 3. Report.
+    # 3. Report (workloads a --max-minutes cut left without a timed call are dropped).
+    tallies = {w: t for w, t in tallies.items() if t["stock"].new_tokens}
     speedups = {w: {m: t["stock"].seconds / max(t[m].seconds, 1e-9) for m in args.methods}
                 for w, t in tallies.items()}
     device_name = torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "cpu"
     print(f"\nmodel={args.model} eagle={eagle_path} predictor={predictor_path} device={device_name} "
-          f"dtype={args.dtype} sessions={len(sessions)} max_new_tokens={args.max_new_tokens}")
+          f"dtype={args.dtype} sessions={timed_sessions} max_new_tokens={args.max_new_tokens} "
+          f"minutes={(time.perf_counter() - started) / 60:.1f}")
     print(f"{'workload':<12}{'method':<11}{'speedup':>9}{'tok/fwd':>9}{'nodes/fwd':>11}{'model runs':>12}"
           f"{'cache/model/merged':>21}{'mismatch':>10}")
     for w, t in tallies.items():
@@ -315,7 +326,7 @@ def main(argv=None) -> dict:
             tpf = f"{r.tokens_per_forward:.2f}" if m != "stock" else "1.00"
             npf = f"{r.drafted / max(1, r.forwards):.1f}" if m != "stock" else "0"
             print(f"{w:<12}{m:<11}{speed:>8.2f}x{tpf:>9}{npf:>11}{runs:>12}{opts:>21}{r.mismatches:>10}")
-    agentic = [w for w in args.workload if w in AGENTIC]
+    agentic = [w for w in tallies if w in AGENTIC]
     targets = {}
     if agentic and {"suffix", "eagle", "hvd"} <= set(args.methods):
         per = {w: speedups[w]["hvd"] >= max(speedups[w]["suffix"], speedups[w]["eagle"]) for w in agentic}
@@ -362,7 +373,7 @@ def main(argv=None) -> dict:
                              f"payoff predictor on held-out sessions ({Path(args.model.rstrip('/')).name})")
     summary = {
         "model": args.model, "eagle": eagle_path, "predictor": predictor_path, "device": device_name,
-        "dtype": args.dtype, "split": args.split, "sessions": len(sessions), "max_new_tokens": args.max_new_tokens,
+        "dtype": args.dtype, "split": args.split, "sessions": timed_sessions, "max_new_tokens": args.max_new_tokens,
         "budgets": {"max_draft_tokens": args.max_draft_tokens, "max_depth": args.max_depth,
                     "tree_tokens": args.tree_tokens, "tree_depth": args.tree_depth, "top_k": args.top_k,
                     "threshold": args.threshold},
