@@ -38,6 +38,14 @@ DEFAULT_BUCKETS = (8, 16, 32, 64)
 
 
 @dataclass
+class _CaptureCount:
+    total: int = 0  # graphs captured by every runner in this process (benchmarks check it stays flat)
+
+
+CAPTURES = _CaptureCount()
+
+
+@dataclass
 class StaticForwardOutput:
     """Outputs of one verify forward, sliced to the tree's real nodes.
 
@@ -210,30 +218,37 @@ class StaticTreeRunner:
         self.cache._book = None
         bucket.graph = graph
         self.captures += 1
+        CAPTURES.total += 1
         logger.info("captured the verify forward for trees of %d nodes", bucket.n)
 
 
 # Runners outlive one `generate` call: their graphs point at the static cache's buffers, so the cache is reset
 # and reused by the next request instead of rebuilt (which would mean capturing again). Keyed weakly by model.
+# Per model, the runners of the last few (buckets, hidden states) settings, most recently used last. A server
+# that alternates drafters (one reads the target's hidden states, one does not) keeps both sets of graphs
+# instead of recapturing every bucket on each switch; each runner holds a static cache, so the count is bounded.
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MAX_RUNNERS_PER_MODEL = 4
 
 
 def static_runner(
     model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool
 ) -> StaticTreeRunner:
-    """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits)."""
-    runner = _RUNNERS.get(model)
-    fits = (
-        runner is not None
-        and runner.static_length >= static_length
-        and runner.buckets == tuple(sorted(set(buckets)))
-        and runner.output_hidden_states == output_hidden_states
-        and runner.device == model.device
-    )
-    if fits:
+    """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits).
+
+    Runners are kept per (buckets, output_hidden_states, device); one that is too short for a request is
+    replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is dropped.
+    """
+    key = (tuple(sorted(set(int(b) for b in buckets))), bool(output_hidden_states), str(model.device))
+    runners = _RUNNERS.setdefault(model, {})
+    runner = runners.pop(key, None)
+    if runner is not None and runner.static_length >= static_length:
         runner.cache.reset()
-        return runner
-    cache = HybridTreeCache(model.config, static_length=static_length)
-    runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states)
-    _RUNNERS[model] = runner
+    else:
+        runner = None  # drop the short one before allocating the new cache
+        cache = HybridTreeCache(model.config, static_length=static_length)
+        runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states)
+    runners[key] = runner  # most recently used last
+    while len(runners) > MAX_RUNNERS_PER_MODEL:
+        runners.pop(next(iter(runners)))
     return runner

@@ -105,4 +105,17 @@ def test_static_runner_is_reused_across_requests():
         assert torch.equal(out, ref)
     from hf_hybrid_spec.static import _RUNNERS
 
-    assert model in _RUNNERS  # one runner (and one set of graphs on GPU) serves every request
+    assert len(_RUNNERS[model]) == 1  # one runner (and one set of graphs on GPU) serves every request
+    runner = next(iter(_RUNNERS[model].values()))
+
+    # A drafter that reads hidden states needs another runner; switching back reuses the first one.
+    ids = ids_of(9, 3)
+    ref = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    hidden_drafter = RandomTreeDrafter(96, reference=ref)
+    hidden_drafter.target_hidden_layers = (1,)
+    for drafter in (hidden_drafter, None):
+        extra = {} if drafter is None else {"drafter": drafter}
+        out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                             custom_generate=H.speculative_generate, assistant_config=cfg, **extra)
+        assert torch.equal(out, ref)
+    assert len(_RUNNERS[model]) == 2 and runner in _RUNNERS[model].values()
