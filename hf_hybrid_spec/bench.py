@@ -29,10 +29,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
 from .config import AssistantConfig
+from . import static
 from .drafters import Drafter, suffix
 from .generate import speculative_generate
 from .prompts import code_prompts
-from .tree import DraftTree
+from .tree import DraftTree, build_verify_tree
 
 logger = logging.get_logger(__name__)
 
@@ -105,6 +106,8 @@ class MethodResult:
     accepted_lengths: list[int] = field(default_factory=list)
     target_forwards: int = 0
     mismatches: int = 0
+    draft_seconds: float = 0.0  # spec only: host + device time in the drafter
+    graph_captures: int = 0  # spec only: CUDA graphs captured during the timed calls (0 in a steady state)
 
     @property
     def tokens_per_second(self) -> float:
@@ -185,6 +188,35 @@ def warm_up_tree_sizes(model, ids, cfg, sizes=(1, 7, 15, 16, 31, 32, 63)):
                    custom_generate=speculative_generate, assistant_config=cfg, drafter=_SizeSweep(sizes))
 
 
+def time_verify_buckets(model, prefix_length: int, reps: int = 30) -> dict[int, float]:
+    """Milliseconds per graph-replayed verify forward, per tree-size bucket of the model's most recently used
+    static runner ({} without one or without CUDA graphs). Chains of n nodes over `prefix_length` committed
+    tokens; each forward is aborted, so the cache is left as it was."""
+    runners = static._RUNNERS.get(model)
+    if not runners:
+        return {}
+    runner = list(runners.values())[-1]
+    if not runner.use_graphs:
+        return {}
+    device = runner.device
+    times = {}
+    for n in runner.buckets:
+        tokens = torch.ones(1, n - 1, dtype=torch.long, device=device)
+        draft = DraftTree(tokens=tokens, parents=(torch.arange(n - 1, device=device) - 1).view(1, -1))
+        tree = build_verify_tree(torch.ones(1, dtype=torch.long, device=device), draft)
+        for _ in range(3):
+            runner.forward(tree, prefix_length, prefix_length)
+            runner.cache.abort()
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        for _ in range(reps):
+            runner.forward(tree, prefix_length, prefix_length)
+            runner.cache.abort()
+        torch.cuda.synchronize(device)
+        times[n] = 1000.0 * (time.perf_counter() - t) / reps
+    return times
+
+
 class SuffixStores:
     """One process-wide suffix cache per method, so that a method only ever learns from its own earlier
     prompts, never from another method's (or its own earlier) run of the same prompt."""
@@ -201,7 +233,7 @@ class SuffixStores:
         suffix._GLOBAL.clear()
 
 
-def build_methods(names: list[str], dtype, device, compiled: bool = False):
+def build_methods(names: list[str], dtype, device, compiled: bool = False, compiled_only: bool = False):
     methods = []
     for name in names:
         if name in PRESETS:
@@ -230,9 +262,10 @@ def build_methods(names: list[str], dtype, device, compiled: bool = False):
             methods.append((name, AssistantConfig.from_pretrained(name.split(":", 1)[1]), None))
         else:
             raise ValueError(f"unknown drafter {name!r}: use {sorted(PRESETS)}, model:<path> or config:<dir>")
-    if compiled:
-        methods += [(f"{name}+graphs", cfg.replace(compile=True), draft) for name, cfg, draft in methods]
-    return methods
+    graphs = [(f"{name}+graphs", cfg.replace(compile=True), draft) for name, cfg, draft in methods]
+    if compiled_only:
+        return graphs
+    return methods + graphs if compiled else methods
 
 
 def plot_histograms(results: list[MethodResult], path: str) -> None:
@@ -295,13 +328,24 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also time stock generate with cache_implementation='static' (compiled forward)")
     parser.add_argument("--compiled", action="store_true",
                         help="also time each drafter with AssistantConfig(compile=True) (static cache, CUDA graphs)")
+    parser.add_argument("--compiled-only", action="store_true",
+                        help="time only the compile=True variants of the drafters (implies --compiled)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer for the code prompts of a random: model (its ids must fit the vocabulary)")
+    parser.add_argument("--bucket-sweep", action="store_true",
+                        help="also time one graph-replayed verify forward per tree-size bucket (CUDA only)")
     args = parser.parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     model, tok = load_model(args.model, dtype, args.device)
-    methods = build_methods(args.drafters, dtype, args.device, compiled=args.compiled)
+    if args.tokenizer:
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+        if len(tok) > model.config.get_text_config().vocab_size:
+            raise ValueError(f"--tokenizer {args.tokenizer} has {len(tok)} tokens, more than the model's vocabulary")
+    methods = build_methods(args.drafters, dtype, args.device, compiled=args.compiled or args.compiled_only,
+                            compiled_only=args.compiled_only)
     vocab = model.config.get_text_config().vocab_size
     prompts = encode_prompts(tok, args.num_prompts, args.device, vocab, args.prompt_tokens)
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens)
@@ -358,6 +402,7 @@ def main(argv: list[str] | None = None) -> dict:
             stock_static.mismatches += int(not torch.equal(out, ref))
         for name, cfg, draft in methods:
             stores.enter(name)
+            captures_before = static.CAPTURES.total
             _sync(args.device)
             t = time.perf_counter()
             out = run_spec(model, ids, gen_kwargs, cfg, draft)
@@ -369,6 +414,8 @@ def main(argv: list[str] | None = None) -> dict:
             r.accepted_lengths += out.spec_stats.accepted_lengths
             r.target_forwards += out.spec_stats.target_forwards
             r.mismatches += int(not torch.equal(out.sequences, ref))
+            r.draft_seconds += out.spec_stats.draft_seconds
+            r.graph_captures += static.CAPTURES.total - captures_before
 
     # 3. Report.
     all_results = [stock, *([stock_static] if stock_static else []), *results.values()]
@@ -378,14 +425,23 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nmodel={args.model} device={args.device} dtype={args.dtype} prompts={len(prompts)} "
           f"max_new_tokens={args.max_new_tokens}"
           + (f" copy_bw={bandwidth:.0f}GB/s weight_floor={floor:.3f}ms" if floor else ""))
-    print(f"{'method':<28}{'tokens/s':>10}{'ms/token':>10}{'tok/fwd':>9}{'ms/fwd':>9}{'x floor':>9}"
-          f"{'vs stock':>10}{'vs best':>9}{'mismatch':>10}")
+    print(f"{'method':<34}{'tokens/s':>10}{'ms/token':>10}{'tok/fwd':>9}{'ms/fwd':>9}{'draft ms':>9}{'x floor':>9}"
+          f"{'vs stock':>10}{'vs best':>9}{'mismatch':>10}{'captures':>10}")
     for r in all_results:
         acc = f"{r.mean_accepted_length:.2f}" if r.mean_accepted_length else "1.00"
         xfloor = f"{r.ms_per_forward / floor:.1f}" if floor else "-"
-        print(f"{r.name:<28}{r.tokens_per_second:>10.1f}{r.ms_per_token:>10.2f}{acc:>9}{r.ms_per_forward:>9.2f}"
-              f"{xfloor:>9}{stock.ms_per_token / r.ms_per_token:>9.2f}x{best_stock.ms_per_token / r.ms_per_token:>8.2f}x"
-              f"{r.mismatches:>10}")
+        draft_ms = f"{1000 * r.draft_seconds / max(r.target_forwards, 1):.2f}" if r.kind == "spec" else "-"
+        print(f"{r.name:<34}{r.tokens_per_second:>10.1f}{r.ms_per_token:>10.2f}{acc:>9}{r.ms_per_forward:>9.2f}"
+              f"{draft_ms:>9}{xfloor:>9}{stock.ms_per_token / r.ms_per_token:>9.2f}x"
+              f"{best_stock.ms_per_token / r.ms_per_token:>8.2f}x{r.mismatches:>10}{r.graph_captures:>10}")
+    buckets = {}
+    if args.bucket_sweep:
+        buckets = time_verify_buckets(model, prompts[0].shape[1])
+        ar = stock_static.ms_per_token if stock_static else None
+        for n, ms in buckets.items():
+            print(f"verify forward, {n:>3}-node bucket (graph replay): {ms:.3f} ms"
+                  + (f" = {ms / ar:.2f}x stock static+compile ms/token" if ar else "")
+                  + (f" = {ms / floor:.1f}x weight floor" if floor else ""))
     summary = {
         "model": args.model,
         "device": args.device,
@@ -401,6 +457,7 @@ def main(argv: list[str] | None = None) -> dict:
         "stock_static_mismatches": stock_static.mismatches if stock_static else None,
         "copy_bandwidth_gbps": round(bandwidth, 1) if bandwidth else None,
         "weight_floor_ms": round(floor, 4) if floor else None,
+        "verify_ms_by_bucket": {str(n): round(ms, 4) for n, ms in buckets.items()},
         "methods": {
             r.name: {
                 "tokens_per_s": round(r.tokens_per_second, 3),
@@ -411,6 +468,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "ms_per_forward": round(r.ms_per_forward, 4),
                 "target_forwards": r.target_forwards,
                 "mismatches": r.mismatches,
+                "draft_ms_per_forward": round(1000 * r.draft_seconds / max(r.target_forwards, 1), 4),
+                "graph_captures_while_timed": r.graph_captures,
             }
             for r in results.values()
         },
