@@ -213,8 +213,17 @@ class StaticTreeRunner:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         self._enter_tree(bucket, prefix_length)
-        with torch.cuda.graph(graph, pool=self._pool):
-            bucket.out = self._run(bucket)
+        # cuBLAS keeps one workspace per (handle, stream) and a captured matmul keeps using the one it saw. Drop
+        # them before the capture, so the capture allocates its own inside this runner's pool (which lives as
+        # long as the graphs), and after it, so nothing else reuses that one. Without this the graphs can point
+        # at a workspace that someone else frees: torch.compile's CUDA graphs (stock generate with
+        # cache_implementation="static") clear all workspaces, and the replays then hit an illegal address.
+        _clear_cublas_workspaces()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                bucket.out = self._run(bucket)
+        finally:
+            _clear_cublas_workspaces()
         self.cache._book = None
         bucket.graph = graph
         self.captures += 1
@@ -224,6 +233,12 @@ class StaticTreeRunner:
 
 # Runners outlive one `generate` call: their graphs point at the static cache's buffers, so the cache is reset
 # and reused by the next request instead of rebuilt (which would mean capturing again). Keyed weakly by model.
+def _clear_cublas_workspaces() -> None:
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 # Per model, the runners of the last few (buckets, hidden states) settings, most recently used last. A server
 # that alternates drafters (one reads the target's hidden states, one does not) keeps both sets of graphs
 # instead of recapturing every bucket on each switch; each runner holds a static cache, so the count is bounded.
