@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
-from .config import AssistantConfig
 from . import static
+from .config import AssistantConfig
 from .drafters import Drafter, suffix
 from .generate import speculative_generate
 from .prompts import code_prompts

@@ -231,14 +231,14 @@ class StaticTreeRunner:
         logger.info("captured the verify forward for trees of %d nodes", bucket.n)
 
 
-# Runners outlive one `generate` call: their graphs point at the static cache's buffers, so the cache is reset
-# and reused by the next request instead of rebuilt (which would mean capturing again). Keyed weakly by model.
 def _clear_cublas_workspaces() -> None:
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # absent from CPU-only builds
     if clear is not None:
         clear()
 
 
+# Runners outlive one `generate` call: their graphs point at the static cache's buffers, so the cache is reset
+# and reused by the next request instead of rebuilt (which would mean capturing again). Keyed weakly by model.
 # Per model, the runners of the last few (buckets, hidden states) settings, most recently used last. A server
 # that alternates drafters (one reads the target's hidden states, one does not) keeps both sets of graphs
 # instead of recapturing every bucket on each switch; each runner holds a static cache, so the count is bounded.
@@ -254,7 +254,7 @@ def static_runner(
     Runners are kept per (buckets, output_hidden_states, device); one that is too short for a request is
     replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is dropped.
     """
-    key = (tuple(sorted(set(int(b) for b in buckets))), bool(output_hidden_states), str(model.device))
+    key = (tuple(sorted({int(b) for b in buckets})), bool(output_hidden_states), str(model.device))
     runners = _RUNNERS.setdefault(model, {})
     runner = runners.pop(key, None)
     if runner is not None and runner.static_length >= static_length:

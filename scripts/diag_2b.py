@@ -61,7 +61,7 @@ def e2e_stage(kernels: str) -> None:
 
     model, _ = load_model("random:qwen3_5-2b", torch.bfloat16, "cuda")
     ids = encode_prompts(None, 1, "cuda", model.config.vocab_size, 400)[0]
-    kw = dict(max_new_tokens=64, min_new_tokens=64, eos_token_id=None, do_sample=False)
+    kw = {"max_new_tokens": 64, "min_new_tokens": 64, "eos_token_id": None, "do_sample": False}
     ref = model.generate(ids, **kw)
     for step, compile_ in enumerate([False, False, True, False, True, False]):
         cfg = AssistantConfig(drafter="suffix", compile=compile_)
@@ -82,7 +82,7 @@ def main() -> None:
         kind, arg = sys.argv[2].split(":")
         try:
             (sdpa_stage if kind == "sdpa" else e2e_stage)(arg)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 (report any failure, then exit non-zero)
             traceback.print_exc()
             sys.exit(1)
         return
@@ -91,7 +91,8 @@ def main() -> None:
         if stage.startswith("e2e:"):
             env["HF_HYBRID_SPEC_KERNELS"] = stage.split(":")[1]
         t = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, "--child", stage], env=env, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, __file__, "--child", stage], env=env, capture_output=True, text=True,
+                              check=False)
         lines = (proc.stdout + proc.stderr).strip().splitlines()
         keep = [ln for ln in lines if not ln.startswith("[transformers]") and "warn" not in ln.lower()]
         print(f"=== {stage}: rc={proc.returncode} ({time.perf_counter() - t:.0f}s)")
