@@ -317,10 +317,12 @@ class HybridTreeCache(DynamicCache):
             raise RuntimeError(f"layer {layer_idx} has no committed state yet; prefill before verifying a tree")
         return layer.conv_states[state_idx], layer.recurrent_states[state_idx]
 
-    def commit(self, leaf: torch.Tensor) -> None:
+    def commit(self, leaf: torch.Tensor, path: list[int] | None = None) -> None:
         """Keep the root->leaf path of the pending tree and leave tree mode.
 
         leaf: [B] int64, the last accepted node per row (>= 0: the root itself is always committed).
+        path: optional, row 0's accepted nodes root first (node 0) down to `leaf`, as the verifier found them;
+            given, the commit reads nothing back from the device (no parent walk on the host).
         """
         if self._book is None:
             raise RuntimeError("commit called outside tree mode")
@@ -329,9 +331,14 @@ class HybridTreeCache(DynamicCache):
         leaf = leaf.to(device=parent.device, dtype=torch.long)
         if parent.shape[0] != 1:
             raise NotImplementedError("committing trees with batch size > 1 is not supported yet")
-        if int(leaf.min()) < 0:
-            raise ValueError("leaf must be >= 0: the root of a verify tree is always accepted")
-        path = self._path(parent[0], int(leaf[0]))
+        if path is None:
+            if int(leaf.min()) < 0:
+                raise ValueError("leaf must be >= 0: the root of a verify tree is always accepted")
+            path = self._path(parent[0], int(leaf[0]))
+        else:
+            if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])):
+                raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
+            path = torch.tensor(path, dtype=torch.long, device=parent.device)
         on_path = torch.zeros(parent.shape, dtype=torch.bool, device=parent.device)
         on_path[0, path] = True
         try:

@@ -342,7 +342,7 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         except BaseException:
             cache.abort()
             raise
-        cache.commit(torch.tensor([result.leaf], device=device))
+        cache.commit(torch.tensor([result.leaf], device=device), path=result.path)
         t2 = time.perf_counter()
 
         stats.target_forwards += 1

@@ -109,3 +109,33 @@ def test_begin_tree_requires_prefill_and_matching_prefix():
     with pytest.raises(ValueError):
         cache.begin_tree(torch.tensor([[0]]), prefix_length=5)
     assert not cache.in_tree_mode
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_commit_with_the_verifiers_path_equals_the_parent_walk(family):
+    model = tiny_model(family)
+    get_adapter(model)
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(2, 96, (1, 8), generator=gen)
+    draft = random_tree(10, 4, 96, gen)
+    snaps = []
+    for use_path in (False, True):
+        with torch.no_grad():
+            cache = HybridTreeCache(model.config)
+            forward_tokens(model, prompt[:, :-1], cache, position_ids=torch.arange(7)[None])
+            tree = build_verify_tree(prompt[:, -1], draft)
+            forward_tree(model, tree, cache, prefix_length=7, root_position=torch.tensor([7]))
+            leaf = tree.num_nodes - 1
+            path = tree.ancestors[0, leaf].nonzero().flatten().tolist()
+            if use_path:
+                with pytest.raises(ValueError, match="path must start at the root"):
+                    cache.commit(torch.tensor([leaf]), path=path[1:])
+                cache.commit(torch.tensor([leaf]), path=path)
+            else:
+                cache.commit(torch.tensor([leaf]))
+            snaps.append(cache.snapshot())
+    assert snaps[0].kv_lengths == snaps[1].kv_lengths
+    for key, t in snaps[0].recurrent_states.items():
+        assert torch.equal(snaps[1].recurrent_states[key], t)
+    for key, t in snaps[0].conv_states.items():
+        assert torch.equal(snaps[1].conv_states[key], t)
