@@ -502,8 +502,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    # Without a GPU, accelerate joins a torchrun world of several processes (gloo DDP) only when told it runs on
+    # the CPU; otherwise every process would train alone on the full data.
+    multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
     accelerator = Accelerator(mixed_precision=cfg.mixed_precision, gradient_accumulation_steps=cfg.grad_accum,
-                              dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+                              dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+                              cpu=multi_cpu)
     set_seed(cfg.seed)
     os.makedirs(cfg.output_dir, exist_ok=True)
     target, tokenizer = load_target(cfg, accelerator.device)
