@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import field
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
+from ..hub import ModelCardMixin
 from .arbiters import Arbiter, Mismatch
 from .features import FEATURE_NAMES, mismatch_features
 
@@ -69,7 +69,7 @@ class CoSpecArbiterConfig(PretrainedConfig):
         super().__post_init__(**kwargs)
 
 
-class CoSpecArbiter(PreTrainedModel, Arbiter):
+class CoSpecArbiter(ModelCardMixin, PreTrainedModel, Arbiter):
     """Policy over mismatches: `forward(features [B, F], target_hidden [B, H] | None) -> accept log-odds [B]`.
 
     As an `Arbiter`, `decide(mismatch)` keeps the draft's token when sigmoid(log-odds) > `config.threshold`.
@@ -140,13 +140,6 @@ class CoSpecArbiter(PreTrainedModel, Arbiter):
         return self.accept_logit(mismatch) > math.log(p / (1.0 - p))
 
     # ------------------------------------------------------------------ Hub
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs):
-        """`PreTrainedModel.save_pretrained`, plus a model card (README.md) written first, so a push includes it."""
-        os.makedirs(save_directory, exist_ok=True)
-        with open(os.path.join(save_directory, "README.md"), "w") as f:
-            f.write(self.model_card())
-        return super().save_pretrained(save_directory, *args, **kwargs)
-
     def model_card(self) -> str:
         """The Hub model card: metadata header, what the arbiter is, how to use it, how it was trained."""
         from huggingface_hub import ModelCardData

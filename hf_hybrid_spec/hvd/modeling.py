@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +27,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from ..hub import ModelCardMixin
 from .features import CACHE_FEATURES, FEATURE_NAMES
 
 __all__ = ["PayoffPredictorConfig", "PayoffPredictor", "PayoffOutput", "HEADS", "load_predictor"]
@@ -114,7 +114,7 @@ def _mlp(inputs: int, width: int, layers: int, outputs: int) -> nn.Sequential:
     return nn.Sequential(*mods)
 
 
-class PayoffPredictor(PreTrainedModel):
+class PayoffPredictor(ModelCardMixin, PreTrainedModel):
     """`forward(features [B, len(FEATURE_NAMES)], labels [B, 3] | None) -> PayoffOutput`. See the module docstring."""
 
     config_class = PayoffPredictorConfig
@@ -163,13 +163,6 @@ class PayoffPredictor(PreTrainedModel):
         return out[0] if single else out
 
     # ------------------------------------------------------------------ Hub
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs):
-        """`PreTrainedModel.save_pretrained`, plus a model card (README.md) written first, so a push includes it."""
-        os.makedirs(save_directory, exist_ok=True)
-        with open(os.path.join(save_directory, "README.md"), "w") as f:
-            f.write(self.model_card())
-        return super().save_pretrained(save_directory, *args, **kwargs)
-
     def model_card(self) -> str:
         """The Hub model card: metadata header, what the predictor is, how it was trained, how to use it."""
         cfg = self.config
