@@ -38,3 +38,14 @@ def load_fixture(name: str):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module single-threaded (restored afterwards): its models are small, and on a shared 2-core CPU OpenMP
+    threads spinning against each other make such forwards many times slower. Use with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

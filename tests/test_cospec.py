@@ -45,14 +45,7 @@ def _spec(target, draft, ids, max_new_tokens, **cfg):
                            assistant_config=H.AssistantConfig(**cfg), return_dict_in_generate=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Several engineers share 2 cores: OpenMP threads spinning against each other make these small forwards up to
-    # 60x slower, so this module runs single-threaded (restored afterwards).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -55,13 +55,7 @@ def spec(model, ids, n, **kw):
                           custom_generate=H.speculative_generate, return_dict_in_generate=True, **kw)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The models here are small: one thread avoids OpenMP spin-waits on a shared CPU (restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
