@@ -105,8 +105,9 @@ class _Recorder:
         self.logits = () if want_logits else None
         self.finished = False
 
-    def append(self, tokens: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> int:
-        """Commit `tokens` [k] (one score / logit row each); stops early where a criterion fires. Returns kept k."""
+    def append(self, tokens: torch.Tensor, scores: torch.Tensor | None, logits: torch.Tensor | None) -> int:
+        """Commit `tokens` [k] (one score / logit row each, read only when asked for); stops early where a
+        criterion fires. Returns kept k."""
         kept = 0
         for j in range(tokens.shape[0]):
             self.input_ids = torch.cat([self.input_ids, tokens[j].view(1, 1)], dim=-1)
@@ -353,7 +354,9 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         if lossy is not None:
             stats.arbiter_decisions += result.decisions
             stats.arbiter_overrides += result.overrides
-        rec.append(result.tokens, scores[result.score_nodes], raw[0, result.score_nodes])
+        # Gather the [k, V] score / logit rows only when the caller asked for them (a vocabulary-wide copy each).
+        rec.append(result.tokens, scores[result.score_nodes] if rec.scores is not None else None,
+                   raw[0, result.score_nodes] if rec.logits is not None else None)
         drafter.accept(rec.input_ids, result, path_hidden)
 
     drafter.end(rec.input_ids)
