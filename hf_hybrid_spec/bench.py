@@ -10,8 +10,8 @@
 3. A table (ms/token, committed tokens per target forward, per-forward time against the weight-bytes floor,
    speedup), PNGs of accepted lengths and of ms/token, and a JSON line last.
 
-Models: a local path / Hub id, or `random:qwen3_5-2b` (a ~2B Qwen3.5-shaped random-init model, for forward
-cost only) or `tiny:<model_type>` (the test suite's tiny configs).
+Models: a local path / Hub id, or `random:qwen3_5-2b` / `random:falcon_h1-1.5b` (~2B Qwen3.5- / ~1.4B Falcon-H1-shaped
+random-init models, for forward cost only) or `tiny:<model_type>` (the test suite's tiny configs).
 """
 
 from __future__ import annotations
@@ -56,23 +56,62 @@ def random_qwen3_5_2b_config():
     )
 
 
-def load_model(spec: str, dtype: torch.dtype, device: str):
-    """Returns (model, tokenizer or None)."""
+def random_falcon_h1_1_5b_config():
+    """A Falcon-H1-shaped ~1.4B config: 24 parallel attention + Mamba-2 layers, hidden 2048, the Mamba-2 mixer of
+    the kernel benchmark (24 heads of 64, state 128, one group), vocab 65536."""
+    return AutoConfig.for_model(
+        "falcon_h1", vocab_size=65536, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=128, mamba_d_ssm=1536, mamba_n_heads=24,
+        mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=128,
+        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=1,
+    )
+
+
+RANDOM_MODELS = {"qwen3_5-2b": random_qwen3_5_2b_config, "falcon_h1-1.5b": random_falcon_h1_1_5b_config}
+
+
+def load_model(spec: str, dtype: torch.dtype, device: str, device_map: str | None = None):
+    """Returns (model, tokenizer or None).
+
+    device_map: None (all on `device`), "auto" (transformers' `device_map="auto"`; path models only) or a comma
+    list of devices: the decoder layers split in halves between the first and the last (pipeline placement).
+    """
+    if device_map is not None and device_map != "auto":
+        from accelerate import dispatch_model
+
+        from .testing import layer_split_device_map
+
+        devices = [torch.device(d) for d in device_map.split(",")]
+        model, tok = load_model(spec, dtype, str(devices[0]))
+        return dispatch_model(model, device_map=layer_split_device_map(model, devices)), tok
+    if device_map == "auto" and (spec.startswith("random:") or spec.startswith("tiny:")):
+        raise ValueError("--device-map auto needs a checkpoint path; give a device list for random:/tiny: models")
     if spec.startswith("random:"):
         name = spec.split(":", 1)[1]
-        if name != "qwen3_5-2b":
-            raise ValueError(f"unknown random model {name!r} (known: qwen3_5-2b)")
+        if name not in RANDOM_MODELS:
+            raise ValueError(f"unknown random model {name!r} (known: {', '.join(RANDOM_MODELS)})")
         torch.manual_seed(0)
         with torch.device(device):  # initialize on the device: a 2B init on the host takes minutes
-            model = AutoModelForCausalLM.from_config(random_qwen3_5_2b_config(), dtype=dtype,
+            model = AutoModelForCausalLM.from_config(RANDOM_MODELS[name](), dtype=dtype,
                                                      attn_implementation="sdpa")
         return model.eval(), None
     if spec.startswith("tiny:"):
         from .testing import tiny_model
 
         return tiny_model(spec.split(":", 1)[1], dtype=dtype).to(device), None
-    model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").to(device).eval()
-    return model, AutoTokenizer.from_pretrained(spec)
+    if device_map == "auto":
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa", device_map="auto")
+    else:
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").to(device)
+    return model.eval(), AutoTokenizer.from_pretrained(spec)
+
+
+def placement(model) -> dict[str, int]:
+    """Parameter count per device (one entry unless the model is split by a device map)."""
+    counts: dict[str, int] = {}
+    for p in model.parameters():
+        counts[str(p.device)] = counts.get(str(p.device), 0) + p.numel()
+    return counts
 
 
 def encode_prompts(tokenizer, n: int, device, vocab_size: int, prompt_tokens: int | None):
@@ -129,7 +168,8 @@ class MethodResult:
 
 def _sync(device):
     if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+        for index in range(torch.cuda.device_count()):  # every GPU: a model may be split over several
+            torch.cuda.synchronize(index)
 
 
 def run_stock(model, ids, gen_kwargs, static=False):
@@ -309,7 +349,7 @@ def plot_speed(results: list[MethodResult], path: str, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="path / Hub id, random:qwen3_5-2b or tiny:<model_type>")
+    parser.add_argument("--model", required=True, help="path / Hub id, random:qwen3_5-2b, random:falcon_h1-1.5b or tiny:<model_type>")
     parser.add_argument("--drafters", nargs="+", default=["suffix", "ngram"],
                         help=f"presets {sorted(PRESETS)}, model:<path>, eagle:<dir>[:chain], layerskip:<E>, "
                              "self_ssm[:<variant>] or config:<dir with assistant_config.json>")
@@ -323,6 +363,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--allow-mismatch", action="store_true",
                         help="report but do not fail on outputs that differ from stock greedy (low precision)")
     parser.add_argument("--out", default=None, help="directory for results.json and the histogram PNG")
+    parser.add_argument("--device-map", default=None,
+                        help="split the target over devices: 'auto' (transformers' device_map='auto', checkpoint "
+                             "paths) or a list such as 'cuda:0,cuda:1' (first half of the layers on the first)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--stock-static", action="store_true",
                         help="also time stock generate with cache_implementation='static' (compiled forward)")
@@ -339,7 +382,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    model, tok = load_model(args.model, dtype, args.device)
+    model, tok = load_model(args.model, dtype, args.device, args.device_map)
+    if args.device_map:
+        args.device = str(model.get_input_embeddings().weight.device)  # prompts go where the embedding is
+        print(f"device map: parameters per device {placement(model)}")
     if args.tokenizer:
         tok = AutoTokenizer.from_pretrained(args.tokenizer)
         if len(tok) > model.config.get_text_config().vocab_size:
@@ -447,6 +493,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": args.device,
         "device_name": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "cpu",
         "dtype": args.dtype,
+        "placement": placement(model),
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "gate": "skipped" if args.skip_gate else ("pass" if gate_ok else "fail"),

@@ -14,6 +14,7 @@ children of the committed state):
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 
@@ -98,7 +99,17 @@ def _impl(op: str, device: torch.device):
     if backend == "torch":
         return _TORCH[op]
     module, name = _TRITON_MODULES[op]
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    kernel = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    return functools.partial(_on_device, kernel, device)
+
+
+def _on_device(kernel, device: torch.device, *args, **kwargs):
+    """Run a Triton op with `device` current: Triton launches on the current device's stream, so tensors on
+    cuda:1 while cuda:0 is current (a model split over GPUs by device_map) would run on the wrong device."""
+    if device.index is None or device.index == torch.cuda.current_device():
+        return kernel(*args, **kwargs)
+    with torch.cuda.device(device):
+        return kernel(*args, **kwargs)
 
 
 def tree_gated_delta_rule(

@@ -28,7 +28,8 @@ Stages (`--stages`, default all four; each reuses what an earlier run left in `o
    aux layers, training data, measured acceptance) under `output_dir/hub`, ready for `push_to_hub`.
 
 Runs unchanged under `accelerate launch` (Accelerator: device placement, DDP over the drafter, mixed precision,
-state save/load). Regeneration runs on the main process only.
+state save/load). Regeneration runs on the main process only. `--shard_target` shards the frozen target's decoder
+layers over the processes (FSDP2, ZeRO-3 style) for targets that do not fit on one GPU.
 
 Why not a TRL trainer: TRL's trainers (SFT, distillation/GKD, DPO, GRPO...) train a causal LM whose forward maps
 input ids to vocabulary logits, with an optional teacher that only supplies logits. An EAGLE-3 drafter consumes the
@@ -108,6 +109,10 @@ class RecipeConfig:
     log_every: int = field(default=10, metadata={"help": "log every this many steps"})
     mixed_precision: str = field(default="no", metadata={"help": "accelerate mixed precision: no, bf16, fp16"})
     target_dtype: str = field(default="float32", metadata={"help": "target weights dtype: float32 or bfloat16"})
+    shard_target: bool = field(default=False, metadata={"help": (
+        "with several processes, shard the frozen target's decoder layers over them (FSDP2, ZeRO-3 style): each "
+        "GPU keeps 1/world of their weights and gathers one layer at a time in the forward. For targets too "
+        "large for one GPU; regenerate and evaluate then run in a separate single-process call")})
     seed: int = field(default=0, metadata={"help": "seed for prompts, data order and init"})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads"})
     # 3. evaluate
@@ -478,11 +483,34 @@ def evaluate(cfg: RecipeConfig, target, drafter: EagleDrafter, heldout: list[dic
 
 
 # ---------------------------------------------------------------------- main
-def load_target(cfg: RecipeConfig, device):
+def load_target(cfg: RecipeConfig, device, world_size: int = 1):
     dtype = getattr(torch, cfg.target_dtype)
     target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=dtype, attn_implementation="sdpa")
-    target = target.to(device).eval().requires_grad_(False)
-    return target, AutoTokenizer.from_pretrained(cfg.target)
+    target = target.eval().requires_grad_(False)
+    if cfg.shard_target and world_size > 1:
+        shard_layers(target, device, world_size)
+    return target.to(device), AutoTokenizer.from_pretrained(cfg.target)
+
+
+def shard_layers(target, device, world_size: int) -> None:
+    """FSDP2-shard each decoder layer of the frozen `target` over the process group (in place).
+
+    accelerate's FSDP plugin shards what goes through `accelerator.prepare`, which here is the small trained
+    drafter; the target is frozen and never prepared, so it is sharded directly with the same FSDP2 primitive.
+    The embedding, final norm and head stay whole on every rank: the drafter reads the target's embedding
+    module outside the target's forward, where a sharded weight would be a DTensor shard. The all-gathers are
+    exact, so the features (and the loss) are those of the unsharded target.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(torch.device(device).type, (world_size,))
+    total = sum(p.numel() for p in target.model.layers.parameters())
+    for layer in target.model.layers:
+        fully_shard(layer, mesh=mesh)  # moves this rank's shard to the mesh's device
+    local = sum(p.to_local().numel() for p in target.model.layers.parameters())
+    logger.warning("target sharded over %d processes: this one holds %d of the decoder layers' %d parameters",
+                   world_size, local, total)
 
 
 def data_description(cfg: RecipeConfig, rows: list[dict]) -> str:
@@ -502,17 +530,23 @@ def main(argv: list[str] | None = None) -> dict:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    data_dir = os.path.join(cfg.output_dir, "data")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.shard_target and world_size > 1 and ("evaluate" in cfg.stages or not os.path.isdir(data_dir)):
+        # Both run the target on the main process alone, which a sharded target cannot do (its layers gather
+        # weights from every rank).
+        raise ValueError("--shard_target runs the train and save stages only: run regenerate (and evaluate) in a "
+                         "single-process call first, e.g. --stages regenerate")
     # Without a GPU, accelerate joins a torchrun world of several processes (gloo DDP) only when told it runs on
     # the CPU; otherwise every process would train alone on the full data.
-    multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    multi_cpu = not torch.cuda.is_available() and world_size > 1
     accelerator = Accelerator(mixed_precision=cfg.mixed_precision, gradient_accumulation_steps=cfg.grad_accum,
                               dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
                               cpu=multi_cpu)
     set_seed(cfg.seed)
     os.makedirs(cfg.output_dir, exist_ok=True)
-    target, tokenizer = load_target(cfg, accelerator.device)
+    target, tokenizer = load_target(cfg, accelerator.device, accelerator.num_processes)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    data_dir = os.path.join(cfg.output_dir, "data")
     drafter_dir = os.path.join(cfg.output_dir, "drafter")
     summary: dict = {"target": cfg.target, "output_dir": cfg.output_dir}
 
@@ -535,6 +569,10 @@ def main(argv: list[str] | None = None) -> dict:
         if accelerator.is_main_process:
             drafter.save_pretrained(drafter_dir)
         accelerator.wait_for_everyone()
+    if cfg.stages == ["regenerate"]:
+        if accelerator.is_main_process:
+            print(json.dumps(summary))
+        return summary
     drafter = EagleDrafter.from_pretrained(drafter_dir, dtype=torch.float32).to(accelerator.device)
     summary["training"] = dict(drafter.config.training)
 

@@ -3,6 +3,7 @@ vs inference, Hub format round trip, bad input, and the training recipe end to e
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -386,3 +387,41 @@ def test_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         train_eagle3.main(["--help"])
     assert exc.value.code == 0
+
+
+def test_recipe_shards_the_frozen_target_over_processes(tmp_path, monkeypatch):
+    """Two gloo processes (torchrun), DDP over the drafter, with and without --shard_target (FSDP2 over the
+    target's layers): the all-gathers are exact, so both runs log the same losses; and --shard_target refuses
+    the stages that run the target on one process."""
+    import json as json_module
+    import subprocess
+
+    sys.path.insert(0, str(REPO / "recipes"))
+    import train_eagle3
+
+    _tiny_target_with_tokenizer(tmp_path / "target")
+    sources = os.path.dirname(json_module.__file__)
+    config = tmp_path / "recipe.yaml"
+    config.write_text(f"source_dirs: [{sources}]\nnum_prompts: 8\nheldout_prompts: 1\nheldout_percent: 20\n"
+                      "prompt_tokens: 20\nresponse_tokens: 4\nregen_batch_size: 8\ndraft_vocab_size: 64\n"
+                      "batch_size: 2\nwarmup_steps: 1\nsave_every: 100\nlog_every: 1\nttt_steps: 2\nthreads: 1\n")
+    common = ["--config", str(config), "--target", str(tmp_path / "target")]
+    train_eagle3.main(common + ["--output_dir", str(tmp_path / "ddp"), "--stages", "regenerate"])
+    shutil.copytree(tmp_path / "ddp" / "data", tmp_path / "sharded" / "data")
+    losses = {}
+    for name, extra in (("ddp", []), ("sharded", ["--shard_target", "true"])):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(REPO / "recipes" / "train_eagle3.py"), *common, "--output_dir", str(tmp_path / name),
+               "--stages", "train", "--max_steps", "3", *extra]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert ("target sharded over 2 processes" in run.stderr) == bool(extra)
+        log = (tmp_path / name / "train_log.jsonl").read_text().splitlines()
+        losses[name] = [json_module.loads(line)["loss"] for line in log]
+    assert len(losses["ddp"]) == 3
+    assert losses["sharded"] == pytest.approx(losses["ddp"], rel=1e-5)
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # raised before any process group is made
+    with pytest.raises(ValueError, match="shard_target runs the train and save stages only"):
+        train_eagle3.main(common + ["--output_dir", str(tmp_path / "ddp"), "--shard_target", "true",
+                                    "--stages", "train", "evaluate"])

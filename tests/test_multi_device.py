@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hf_hybrid_spec as H
-from hf_hybrid_spec.testing import tiny_model
+from hf_hybrid_spec.testing import layer_split_device_map, tiny_model
 
 from drafting import RandomTreeDrafter
 
@@ -17,15 +17,7 @@ GPUS = torch.cuda.device_count()
 def split(model, devices):
     from accelerate import dispatch_model
 
-    layers = model.model.layers
-    half = len(layers) // 2
-    device_map = {"model.embed_tokens": devices[0], "lm_head": devices[-1]}
-    for name, _ in model.model.named_children():
-        if name not in ("embed_tokens", "layers"):
-            device_map[f"model.{name}"] = devices[-1]
-    for i in range(len(layers)):
-        device_map[f"model.layers.{i}"] = devices[0] if i < half else devices[-1]
-    return dispatch_model(model, device_map=device_map)
+    return dispatch_model(model, device_map=layer_split_device_map(model, devices))
 
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a GPU (layers split between cuda:0 and the CPU)")
@@ -47,7 +39,11 @@ def test_target_split_over_two_gpus(family):
     model = split(tiny_model(family), [0, 1])
     ids = torch.randint(2, 96, (1, 12), generator=torch.Generator().manual_seed(0)).to("cuda:0")
     ref = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None)
-    for cfg in (H.AssistantConfig(), H.AssistantConfig(compile=True)):
-        out = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None,
-                             custom_generate=H.speculative_generate, assistant_config=cfg)
-        assert torch.equal(out, ref)
+    # Random trees over the reference: accepted and rejected nodes in every step, on layers of both GPUs (the
+    # second half's tree kernels run on cuda:1 while cuda:0 is current).
+    for compile_ in (False, True):
+        for drafter in (None, RandomTreeDrafter(96, reference=ref.cpu())):
+            out = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None,
+                                 custom_generate=H.speculative_generate, drafter=drafter,
+                                 assistant_config=H.AssistantConfig(compile=compile_))
+            assert torch.equal(out, ref), (compile_, drafter)
