@@ -1,6 +1,5 @@
-"""A target split over devices (accelerate device_map / dispatch_model): layers on the GPU and on the CPU.
-
-Runs where CUDA is available (the lent H200 here); the multi-GPU variant needs a machine with 2+ GPUs.
+"""A target split over devices (accelerate device_map / dispatch_model): offloaded layers (CPU), layers on the
+GPU and on the CPU (needs CUDA), layers on two GPUs (needs 2+ GPUs).
 """
 
 import pytest
@@ -18,6 +17,27 @@ def split(model, devices):
     from accelerate import dispatch_model
 
     return dispatch_model(model, device_map=layer_split_device_map(model, devices))
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_target_with_offloaded_layers_on_cpu(family, tmp_path):
+    """accelerate offload (weights on meta between forwards, brought in by hooks): the CPU stand-in for a
+    device_map that does not fit; tree forwards bypass the stock forward, so they must run the hooks."""
+    from accelerate import dispatch_model
+
+    model = tiny_model(family)
+    ids = torch.randint(2, 96, (1, 12), generator=torch.Generator().manual_seed(0))
+    whole = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None)
+    model = dispatch_model(model, device_map=layer_split_device_map(model, ["cpu", "disk"]), main_device="cpu",
+                           offload_dir=str(tmp_path))
+    assert any(p.is_meta for p in model.parameters())
+    ref = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None)
+    assert torch.equal(ref, whole)
+    for compile_ in (False, True):
+        out = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None,
+                             custom_generate=H.speculative_generate, drafter=RandomTreeDrafter(96, reference=ref),
+                             assistant_config=H.AssistantConfig(compile=compile_))
+        assert torch.equal(out, ref)
 
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a GPU (layers split between cuda:0 and the CPU)")

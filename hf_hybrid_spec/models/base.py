@@ -47,6 +47,26 @@ def find_mixer_cache(args: tuple, kwargs: dict):
     return None
 
 
+def _tree_forward_under_accelerate_hooks(module: nn.Module, tree_forward: TreeForward, cache, args, kwargs):
+    """The tree forward of a mixer that accelerate dispatched (device_map placement or offload).
+
+    Its hook wraps the stock forward, which the tree path bypasses, so the hook's steps run here: inputs go to
+    the execution device and offloaded weights (meta at rest) come in. Tree forwards also read some submodules'
+    weights directly (conv1d.weight, ...) without calling them, so every offloaded submodule is brought in too.
+    """
+    hook = module._hf_hook
+    args, kwargs = hook.pre_forward(module, *args, **kwargs)
+    offloaded = [m for m in module.modules() if m is not module and getattr(m, "_hf_hook", None) is not None
+                 and any(p.is_meta for p in m.parameters(recurse=False))]
+    for m in offloaded:
+        m._hf_hook.pre_forward(m)
+    hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+    out = tree_forward(module, hidden_states, cache)
+    for m in offloaded:
+        m._hf_hook.post_forward(m, None)
+    return hook.post_forward(module, out)
+
+
 @dataclass
 class ModelAdapter:
     """How one model family runs a draft tree.
@@ -86,6 +106,8 @@ class ModelAdapter:
         def forward(*args, **kwargs):
             cache = find_mixer_cache(args, kwargs)
             if isinstance(cache, HybridTreeCache) and cache.in_tree_mode:
+                if getattr(module, "_hf_hook", None) is not None:
+                    return _tree_forward_under_accelerate_hooks(module, tree_forward, cache, args, kwargs)
                 hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
                 return tree_forward(module, hidden_states, cache)
             return original(*args, **kwargs)
