@@ -133,8 +133,11 @@ class StaticKVMixin:
             self._kv_lazy_init(key_states, value_states)
         if self.cursor.tree_mode:
             # Tree nodes: scatter to the cursor's positions, attend over the full buffer (the mask hides the rest).
-            self.keys.index_copy_(2, self.cursor.write_pos, key_states)
-            self.values.index_copy_(2, self.cursor.write_pos, value_states)
+            write_pos = self.cursor.write_pos
+            if write_pos.device != self.keys.device:  # a layer on another GPU than the runner (device_map)
+                write_pos = write_pos.to(self.keys.device)
+            self.keys.index_copy_(2, write_pos, key_states)
+            self.values.index_copy_(2, write_pos, value_states)
             return self.keys, self.values
         t = key_states.shape[-2]
         if self.length + t > self.max_length:

@@ -95,12 +95,14 @@ def fixture_path(name: str) -> Path | None:
 
 def layer_split_device_map(model, devices: list) -> dict[str, object]:
     """A `device_map` that puts the first half of the decoder layers (and the embedding) on `devices[0]` and the
-    rest (final norm, head) on `devices[-1]`: pipeline placement as `device_map="auto"` makes it over two GPUs,
+    rest (final norm; the head unless tied to the embedding) on `devices[-1]`: pipeline placement as `device_map="auto"` makes it over two GPUs,
     but deterministic, for tests and benchmarks. Apply with `accelerate.dispatch_model(model, device_map=...)`.
     """
     layers = model.model.layers
     half = len(layers) // 2
-    device_map: dict[str, object] = {"model.embed_tokens": devices[0], "lm_head": devices[-1]}
+    # A head tied to the embedding shares its weight, so both must sit on one device.
+    tied = model.config.get_text_config().tie_word_embeddings
+    device_map: dict[str, object] = {"model.embed_tokens": devices[0], "lm_head": devices[0] if tied else devices[-1]}
     for name, _ in model.model.named_children():
         if name not in ("embed_tokens", "layers"):
             device_map[f"model.{name}"] = devices[-1]

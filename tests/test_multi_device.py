@@ -19,6 +19,8 @@ def split(model, devices):
     return dispatch_model(model, device_map=layer_split_device_map(model, devices))
 
 
+@pytest.mark.skipif(GPUS > 0, reason="a CPU test: where CUDA is present, fla's Triton kernels take over parts of "
+                                      "transformers' stock forward, which then fails on CPU tensors")
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
 def test_target_with_offloaded_layers_on_cpu(family, tmp_path):
     """accelerate offload (weights on meta between forwards, brought in by hooks): the CPU stand-in for a
