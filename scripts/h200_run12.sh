@@ -11,6 +11,7 @@ run 150 falcon2b_split_fp32 $B --model random:falcon_h1-1.5b --dtype float32 --d
     --out $OUT/falcon2b_split_fp32
 run 170 qwen2b_split $B --model random:qwen3_5-2b --dtype bfloat16 --device-map cuda:0,cuda:1 --allow-mismatch \
     --out $OUT/qwen2b_split
-echo "=== run 9"
-sed -i "s#M=../models/qwen3_5-small#M=$M#" scripts/h200_run9.sh
-CUDA_VISIBLE_DEVICES=0 timeout 170 bash scripts/h200_run9.sh 2>&1 | tail -n 14
+# (3) run 9: graph replay after stock static+compile in the same process (the cuBLAS-workspace fix), one GPU.
+CUDA_VISIBLE_DEVICES=0 run 170 r2b_fix python3 -m hf_hybrid_spec.bench --model random:qwen3_5-2b --tokenizer $M \
+    --dtype bfloat16 --drafters suffix --compiled-only --skip-gate --stock-static --bucket-sweep --num-prompts 2 \
+    --prompt-tokens 400 --max-new-tokens 64 --allow-mismatch --out $OUT/r2b_fix
