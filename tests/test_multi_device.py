@@ -2,6 +2,10 @@
 GPU and on the CPU (needs CUDA), layers on two GPUs (needs 2+ GPUs).
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -69,3 +73,22 @@ def test_target_split_over_two_gpus(family):
                                  custom_generate=H.speculative_generate, drafter=drafter,
                                  assistant_config=H.AssistantConfig(compile=compile_))
             assert torch.equal(out, ref), (compile_, drafter)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_tensor_parallel_tp_plan_auto(family, tmp_path):
+    """transformers' tensor parallelism (`from_pretrained(..., tp_plan="auto")`), 2 processes: gloo on CPU
+    (NCCL where there are 2 GPUs); each rank runs the same speculative loop on its shard of the model."""
+    from transformers import AutoConfig
+
+    if not getattr(AutoConfig.for_model(family), "base_model_tp_plan", None):
+        pytest.skip(f"this transformers has no tensor-parallel plan for {family}")
+    tiny_model(family, num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path)
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_worker.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker, str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if GPUS < 2:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a one-GPU machine: both ranks on the CPU
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("identical") == 2, run.stdout
