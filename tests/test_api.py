@@ -252,3 +252,24 @@ def test_drafters_receive_target_hidden_states_of_every_token_run():
     for k, layer in enumerate(Recorder.target_hidden_layers):
         got = torch.cat([s[k] for s in rec.seen], dim=1)
         torch.testing.assert_close(got, ref[layer], rtol=1e-4, atol=1e-4)
+
+
+def test_suffix_drafter_reads_the_live_global_cache():
+    """A drafter built before its request (HVD builds its cache drafter ahead; a user may clear the process-wide
+    cache in between) must draft from, and add to, the cache that is live when the request begins."""
+    H.clear_global_suffix_cache()
+    early = H.SuffixDrafter(cache_key=("live-cache-test",))
+    H.clear_global_suffix_cache()
+    earlier_request = H.SuffixDrafter(cache_key=("live-cache-test",))
+    ids = torch.tensor([[1, 2, 7, 8, 9, 10, 11, 12]])
+    earlier_request.begin(ids[:, :2])
+    earlier_request.end(ids)  # its output 7..12 goes to the process-wide cache
+    context = torch.tensor([[3, 7, 8]])
+    early.begin(context)
+    draft = early.propose(context, H.DraftBudget(max_nodes=8, max_depth=8))
+    assert draft.tokens[0, :2].tolist() == [9, 10]  # a match of 2 drafts up to 2 tokens (max_spec_factor 1)
+    early.end(torch.cat([context, torch.tensor([[9, 10, 11, 12]])], dim=1))
+    later = H.SuffixDrafter(cache_key=("live-cache-test",))
+    later.begin(context)
+    assert later.global_cache is early.global_cache
+    H.clear_global_suffix_cache()

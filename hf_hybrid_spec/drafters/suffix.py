@@ -151,7 +151,10 @@ class SuffixDrafter(Drafter):
         # A match of length m can only draft depth - m tokens from a depth-limited trie.
         depth = max_match_length + max_depth
         self.local = SuffixTrie(depth)
-        self.global_cache = global_suffix_cache(cache_key, depth, max_cached_outputs) if use_global else None
+        # The process-wide cache is looked up when a request begins, not here: a drafter built ahead of its request
+        # (HVD's, or one made before `clear_global_suffix_cache()`) must learn from, and add to, the live cache.
+        self._global_args = (cache_key, depth, max_cached_outputs) if use_global else None
+        self.global_cache: GlobalSuffixCache | None = None
         self._local_active: list[_Node] = []
         self._global_active: list[_Node] = []
         self._seen = 0  # tokens of the request fed to the tries
@@ -159,6 +162,8 @@ class SuffixDrafter(Drafter):
 
     # ------------------------------------------------------------------ request lifecycle
     def begin(self, input_ids: torch.Tensor, context=None, hidden=None) -> None:
+        if self._global_args is not None:
+            self.global_cache = global_suffix_cache(*self._global_args)
         self._prompt_length = input_ids.shape[1]
         self._feed(input_ids[0].tolist())
 
