@@ -10,8 +10,9 @@
 3. A table (ms/token, committed tokens per target forward, per-forward time against the weight-bytes floor,
    speedup), PNGs of accepted lengths and of ms/token, and a JSON line last.
 
-Models: a local path / Hub id, or `random:qwen3_5-2b` / `random:falcon_h1-1.5b` (~2B Qwen3.5- / ~1.4B Falcon-H1-shaped
-random-init models, for forward cost only) or `tiny:<model_type>` (the test suite's tiny configs).
+Models: a local path / Hub id, or `random:qwen3_5-2b` / `random:falcon_h1-1.5b` (~2B Qwen3.5- / ~1.4B
+Falcon-H1-shaped random-init models, for forward cost only) or `tiny:<model_type>` (the test suite's tiny configs).
+`--device-map` splits the target over devices (pipeline placement).
 """
 
 from __future__ import annotations
@@ -349,7 +350,8 @@ def plot_speed(results: list[MethodResult], path: str, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="path / Hub id, random:qwen3_5-2b, random:falcon_h1-1.5b or tiny:<model_type>")
+    parser.add_argument("--model", required=True,
+                        help="path / Hub id, random:qwen3_5-2b, random:falcon_h1-1.5b or tiny:<model_type>")
     parser.add_argument("--drafters", nargs="+", default=["suffix", "ngram"],
                         help=f"presets {sorted(PRESETS)}, model:<path>, eagle:<dir>[:chain], layerskip:<E>, "
                              "self_ssm[:<variant>] or config:<dir with assistant_config.json>")

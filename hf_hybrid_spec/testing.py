@@ -95,8 +95,9 @@ def fixture_path(name: str) -> Path | None:
 
 def layer_split_device_map(model, devices: list) -> dict[str, object]:
     """A `device_map` that puts the first half of the decoder layers (and the embedding) on `devices[0]` and the
-    rest (final norm; the head unless tied to the embedding) on `devices[-1]`: pipeline placement as `device_map="auto"` makes it over two GPUs,
-    but deterministic, for tests and benchmarks. Apply with `accelerate.dispatch_model(model, device_map=...)`.
+    rest (final norm; the head too unless it is tied to the embedding) on `devices[-1]`: pipeline placement as
+    `device_map="auto"` makes it over two GPUs, but deterministic, for tests and benchmarks. Apply it with
+    `accelerate.dispatch_model(model, device_map=...)`.
     """
     layers = model.model.layers
     half = len(layers) // 2
