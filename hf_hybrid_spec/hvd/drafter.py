@@ -10,6 +10,7 @@ Per step (one `propose`):
         merged = merge_drafts(cache, model)                # union of root paths, trimmed to the budget
         verify one of cache / model / merged               # policy.choose(...)
 
+The model drafter begins (EAGLE: one drafter pass over the prompt) only when the policy first asks it for a draft.
 `accept` hands the committed tokens to the cache drafter at once and to the model drafter lazily: the model
 drafter's accepts (tokens and the target's hidden states) are buffered and handed over as ONE accept covering every
 token committed since it last heard, right before it next proposes (hidden states concatenated in token order, the
@@ -137,6 +138,10 @@ class HybridDrafter(Drafter):
         self._pending: _Pending | None = None
         self._prompt_length = 0
         self._deferred: list[tuple[VerifyResult, TargetHidden | None]] = []
+        # The model drafter's begin (EAGLE: a drafter pass over the whole prompt) waits for its first draft: a
+        # request served from the cache alone never pays for it.
+        self._model_begin: tuple | None = None
+        self._model_begun = False
 
     # ------------------------------------------------------------------ request lifecycle
     def begin(self, input_ids: torch.Tensor, context: DraftContext | None = None,
@@ -148,7 +153,7 @@ class HybridDrafter(Drafter):
         self._prompt_length = input_ids.shape[1]
         self.policy.begin()
         self.cache_drafter.begin(input_ids, context, None)
-        self.model_drafter.begin(input_ids, context, hidden)
+        self._model_begin = (input_ids, context, hidden)
 
     def accept(self, input_ids: torch.Tensor, result: VerifyResult, hidden: TargetHidden | None = None) -> None:
         self.cache_drafter.accept(input_ids, result, None)
@@ -160,10 +165,16 @@ class HybridDrafter(Drafter):
     def end(self, input_ids: torch.Tensor) -> None:
         self._deferred = []
         self.cache_drafter.end(input_ids)
-        self.model_drafter.end(input_ids)
+        if self._model_begun:
+            self.model_drafter.end(input_ids)
+        self._model_begin, self._model_begun = None, False
 
     def _catch_up_model(self, input_ids: torch.Tensor) -> None:
-        """Hand the buffered accepts to the model drafter as one (see the module docstring)."""
+        """Begin the model drafter if it has not yet, then hand it the buffered accepts as one (see the module
+        docstring)."""
+        if not self._model_begun:
+            self.model_drafter.begin(*self._model_begin)
+            self._model_begin, self._model_begun = None, True
         if not self._deferred:
             return
         deferred, self._deferred = self._deferred, []
