@@ -56,3 +56,20 @@ class RandomTreeDrafter(Drafter):
             parents.append(p)
             depth.append(1 if p < 0 else depth[p] + 1)
         return DraftTree(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]))
+
+
+def identity_failures(model, ids, max_new_tokens=32, vocab_size=96) -> list[str]:
+    """Plain greedy vs speculative decoding with the default suffix drafter and with random trees over the
+    reference (accepted and rejected nodes every step), eager and `compile=True`; returns what differed."""
+    import hf_hybrid_spec as H
+
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None)
+    ref = model.generate(ids, **kwargs)
+    failures = []
+    for compile_ in (False, True):
+        for drafter in (None, RandomTreeDrafter(vocab_size, reference=ref.cpu())):
+            out = model.generate(ids, custom_generate=H.speculative_generate, drafter=drafter,
+                                 assistant_config=H.AssistantConfig(compile=compile_), **kwargs)
+            if not torch.equal(out, ref):
+                failures.append(f"compile={compile_}, drafter={drafter.name if drafter else 'suffix'}")
+    return failures

@@ -12,7 +12,7 @@ import torch
 import hf_hybrid_spec as H
 from hf_hybrid_spec.testing import layer_split_device_map, tiny_model
 
-from drafting import RandomTreeDrafter
+from drafting import RandomTreeDrafter, identity_failures
 
 GPUS = torch.cuda.device_count()
 
@@ -37,13 +37,8 @@ def test_target_with_offloaded_layers_on_cpu(family, tmp_path):
     model = dispatch_model(model, device_map=layer_split_device_map(model, ["cpu", "disk"]), main_device="cpu",
                            offload_dir=str(tmp_path))
     assert any(p.is_meta for p in model.parameters())
-    ref = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None)
-    assert torch.equal(ref, whole)
-    for compile_ in (False, True):
-        out = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None,
-                             custom_generate=H.speculative_generate, drafter=RandomTreeDrafter(96, reference=ref),
-                             assistant_config=H.AssistantConfig(compile=compile_))
-        assert torch.equal(out, ref)
+    assert torch.equal(model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None), whole)
+    assert identity_failures(model, ids) == []
 
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a GPU (layers split between cuda:0 and the CPU)")
@@ -64,15 +59,8 @@ def test_target_split_between_gpu_and_cpu(family, compile_):
 def test_target_split_over_two_gpus(family):
     model = split(tiny_model(family), [0, 1])
     ids = torch.randint(2, 96, (1, 12), generator=torch.Generator().manual_seed(0)).to("cuda:0")
-    ref = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None)
-    # Random trees over the reference: accepted and rejected nodes in every step, on layers of both GPUs (the
-    # second half's tree kernels run on cuda:1 while cuda:0 is current).
-    for compile_ in (False, True):
-        for drafter in (None, RandomTreeDrafter(96, reference=ref.cpu())):
-            out = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None,
-                                 custom_generate=H.speculative_generate, drafter=drafter,
-                                 assistant_config=H.AssistantConfig(compile=compile_))
-            assert torch.equal(out, ref), (compile_, drafter)
+    # The second half's tree kernels run on cuda:1 while cuda:0 is current.
+    assert identity_failures(model, ids) == []
 
 
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
