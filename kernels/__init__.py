@@ -100,14 +100,14 @@ def _impl(op: str, device: torch.device):
         return _TORCH[op]
     module, name = _TRITON_MODULES[op]
     kernel = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    # Triton launches on the current device's stream: tensors on cuda:1 while cuda:0 is current (a model split over
+    # GPUs by device_map) must run with their own device made current.
+    if device.index is None or device.index == torch.cuda.current_device():
+        return kernel
     return functools.partial(_on_device, kernel, device)
 
 
 def _on_device(kernel, device: torch.device, *args, **kwargs):
-    """Run a Triton op with `device` current: Triton launches on the current device's stream, so tensors on
-    cuda:1 while cuda:0 is current (a model split over GPUs by device_map) would run on the wrong device."""
-    if device.index is None or device.index == torch.cuda.current_device():
-        return kernel(*args, **kwargs)
     with torch.cuda.device(device):
         return kernel(*args, **kwargs)
 
