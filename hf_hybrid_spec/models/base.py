@@ -56,8 +56,10 @@ def _tree_forward_under_accelerate_hooks(module: nn.Module, tree_forward: TreeFo
     """
     hook = module._hf_hook
     args, kwargs = hook.pre_forward(module, *args, **kwargs)
-    offloaded = [m for m in module.modules() if m is not module and getattr(m, "_hf_hook", None) is not None
-                 and any(p.is_meta for p in m.parameters(recurse=False))]
+    offloaded = []
+    if getattr(hook, "offload", True):  # placement-only hooks (a split over GPUs) offload nothing: skip the scan
+        offloaded = [m for m in module.modules() if m is not module and getattr(m, "_hf_hook", None) is not None
+                     and any(p.is_meta for p in m.parameters(recurse=False))]
     for m in offloaded:
         m._hf_hook.pre_forward(m)
     hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
