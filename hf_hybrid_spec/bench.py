@@ -133,6 +133,10 @@ def encode_prompts(tokenizer, n: int, device, vocab_size: int, prompt_tokens: in
             # Pad a short prompt to the requested length with other prompts (as context, ahead of it).
             pool = tokenizer("\n\n".join(code_prompts()), return_tensors="pt").input_ids
             ids = torch.cat([pool[:, : prompt_tokens - ids.shape[1]], ids], dim=1)
+        if prompt_tokens is not None:
+            # Exactly `prompt_tokens` (the end of a longer prompt): stock static+compile builds a cache per prompt
+            # length and recompiles for a new one, which a steady-state comparison must not time.
+            ids = ids[:, -prompt_tokens:]
         encoded.append(ids.to(device))
     return encoded
 
@@ -247,12 +251,12 @@ def time_verify_buckets(model, prefix_length: int, reps: int = 30) -> dict[int, 
         tree = build_verify_tree(torch.ones(1, dtype=torch.long, device=device), draft)
         for _ in range(3):
             runner.forward(tree, prefix_length, prefix_length)
-            runner.cache.abort()
+            runner.abort()
         torch.cuda.synchronize(device)
         t = time.perf_counter()
         for _ in range(reps):
             runner.forward(tree, prefix_length, prefix_length)
-            runner.cache.abort()
+            runner.abort()
         torch.cuda.synchronize(device)
         times[n] = 1000.0 * (time.perf_counter() - t) / reps
     return times
@@ -356,7 +360,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"presets {sorted(PRESETS)}, model:<path>, eagle:<dir>[:chain], layerskip:<E>, "
                              "self_ssm[:<variant>] or config:<dir with assistant_config.json>")
     parser.add_argument("--num-prompts", type=int, default=16)
-    parser.add_argument("--prompt-tokens", type=int, default=None, help="left-fill prompts to this many tokens")
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="make every prompt exactly this many tokens (left-fill short ones with other prompts, keep the end of long ones)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--keep-eos", action="store_true", help="stop at eos (default: generate exactly max-new-tokens)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -107,18 +107,28 @@ class _Recorder:
 
     def append(self, tokens: torch.Tensor, scores: torch.Tensor | None, logits: torch.Tensor | None) -> int:
         """Commit `tokens` [k] (one score / logit row each, read only when asked for); stops early where a
-        criterion fires. Returns kept k."""
-        kept = 0
-        for j in range(tokens.shape[0]):
-            self.input_ids = torch.cat([self.input_ids, tokens[j].view(1, 1)], dim=-1)
+        criterion fires. Returns kept k.
+
+        The criteria see each prefix exactly as stock generate would (input ids and scores up to that token),
+        but their verdicts are read back in one host sync per step, not one per token.
+        """
+        k = tokens.shape[0]
+        ids = self.input_ids
+        prefixes, verdicts = [], []
+        for j in range(k):
+            ids = torch.cat([ids, tokens[j].view(1, 1)], dim=-1)
+            prefixes.append(ids)
+            seen = None if self.scores is None else self.scores + tuple(scores[i : i + 1] for i in range(j + 1))
+            verdicts.append(self.stopping(ids, seen).any())
+        stops = torch.stack(verdicts).tolist() if verdicts else []
+        kept = next((j + 1 for j, stop in enumerate(stops) if stop), k)
+        self.finished = bool(stops[kept - 1])
+        if kept:
+            self.input_ids = prefixes[kept - 1]
             if self.scores is not None:
-                self.scores += (scores[j : j + 1],)
+                self.scores += tuple(scores[i : i + 1] for i in range(kept))
             if self.logits is not None:
-                self.logits += (logits[j : j + 1],)
-            kept += 1
-            if bool(self.stopping(self.input_ids, self.scores).any()):
-                self.finished = True
-                break
+                self.logits += tuple(logits[i : i + 1] for i in range(kept))
         if self.streamer is not None and kept:
             self.streamer.put(tokens[:kept].view(1, -1).cpu())
         return kept
@@ -341,9 +351,12 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
             path_hidden = _hidden(out, want_hidden, torch.tensor(result.path, device=raw.device))
             del out
         except BaseException:
-            cache.abort()
+            cache.abort() if runner is None else runner.abort()
             raise
-        cache.commit(torch.tensor([result.leaf], device=device), path=result.path)
+        if runner is None:
+            cache.commit(torch.tensor([result.leaf], device=device), path=result.path)
+        else:
+            runner.commit(result.path)  # one graph replay on CUDA
         t2 = time.perf_counter()
 
         stats.target_forwards += 1

@@ -11,9 +11,11 @@ same to win. `StaticTreeRunner` runs the verify forward over a `HybridTreeCache(
   the captured region, so one H2D copy per step feeds the graph;
 - on CUDA, the forward (model, tree kernels, stashing of the recurrent factors) is captured once per bucket and
   replayed; a different bucket at the next step replays another graph, never recompiles;
+- the commit is captured too, as a second graph per bucket: it reads the accepted leaf from a device buffer,
+  gathers the accepted path's keys and values into place at fixed size (the whole bucket is copied; slots past
+  the path land beyond the committed length, where the next tree overwrites or the mask hides them) and runs
+  one commit kernel per recurrent layer; the host only writes the leaf and the attention layers' lengths;
 - on CPU the same buffers and code run eagerly (no capture), which is what the CPU tests exercise.
-
-The commit stays outside the graph (a few index copies and one commit kernel per recurrent layer).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from .cache import HybridTreeCache, TreeState, _TreeBook
+from .cache import HybridTreeCache, StaticKVMixin, TreeState, _TreeBook
 from .forward import forward_tokens
+from .kernels.backend import resolve
 from .kernels.tree import ancestor_mask
+from .models import get_adapter
 from .tree import VerifyTree
 
 logger = logging.get_logger(__name__)
@@ -68,18 +72,24 @@ class _Bucket:
         # [prefix_length, root_position]: committed tokens in the cache, and the root's position id.
         self.scalars = torch.zeros(2, dtype=torch.long, device=device)
         self.write_pos = torch.arange(n, device=device)
+        self.leaf = torch.zeros(1, dtype=torch.long, device=device)  # the accepted node, read by the commit
         self.prefix_valid = torch.ones(max_length, dtype=torch.bool, device=device)
         self.mask_dtype = mask_dtype
         self.max_length = max_length
         self.graph = None
+        self.commit_graph = None
         self.out = None
         self.pending = None
+        # Ancestor mask [n, n] and depth [n] of the tree, from the last forward (the commit reuses them).
+        self.anc = None
+        self.depth = None
 
     def prepare(self):
         """Mask [1, 1, n, L], positions [1, n] and write positions from the buffers (graph-safe: no host reads)."""
         prefix = self.scalars[0]
         anc = ancestor_mask(self.parent, include_self=True)[0]  # [n, n]
         depth = anc.sum(-1) - 1
+        self.anc, self.depth = anc, depth
         positions = (self.scalars[1] + depth).view(1, -1)
         self.write_pos.copy_(prefix + torch.arange(self.n, device=prefix.device))
         rel = torch.arange(self.max_length, device=prefix.device) - prefix  # key slot relative to the tree
@@ -112,6 +122,7 @@ class StaticTreeRunner:
     ):
         if not cache.is_static:
             raise ValueError("StaticTreeRunner needs a HybridTreeCache built with static_length")
+        get_adapter(model)  # route the recurrent mixers (else a tree forward would run the stock, stateful one)
         self.model = model
         self.cache = cache
         self.device = model.device
@@ -127,6 +138,10 @@ class StaticTreeRunner:
         self._pool = None
         self.captures = 0  # graphs captured so far (a budget change must not add any beyond one per bucket)
         self.static_length = max_length
+        self._active: _Bucket | None = None  # the bucket of the pending tree
+        # The commit graph needs graph-safe commit ops: the Triton kernels (the PyTorch commit reads the path
+        # back to the host). Decided once per runner, as the backend is per call of generate.
+        self._graph_commit = None
 
     @property
     def max_nodes(self) -> int:
@@ -142,6 +157,7 @@ class StaticTreeRunner:
         """Run `tree` (n <= max bucket nodes) and leave the cache in tree mode (commit or abort next)."""
         n = tree.num_nodes
         bucket = self._buckets[next(b for b in self.buckets if b >= n)]
+        self._active = None
         # One host->device copy per buffer; padding nodes keep parent -1 and token 0.
         bucket.tokens.zero_()
         bucket.tokens[:, :n].copy_(tree.tokens, non_blocking=True)
@@ -157,11 +173,41 @@ class StaticTreeRunner:
             self._enter_tree(bucket, prefix_length)
             bucket.out = self._run(bucket)
             self.cache._book.pending = bucket.pending
+        self._active = bucket
         out = bucket.out
         hidden = None
         if self.output_hidden_states:
             hidden = tuple(h[:, :n] for h in out.hidden_states)
         return StaticForwardOutput(logits=out.logits[:, :n], hidden_states=hidden)
+
+    def commit(self, path: list[int]) -> None:
+        """Commit the pending tree's root->leaf `path` (node indices, root first, as the verifier found them).
+
+        Replays the bucket's commit graph on CUDA (the host writes the leaf and the attention layers' lengths),
+        runs the same code eagerly elsewhere.
+        """
+        bucket, book = self._active, self.cache._book
+        if book is None or bucket is None:
+            raise RuntimeError("commit called without a pending tree from this runner's forward")
+        if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])) or path[-1] >= bucket.n:
+            raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
+        try:
+            bucket.leaf.fill_(path[-1])
+            if bucket.commit_graph is not None:
+                bucket.commit_graph.replay()
+            else:
+                self._commit_body(bucket)
+            for layer in self.cache.layers:
+                if isinstance(layer, StaticKVMixin) and layer.is_initialized:
+                    layer.length = book.tree.prefix_length + len(path)
+        finally:
+            self.cache._book = None
+            self._active = None
+
+    def abort(self) -> None:
+        """Drop the pending tree (nothing committed changes)."""
+        self.cache.abort()
+        self._active = None
 
     def capture_all(self, prefix_length: int) -> None:
         """Capture every bucket now (after a prefill, so the cache's buffers exist), not at first use."""
@@ -173,6 +219,30 @@ class StaticTreeRunner:
                 self._capture(bucket, prefix_length)
 
     # ------------------------------------------------------------------ internals
+    def _commit_body(self, bucket: _Bucket) -> None:
+        """Keep the path to `bucket.leaf` with fixed-shape device ops only (graph-safe, no host reads).
+
+        leaf = -1 commits nothing: recurrent states stay bit-identical and the attention copies only touch the
+        slots from the prefix on (the warm-up before capture relies on that).
+        """
+        cache, book = self.cache, self.cache._book
+        leaf, n = bucket.leaf, bucket.n
+        nodes = torch.arange(n, device=leaf.device)
+        on_path = bucket.anc[leaf.clamp(min=0)] & (leaf >= 0).view(1, 1)  # [1, n]
+        # order[p]: the path node at depth p (root first); rows past the leaf's depth pick node 0, and their
+        # copies land past the new committed length.
+        at_depth = on_path & (bucket.depth.view(1, n) == nodes.view(n, 1))  # [n (depth), n (node)]
+        order = at_depth.to(torch.int32).argmax(-1)
+        src, dst = bucket.scalars[0] + order, bucket.write_pos
+        for idx, layer in enumerate(cache.layers):
+            if isinstance(layer, StaticKVMixin) and layer.is_initialized:
+                s, d = src.to(layer.keys.device), dst.to(layer.keys.device)
+                # index_select copies first, so overlapping source and destination slots are safe.
+                layer.keys.index_copy_(2, d, layer.keys.index_select(2, s))
+                layer.values.index_copy_(2, d, layer.values.index_select(2, s))
+            for pending in book.pending.get(idx, []):
+                HybridTreeCache._commit_recurrent(layer, pending, bucket.parent, leaf, on_path)
+
     def _enter_tree(self, bucket: _Bucket, prefix_length: int) -> None:
         if self.cache.in_tree_mode:
             raise RuntimeError("a tree is already pending on this cache; commit or abort it first")
@@ -228,7 +298,32 @@ class StaticTreeRunner:
         bucket.graph = graph
         self.captures += 1
         CAPTURES.total += 1
+        if self._graph_commit is None:
+            self._graph_commit = resolve(self.device) == "triton"
+        if self._graph_commit:
+            self._capture_commit(bucket, prefix_length, stream)
         logger.info("captured the verify forward for trees of %d nodes", bucket.n)
+
+    def _capture_commit(self, bucket: _Bucket, prefix_length: int, stream) -> None:
+        # Warm up with leaf = -1 (commits nothing: recurrent states stay as they are, attention copies only
+        # write slots from the prefix on), so Triton compiles the commit kernels outside the capture.
+        bucket.leaf.fill_(-1)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self._enter_tree(bucket, prefix_length)
+            self._commit_body(bucket)
+            self.cache._book = None
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        self._enter_tree(bucket, prefix_length)
+        _clear_cublas_workspaces()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._commit_body(bucket)
+        finally:
+            _clear_cublas_workspaces()
+            self.cache._book = None
+        bucket.commit_graph = graph
 
 
 def _clear_cublas_workspaces() -> None:

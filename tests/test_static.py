@@ -119,3 +119,63 @@ def test_static_runner_is_reused_across_requests():
                              custom_generate=H.speculative_generate, assistant_config=cfg, **extra)
         assert torch.equal(out, ref)
     assert len(_RUNNERS[model]) == 2 and runner in _RUNNERS[model].values()
+
+
+def _random_draft(n, seed, vocab=96):
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, n)]
+    tokens = torch.randint(2, vocab, (1, n), generator=g)
+    return H.DraftTree(tokens=tokens, parents=torch.tensor([parents]))
+
+
+def _committed(cache, length):
+    """Everything a commit may change, cut to the committed length: KV and recurrent/conv states."""
+    from hf_hybrid_spec.cache import _kv_length
+
+    out = []
+    for layer in cache.layers:
+        if _kv_length(layer) is not None:
+            out += [layer.keys[:, :, :length].clone(), layer.values[:, :, :length].clone()]
+        for states in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {})):
+            out += [t.clone() for t in states.values() if t is not None]
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_static_commit_matches_the_dynamic_commit(family):
+    """The runner's fixed-shape commit (what its CUDA graph replays) keeps exactly what `HybridTreeCache.commit`
+    keeps, for random trees and leaves; leaf = -1 (the warm-up before capture) changes nothing committed."""
+    from hf_hybrid_spec.forward import forward_tokens, forward_tree
+    from hf_hybrid_spec.static import StaticTreeRunner
+    from hf_hybrid_spec.tree import build_verify_tree
+
+    model = tiny_model(family)
+    ids = ids_of(11)
+    prefix = ids.shape[1] - 1
+    static = H.HybridTreeCache(model.config, static_length=64)
+    runner = StaticTreeRunner(model, static, buckets=(8, 16))
+    for seed in range(6):
+        dynamic = H.HybridTreeCache(model.config)
+        static.reset()
+        for cache in (dynamic, static):
+            forward_tokens(model, ids[:, :-1], cache)
+        draft = _random_draft(3 + 2 * seed, seed)
+        tree = build_verify_tree(ids[:, -1], draft)
+        before = _committed(static, prefix)
+        runner.forward(tree, prefix, prefix)
+        bucket = runner._active
+        bucket.leaf.fill_(-1)
+        runner._commit_body(bucket)
+        for a, b in zip(before, _committed(static, prefix)):
+            assert torch.equal(a, b)
+        runner.abort()  # that commit also overwrote the tree's own slots: run the tree again
+        runner.forward(tree, prefix, prefix)
+        leaf = int(torch.randint(tree.num_nodes, (1,), generator=torch.Generator().manual_seed(seed)))
+        path = H.HybridTreeCache._path(tree.parent[0], leaf).tolist()
+        runner.commit(path)
+        forward_tree(model, tree, dynamic, prefix_length=prefix, root_position=torch.tensor([prefix]))
+        dynamic.commit(torch.tensor([leaf]), path=path)
+        length = prefix + len(path)
+        assert static.get_seq_length() == dynamic.get_seq_length() == length
+        for a, b in zip(_committed(dynamic, length), _committed(static, length)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Device run 14 (qwen3_5-small carried), issue #8: the commit captured as a CUDA graph and one stopping-criteria
+# sync per step. (1) the static-path tests on the GPU; (2) where a step's time goes (host and kernels);
+# (3) suffix / ngram + graphs vs stock eager and stock static+compile, prompts of exactly 400 tokens.
+source scripts/h200_env.sh
+M=../models/qwen3_5-small
+run() { local t=$1 name=$2; shift 2; echo "=== $name"; timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?";
+        grep -v "^\[trans\|Loading weights\|falling back" "$OUT/$name.log" | tail -n "${TAILN:-8}" | cut -c1-400; }
+run 150 tests python3 -m pytest -q -x tests/test_static.py -p no:cacheprovider
+TAILN=3 run 150 profile python3 scripts/profile_step.py --model $M --dtype bfloat16 --compile --rows 25
+run 240 qwen_graphs python3 -m hf_hybrid_spec.bench --model $M --dtype bfloat16 --drafters suffix ngram --compiled-only \
+    --stock-static --skip-gate --num-prompts 8 --prompt-tokens 400 --max-new-tokens 128 --allow-mismatch \
+    --bucket-sweep --out $OUT/qwen_graphs
