@@ -76,7 +76,7 @@ def main() -> None:
             model.generate(ids, **kw)
             sync()
         print("GPU kernels, one call (self CUDA time):")
-        print(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=60))
+        print(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=70))
 
 
 if __name__ == "__main__":
