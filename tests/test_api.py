@@ -273,3 +273,41 @@ def test_suffix_drafter_reads_the_live_global_cache():
     later.begin(context)
     assert later.global_cache is early.global_cache
     H.clear_global_suffix_cache()
+
+
+def _trie_table(trie):
+    """{substring: (count, total)} of every node of a SuffixTrie."""
+    table, stack = {}, [((), trie.ROOT)]
+    while stack:
+        path, node = stack.pop()
+        if path:
+            table[path] = (trie.counts[node], trie.totals[node])
+        stack += [(path + (t,), c) for t, c in trie.children[node].items()]
+    return table
+
+
+def test_suffix_trie_counts_and_eviction():
+    """The trie counts every substring up to its depth; removing a sequence (the global cache evicting its oldest
+    output) leaves exactly the trie of what remains, and freed nodes are reused."""
+    from collections import Counter
+
+    from hf_hybrid_spec.drafters.suffix import SuffixTrie
+
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 5, (n,), generator=g).tolist() for n in (40, 25, 33)]
+    trie = SuffixTrie(depth=6)
+    for s in seqs:
+        trie.insert(s)
+    expected = Counter(tuple(s[i:j]) for s in seqs for i in range(len(s)) for j in range(i + 1, min(len(s), i + 6) + 1))
+    table = _trie_table(trie)
+    assert {k: v[0] for k, v in table.items()} == dict(expected)
+    assert all(v[1] == sum(c for k2, (c, _) in table.items() if k2[:-1] == k) for k, v in table.items())
+    assert trie.num_nodes == len(expected) + 1
+    trie.remove(seqs[0])
+    fresh = SuffixTrie(depth=6)
+    for s in seqs[1:]:
+        fresh.insert(s)
+    assert _trie_table(trie) == _trie_table(fresh) and trie.num_nodes == fresh.num_nodes
+    size = len(trie.counts)
+    trie.insert(seqs[0])
+    assert len(trie.counts) == size and _trie_table(trie) == table  # freed ids were reused, nothing grew

@@ -24,44 +24,63 @@ from .base import DraftBudget, Drafter
 __all__ = ["SuffixTrie", "SuffixDrafter", "clear_global_suffix_cache", "global_suffix_cache"]
 
 
-class _Node:
-    __slots__ = ("children", "count", "total")
-
-    def __init__(self):
-        self.children: dict[int, _Node] = {}
-        self.count = 0  # occurrences of the path from the root to this node
-        self.total = 0  # sum of the children's counts: occurrences that had a continuation
-
-
 class SuffixTrie:
-    """Every substring (length <= depth) of the inserted sequences, as a trie with occurrence counts."""
+    """Every substring (length <= depth) of the inserted sequences, as a trie with occurrence counts.
+
+    Nodes are integer ids (0 is the root) into flat lists, not objects: the trie of a 1,000-token prompt has tens
+    of thousands of nodes, and as objects (or lists) each would be tracked by Python's cyclic garbage collector,
+    whose passes over them cost ~10x the building itself. A dict of ints, a list of ints: nothing to track.
+
+    Attributes:
+        children: per node, token -> child node.
+        counts: per node, occurrences of the path from the root to the node.
+        totals: per node, the sum of its children's counts (occurrences that had a continuation).
+    """
+
+    ROOT = 0
 
     def __init__(self, depth: int):
         self.depth = depth
-        self.root = _Node()
-        self.num_nodes = 1
+        self.children: list[dict[int, int]] = [{}]
+        self.counts: list[int] = [0]
+        self.totals: list[int] = [0]
+        self._free: list[int] = []  # ids of removed nodes, reused before the lists grow
 
-    def extend(self, active: list[_Node], token: int) -> list[_Node]:
+    @property
+    def num_nodes(self) -> int:
+        return len(self.counts) - len(self._free)
+
+    def _new_node(self) -> int:
+        if self._free:
+            return self._free.pop()
+        self.children.append({})
+        self.counts.append(0)
+        self.totals.append(0)
+        return len(self.counts) - 1
+
+    def extend(self, active: list[int], token: int) -> list[int]:
         """Append `token` to a sequence being inserted; `active[k]` is the node of its suffix of length k + 1.
 
         Returns the new active list (creates and counts nodes).
         """
+        children, counts, totals = self.children, self.counts, self.totals
         new = []
-        for node in itertools.chain((self.root,), active[: self.depth - 1]):
-            child = node.children.get(token)
+        append = new.append
+        for node in (0, *active[: self.depth - 1]):
+            child = children[node].get(token)
             if child is None:
-                child = node.children[token] = _Node()
-                self.num_nodes += 1
-            child.count += 1
-            node.total += 1
-            new.append(child)
+                child = children[node][token] = self._new_node()
+            counts[child] += 1
+            totals[node] += 1
+            append(child)
         return new
 
-    def follow(self, active: list[_Node], token: int) -> list[_Node]:
+    def follow(self, active: list[int], token: int) -> list[int]:
         """Like `extend` but read-only: the nodes of the context's suffixes that exist in the trie."""
+        children = self.children
         new = []
-        for node in itertools.chain((self.root,), active[: self.depth - 1]):
-            child = node.children.get(token)
+        for node in (0, *active[: self.depth - 1]):
+            child = children[node].get(token)
             if child is None:
                 # If the (k+1)-gram is absent, so is every longer one (its suffix would be present).
                 break
@@ -69,26 +88,33 @@ class SuffixTrie:
         return new
 
     def insert(self, tokens: list[int]) -> None:
-        active: list[_Node] = []
+        active: list[int] = []
         for t in tokens:
             active = self.extend(active, t)
 
     def remove(self, tokens: list[int]) -> None:
         """Undo `insert(tokens)`: decrement the same counts, drop nodes that reach zero."""
+        children, counts, totals = self.children, self.counts, self.totals
         for start in range(len(tokens)):
-            node = self.root
+            node = 0
             for t in tokens[start : start + self.depth]:
-                child = node.children[t]
-                child.count -= 1
-                node.total -= 1
-                if child.count == 0:
-                    del node.children[t]
-                    self.num_nodes -= self._size(child)
+                child = children[node][t]
+                counts[child] -= 1
+                totals[node] -= 1
+                if counts[child] == 0:
+                    del children[node][t]
+                    self._release(child)
                     break
                 node = child
 
-    def _size(self, node: _Node) -> int:
-        return 1 + sum(self._size(c) for c in node.children.values())
+    def _release(self, node: int) -> None:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            stack.extend(self.children[n].values())
+            self.children[n] = {}
+            self.counts[n] = self.totals[n] = 0
+            self._free.append(n)
 
 
 class GlobalSuffixCache:
@@ -155,8 +181,8 @@ class SuffixDrafter(Drafter):
         # (HVD's, or one made before `clear_global_suffix_cache()`) must learn from, and add to, the live cache.
         self._global_args = (cache_key, depth, max_cached_outputs) if use_global else None
         self.global_cache: GlobalSuffixCache | None = None
-        self._local_active: list[_Node] = []
-        self._global_active: list[_Node] = []
+        self._local_active: list[int] = []
+        self._global_active: list[int] = []
         self._seen = 0  # tokens of the request fed to the tries
         self._prompt_length = 0
 
@@ -187,16 +213,20 @@ class SuffixDrafter(Drafter):
             # The loop always calls accept() first; resynchronize if a caller did not.
             self._feed(input_ids[0, self._seen :].tolist())
         best = None
-        for source, active in (("request", self._local_active), ("global", self._global_active)):
+        sources = [("request", self.local, self._local_active)]
+        if self.global_cache is not None:
+            sources.append(("global", self.global_cache.trie, self._global_active))
+        for source, trie, active in sources:
             prev_count = None
             # Longest match first; a shorter match with the same count has the same continuations.
             for m in range(min(len(active), self.max_match_length), 0, -1):
                 node = active[m - 1]
-                if node.total == 0 or node.count == prev_count:
-                    prev_count = node.count
+                count = trie.counts[node]
+                if trie.totals[node] == 0 or count == prev_count:
+                    prev_count = count
                     continue
-                prev_count = node.count
-                cand = self._grow(node, m, budget)
+                prev_count = count
+                cand = self._grow(trie, node, m, budget)
                 if cand is not None and (best is None or cand[0] > best[0]):
                     best = cand + (source, m)
         if best is None:
@@ -210,21 +240,23 @@ class SuffixDrafter(Drafter):
             info={"drafter": "suffix", "source": source, "match_length": m, "score": score},
         )
 
-    def _grow(self, node: _Node, match_length: int, budget: DraftBudget):
+    def _grow(self, trie: SuffixTrie, node: int, match_length: int, budget: DraftBudget):
         cap = min(budget.max_nodes, int(match_length * self.max_spec_factor + self.max_spec_offset))
         if cap <= 0:
             return None
         tie = itertools.count()
         heap: list = []
+        children, counts, totals = trie.children, trie.counts, trie.totals
 
-        def push_children(parent_node: _Node, parent_prob: float, parent_idx: int, depth: int):
-            if depth > budget.max_depth or parent_node.total == 0:
+        def push_children(parent_node: int, parent_prob: float, parent_idx: int, depth: int):
+            total = totals[parent_node]
+            if depth > budget.max_depth or total == 0:
                 return
-            items = parent_node.children.items()
+            items = children[parent_node].items()
             if not self.tree:
-                items = [max(items, key=lambda kv: kv[1].count)]
+                items = [max(items, key=lambda kv: counts[kv[1]])]
             for tok, child in items:
-                p = parent_prob * child.count / parent_node.total
+                p = parent_prob * counts[child] / total
                 if p >= self.min_token_prob:
                     heapq.heappush(heap, (-p, next(tie), tok, child, parent_idx, depth))
 

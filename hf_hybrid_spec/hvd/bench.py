@@ -114,6 +114,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-gate", action="store_true")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="report but do not stop on outputs that differ from stock greedy (low precision)")
+    p.add_argument("--compile", action="store_true",
+                   help="every method verifies on the static cache (AssistantConfig(compile=True): CUDA graphs on a GPU)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -137,10 +139,10 @@ class Methods:
 
     def __init__(self, args, model, eagle, predictor_path: str, profile_path: str):
         self.model, self.eagle = model, eagle
-        budget = dict(max_draft_tokens=args.max_draft_tokens, max_depth=args.max_depth)
+        budget = dict(max_draft_tokens=args.max_draft_tokens, max_depth=args.max_depth, compile=args.compile)
         self.suffix = AssistantConfig(drafter="suffix", **budget)
         self.eagle_cfg = AssistantConfig(drafter="eagle", max_draft_tokens=args.tree_tokens, max_depth=args.tree_depth,
-                                         draft_top_k=args.top_k)
+                                         draft_top_k=args.top_k, compile=args.compile)
         hvd = dict(drafter="hvd", draft_top_k=args.top_k, hvd_model_tokens=args.tree_tokens,
                    hvd_model_depth=args.tree_depth, hvd_cost_profile=profile_path, **budget)
         self.threshold = AssistantConfig(hvd_policy="threshold", hvd_threshold=args.threshold, **hvd)
@@ -313,7 +315,7 @@ def main(argv=None) -> dict:
                 for w, t in tallies.items()}
     device_name = torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "cpu"
     print(f"\nmodel={args.model} eagle={eagle_path} predictor={predictor_path} device={device_name} "
-          f"dtype={args.dtype} sessions={timed_sessions} max_new_tokens={args.max_new_tokens} "
+          f"dtype={args.dtype} compile={args.compile} sessions={timed_sessions} max_new_tokens={args.max_new_tokens} "
           f"minutes={(time.perf_counter() - started) / 60:.1f}")
     print(f"{'workload':<12}{'method':<11}{'speedup':>9}{'tok/fwd':>9}{'nodes/fwd':>11}{'model runs':>12}"
           f"{'cache/model/merged':>21}{'mismatch':>10}")
@@ -373,7 +375,7 @@ def main(argv=None) -> dict:
                              f"payoff predictor on held-out sessions ({Path(args.model.rstrip('/')).name})")
     summary = {
         "model": args.model, "eagle": eagle_path, "predictor": predictor_path, "device": device_name,
-        "dtype": args.dtype, "split": args.split, "sessions": timed_sessions, "max_new_tokens": args.max_new_tokens,
+        "dtype": args.dtype, "compile": args.compile, "split": args.split, "sessions": timed_sessions, "max_new_tokens": args.max_new_tokens,
         "budgets": {"max_draft_tokens": args.max_draft_tokens, "max_depth": args.max_depth,
                     "tree_tokens": args.tree_tokens, "tree_depth": args.tree_depth, "top_k": args.top_k,
                     "threshold": args.threshold},

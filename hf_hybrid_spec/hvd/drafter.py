@@ -296,14 +296,15 @@ def make_cost_profile(config, target: nn.Module, draft_model) -> CostProfile:
         return CostProfile.load(path)
     probe = make_model_drafter(config, target, draft_model)
     key = (profile_key(target, probe), config.hvd_model_tokens, config.hvd_model_depth, config.max_depth,
-           config.max_draft_tokens)
+           config.max_draft_tokens, config.compile)
 
     def measure() -> CostProfile:
         logger.info("HVD: profiling draft and verify costs on this machine (once per process)")
         cache = make_drafter(config.replace(drafter="suffix", global_cache=False), target)
         return profile_costs(target, cache, probe, model_tokens=config.hvd_model_tokens,
                              model_depth=min(config.hvd_model_depth, config.max_depth), max_depth=config.max_depth,
-                             tree_sizes=tuple(sorted({1, 2, 4, 8, 16, 32, 64, config.max_draft_tokens + 1})))
+                             tree_sizes=tuple(sorted({1, 2, 4, 8, 16, 32, 64, config.max_draft_tokens + 1})),
+                             compile=config.compile)
 
     profile = cached_profile(key, measure)
     if path is not None:
