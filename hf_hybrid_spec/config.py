@@ -104,6 +104,8 @@ class AssistantConfig:
         hvd_model_tokens / hvd_model_depth: nodes and depth of the model drafter's tree (at most `max_draft_tokens`
             and `max_depth`, which bound the cache draft and the verified tree).
         hvd_merge: whether the learned policy may verify one merged tree.
+        hvd_probe_budget: "learned": the share of decoding time that runs of the model drafter against the policy's
+            prediction (probes, which keep its recent-payoff estimate current) may take; 0 never probes.
         hvd_cost_profile: a JSON file of `hf_hybrid_spec.hvd.CostProfile`: loaded when it exists, else written after
             profiling; None profiles on first use (once per process, target and model drafter).
     """
@@ -148,6 +150,7 @@ class AssistantConfig:
     hvd_model_tokens: int = 24
     hvd_model_depth: int = 6
     hvd_merge: bool = True
+    hvd_probe_budget: float = 0.05
     hvd_cost_profile: str | None = None
 
     def __post_init__(self):
@@ -228,6 +231,9 @@ class AssistantConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.hvd_probe_budget, bool) or not isinstance(self.hvd_probe_budget, (int, float)) or \
+                not 0.0 <= self.hvd_probe_budget <= 1.0:
+            raise ValueError(f"hvd_probe_budget must be a number in [0, 1], got {self.hvd_probe_budget!r}")
         if not isinstance(self.hvd_merge, bool):
             raise ValueError(f"hvd_merge must be a bool, got {self.hvd_merge!r}")
         if self.hvd_cost_profile is not None and not isinstance(self.hvd_cost_profile, (str, os.PathLike)):

@@ -283,6 +283,8 @@ def test_predictor_round_trips_through_save_and_load(tmp_path):
     assert out.shape == (5, 3) and bool((out >= 0).all())
     torch.testing.assert_close(loaded.predict(x), out)
     torch.testing.assert_close(auto.predict(x), out)
+    # The per-step fast path (cache head alone) agrees with the full prediction.
+    assert all(abs(loaded.predict_cache(x[i]) - float(out[i, 0])) < 1e-5 for i in range(5))
     assert loaded.config.feature_std == [2.0] * len(FEATURE_NAMES) and loaded.config.training == cfg.training
     labels = torch.tensor([[1.0, float("nan"), 2.0]] * 5)
     loss = model(x, labels=labels).loss
@@ -312,7 +314,8 @@ def test_hvd_without_a_model_drafter_is_a_clear_error():
         H.AssistantConfig(drafter="hvd")
     with pytest.raises(ValueError, match="benchmark-only"):
         H.AssistantConfig(drafter="hvd", hvd_policy="oracle")
-    for bad in (dict(hvd_model_tokens=0), dict(hvd_threshold=-1.0), dict(hvd_merge="yes"), dict(hvd_predictor=3)):
+    for bad in (dict(hvd_model_tokens=0), dict(hvd_threshold=-1.0), dict(hvd_merge="yes"), dict(hvd_predictor=3),
+                dict(hvd_probe_budget=1.5), dict(hvd_probe_budget=True)):
         with pytest.raises(ValueError):
             H.AssistantConfig(drafter="hvd", hvd_policy="threshold", **bad)
     with pytest.raises(TypeError):
@@ -447,8 +450,13 @@ def test_learned_policy_weighs_predicted_payoff_against_cost():
     # Whatever the prediction, the model drafter runs after `probe_interval` steps without it.
     stale = History(model_prior=0.0)
     stale.steps_since_model = 4
-    probing = LearnedPolicy(FixedPredictor([3.0, 0, 0]), probe_interval=4)
+    probing = LearnedPolicy(FixedPredictor([3.0, 0, 0]), probe_interval=4, probe_budget=1.0)
     assert probing.before_model(policy_step(cache, history=stale)) is None
+    # ...unless a probe would cost more than its budget: 0.4 s of model drafting > 5% of 4 skipped ~1.07 s steps.
+    thrifty = LearnedPolicy(FixedPredictor([3.0, 0, 0]), probe_interval=4, probe_budget=0.05)
+    assert thrifty.before_model(policy_step(cache, history=stale)) == "cache"
+    stale.steps_since_model = 8  # 0.4 s <= 5% of 8 x ~1.07 s
+    assert thrifty.before_model(policy_step(cache, history=stale)) is None
     # With no cache draft and a model drafter that brings nothing, verifying the root alone is cheapest.
     assert LearnedPolicy(FixedPredictor([0.0, 0, 0])).before_model(
         policy_step(empty_draft(), history=History(model_prior=0.0))) == "cache"

@@ -321,7 +321,8 @@ def make_hvd_drafter(config, target: nn.Module, draft_model) -> HybridDrafter:
     if config.hvd_policy == "threshold":
         policy, cost = ThresholdPolicy(config.hvd_threshold), None
     else:
-        policy = LearnedPolicy(load_predictor(os.fspath(config.hvd_predictor)))
+        policy = LearnedPolicy(load_predictor(os.fspath(config.hvd_predictor)),
+                               probe_budget=float(config.hvd_probe_budget))
         cost = make_cost_profile(config, target, draft_model)
     cache_drafter = make_drafter(config.replace(drafter="suffix"), target)
     return HybridDrafter(cache_drafter, model_drafter, policy, cost,

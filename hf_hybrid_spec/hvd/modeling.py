@@ -127,6 +127,7 @@ class PayoffPredictor(ModelCardMixin, PreTrainedModel):
         # Plain lists, not buffers: they are the config's, and `from_pretrained` builds modules on the meta device.
         self._cache_index = [index[f] for f in config.cache_features]
         self._joint_index = [index[f] for f in config.joint_features]
+        self._norm = None  # (mean, std, index) of the cache features, built at the first `predict_cache`
         self.cache_head = _mlp(len(config.cache_features), config.width, config.num_layers, 1)
         self.joint_head = _mlp(len(config.joint_features), config.width, config.num_layers, 2)
         self.post_init()
@@ -154,6 +155,19 @@ class PayoffPredictor(ModelCardMixin, PreTrainedModel):
             err = F.huber_loss(payoffs[known], labels[known], delta=self.config.huber_delta, reduction="sum")
             loss = err / max(1, features.shape[0])
         return PayoffOutput(loss=loss, payoffs=payoffs)
+
+    @torch.no_grad()
+    def predict_cache(self, features: torch.Tensor) -> float:
+        """The cache head alone for one [F] feature vector (what HVD reads before the model drafter runs, every
+        step): same value as `predict(features)[0]`, without the joint head and the output wrapper."""
+        if self._norm is None or self._norm[0].device != features.device:
+            mean = torch.tensor(self.config.feature_mean, device=features.device)
+            std = torch.tensor(self.config.feature_std, device=features.device)
+            index = torch.tensor(self._cache_index, device=features.device)
+            self._norm = (mean[index], std[index], index)
+        mean, std, index = self._norm
+        x = ((features.float()[index] - mean) / std).to(self.cache_head[0].weight.dtype)
+        return float(F.softplus(self.cache_head(x.view(1, -1)))[0, 0])
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor) -> torch.Tensor:

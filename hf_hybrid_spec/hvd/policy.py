@@ -12,8 +12,10 @@ Policies (one instance per request):
 - `LearnedPolicy`: HVD: a `PayoffPredictor` predicts each option's payoff (accepted draft tokens); with the
   profiled `CostProfile` the option with the most committed tokens per second wins. Stage 1 skips the model drafter
   when the cache draft (no draft at all counts, with payoff 0) beats what the model drafter has recently delivered
-  (its payoff EMA) at the model's cost; every `probe_interval` skipped steps the model drafter runs anyway, so that
-  its EMA follows the text.
+  (its payoff EMA) at the model's cost; after `probe_interval` skipped steps the model drafter runs anyway, so that
+  its EMA follows the text, but only as often as `probe_budget` allows: a probe may cost at most that share of the
+  skipped steps' time (on a GPU an eager EAGLE draft can cost 20 graph-replayed steps: probing every 16 steps there
+  would spend more time probing than decoding).
 - `OraclePolicy` (benchmarks only): knows the target's greedy continuation, so it knows each option's realized
   payoff before verification (`realized_payoff` against the reference); it drafts both every step and picks the
   option with the most realized tokens per profiled second of that option (model drafting is charged only to the
@@ -136,25 +138,41 @@ class LearnedPolicy(Policy):
 
     Args:
         predictor: a `PayoffPredictor`.
-        probe_interval: run the model drafter after this many steps without it, whatever the prediction.
+        probe_interval: run the model drafter after at least this many steps without it, whatever the prediction...
+        probe_budget: ...and only once the skipped steps' profiled time is at least the model draft's cost divided
+            by this share (0 never probes).
     """
 
     name = "learned"
 
-    def __init__(self, predictor, probe_interval: int = 16):
+    def __init__(self, predictor, probe_interval: int = 16, probe_budget: float = 0.05):
         if isinstance(probe_interval, bool) or not isinstance(probe_interval, int) or probe_interval < 1:
             raise ValueError(f"probe_interval must be a positive integer, got {probe_interval!r}")
+        if not 0.0 <= probe_budget <= 1.0:
+            raise ValueError(f"probe_budget must be in [0, 1], got {probe_budget!r}")
         self.predictor = predictor
         self.probe_interval = probe_interval
+        self.probe_budget = probe_budget
+
+    def _probe_due(self, step: Step, cost: CostProfile) -> bool:
+        skipped = step.history.steps_since_model
+        if skipped < self.probe_interval or self.probe_budget == 0.0:
+            return False
+        return cost.model_draft_seconds <= self.probe_budget * skipped * cost.step(step.cache.num_nodes, False)
 
     def before_model(self, step: Step) -> str | None:
-        cache_payoff = float(self.predictor.predict(as_tensor(step.features))[0]) if step.cache.num_nodes else 0.0
+        if step.cache.num_nodes:
+            predict = getattr(self.predictor, "predict_cache", None)
+            features = as_tensor(step.features)
+            cache_payoff = float(predict(features) if predict is not None else self.predictor.predict(features)[0])
+        else:
+            cache_payoff = 0.0
         self.predicted = [cache_payoff, float("nan"), float("nan")]
-        if step.history.steps_since_model >= self.probe_interval:
+        cost = _cost(step, self.name)
+        if self._probe_due(step, cost):
             return None
         # What the model drafter would bring, judged by what it delivered recently.
         model_payoff = float(step.history.model_payoff_ema)
-        cost = _cost(step, self.name)
         cache_rate = _rate(cache_payoff, cost.step(step.cache.num_nodes, False))
         model_rate = _rate(model_payoff, cost.step(step.model_tokens, True))
         best = model_rate
