@@ -166,11 +166,19 @@ class VerifyTree:
 
 
 def build_verify_tree(root: torch.Tensor, draft: DraftTree) -> VerifyTree:
-    """Prepend the root token(s) [B] to a draft tree."""
+    """Prepend the root token(s) [B] to a draft tree; the result lives on the root's device.
+
+    A draft built on the host (cache drafters) has its parent pointers, depths and ancestor mask worked out there
+    and moved once, instead of a dozen tiny kernel launches on the accelerator.
+    """
     b = root.shape[0]
     tokens = torch.cat([root.view(b, 1), draft.tokens.to(root.device)], dim=1)
-    par = draft.parents.to(root.device)
+    par = draft.parents
     parent = torch.cat(
-        [torch.full((b, 1), -1, dtype=torch.long, device=root.device), torch.where(par >= 0, par + 1, 0)], dim=1
+        [torch.full((b, 1), -1, dtype=torch.long, device=par.device), torch.where(par >= 0, par + 1, 0)], dim=1
     )
-    return VerifyTree.from_parents(tokens, parent, draft)
+    ancestors = ancestor_mask(parent, include_self=True)
+    depth = ancestors.sum(-1) - 1
+    if parent.device != root.device:
+        parent, depth, ancestors = (t.to(root.device, non_blocking=True) for t in (parent, depth, ancestors))
+    return VerifyTree(tokens=tokens, parent=parent, depth=depth, ancestors=ancestors, draft=draft)

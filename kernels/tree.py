@@ -46,6 +46,18 @@ def validate_parent(parent: torch.Tensor, n: int | None = None) -> None:
 def node_depth(parent: torch.Tensor) -> torch.Tensor:
     """Depth of every node, [B, N] int64; children of the committed state have depth 0."""
     b, n = parent.shape
+    if parent.device.type == "cpu":
+        # Draft trees are small and live on the host: a Python walk beats N tiny tensor ops.
+        rows = []
+        for row in parent.tolist():
+            depth: list[int] = []
+            for p in row:
+                depth.append(depth[p] + 1 if p >= 0 else 0)
+            rows.append(depth)
+        return torch.tensor(rows, dtype=torch.long).view(b, n)
+    if n > 8:
+        # On an accelerator, log2(N) batched matmuls instead of N launches.
+        return ancestor_mask(parent, include_self=True).sum(-1) - 1
     depth = torch.zeros(b, n, dtype=torch.long, device=parent.device)
     # Topological order: the parent's depth is final before the child's is read.
     for i in range(n):

@@ -311,3 +311,14 @@ def test_suffix_trie_counts_and_eviction():
     size = len(trie.counts)
     trie.insert(seqs[0])
     assert len(trie.counts) == size and _trie_table(trie) == table  # freed ids were reused, nothing grew
+
+
+def test_node_depth_host_walk_matches_the_ancestor_mask():
+    from hf_hybrid_spec.kernels.tree import ancestor_mask, node_depth
+
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 5, 17, 64):
+        parent = torch.tensor([[int(torch.randint(-1, i, (1,), generator=g)) if i else -1 for i in range(n)]
+                               for _ in range(3)])
+        expected = ancestor_mask(parent, include_self=True).sum(-1) - 1
+        assert torch.equal(node_depth(parent), expected)

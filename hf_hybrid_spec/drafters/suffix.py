@@ -232,11 +232,11 @@ class SuffixDrafter(Drafter):
         if best is None:
             return empty_draft(1, input_ids.device)
         score, tokens, parents, probs, source, m = best
-        dev = input_ids.device
+        # On the host: the loop trims and lays out the tree there, and moves it to the model's device once.
         return DraftTree(
-            tokens=torch.tensor([tokens], dtype=torch.long, device=dev),
-            parents=torch.tensor([parents], dtype=torch.long, device=dev),
-            scores=torch.tensor([probs], dtype=torch.float32, device=dev),
+            tokens=torch.tensor([tokens], dtype=torch.long),
+            parents=torch.tensor([parents], dtype=torch.long),
+            scores=torch.tensor([probs], dtype=torch.float32),
             info={"drafter": "suffix", "source": source, "match_length": m, "score": score},
         )
 

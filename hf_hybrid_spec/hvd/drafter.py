@@ -231,8 +231,8 @@ class HybridDrafter(Drafter):
             return empty_draft(1, input_ids.device)
         info = dict(tree.info or {})
         info.update(drafter="hvd", option=option, policy=self.policy.name)
-        return DraftTree(tokens=tree.tokens.to(input_ids.device), parents=tree.parents.to(input_ids.device),
-                         scores=None if tree.scores is None else tree.scores.to(input_ids.device), info=info)
+        # Left where its drafter built it (the loop moves it to the model's device once).
+        return DraftTree(tokens=tree.tokens, parents=tree.parents, scores=tree.scores, info=info)
 
     def _settle(self, pending: _Pending, result: VerifyResult) -> None:
         """Realized payoffs of the step's drafts against what was committed; history and record."""
