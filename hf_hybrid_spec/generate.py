@@ -113,18 +113,18 @@ class _Recorder:
         but their verdicts are read back in one host sync per step, not one per token.
         """
         k = tokens.shape[0]
-        ids = self.input_ids
-        prefixes, verdicts = [], []
+        length = self.input_ids.shape[1]
+        # One concatenation per step; each criterion sees a prefix of it (a view).
+        full = torch.cat([self.input_ids, tokens.view(1, k).to(self.input_ids.device)], dim=-1)
+        verdicts = []
         for j in range(k):
-            ids = torch.cat([ids, tokens[j].view(1, 1)], dim=-1)
-            prefixes.append(ids)
             seen = None if self.scores is None else self.scores + tuple(scores[i : i + 1] for i in range(j + 1))
-            verdicts.append(self.stopping(ids, seen).any())
+            verdicts.append(self.stopping(full[:, : length + j + 1], seen).any())
         stops = torch.stack(verdicts).tolist() if verdicts else []
         kept = next((j + 1 for j, stop in enumerate(stops) if stop), k)
         self.finished = bool(stops[kept - 1])
         if kept:
-            self.input_ids = prefixes[kept - 1]
+            self.input_ids = full if kept == k else full[:, : length + kept].clone()
             if self.scores is not None:
                 self.scores += tuple(scores[i : i + 1] for i in range(kept))
             if self.logits is not None:

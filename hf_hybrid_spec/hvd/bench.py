@@ -41,7 +41,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from ..bench import SuffixStores, load_model, warm_up_tree_sizes
+from ..bench import SuffixStores, quiet_gc, load_model, warm_up_tree_sizes
 from ..config import AssistantConfig
 from ..drafters import clear_global_suffix_cache, make_drafter
 from .drafter import HybridDrafter, make_cost_profile, make_model_drafter
@@ -261,6 +261,7 @@ def main(argv=None) -> dict:
     for name in args.methods:
         run_method(name, methods, warm_stores, warm_ids, gen_kwargs, warm_ref)
     clear_global_suffix_cache()
+    quiet_gc()
 
     # 1. Correctness gate (untimed): every method against stock greedy on the first sessions of each workload.
     if not args.skip_gate:

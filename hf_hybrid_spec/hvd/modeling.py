@@ -127,7 +127,7 @@ class PayoffPredictor(ModelCardMixin, PreTrainedModel):
         # Plain lists, not buffers: they are the config's, and `from_pretrained` builds modules on the meta device.
         self._cache_index = [index[f] for f in config.cache_features]
         self._joint_index = [index[f] for f in config.joint_features]
-        self._norm = None  # (mean, std, index) of the cache features, built at the first `predict_cache`
+        self._fast = None  # `predict_cache`'s folded weights, built at its first call
         self.cache_head = _mlp(len(config.cache_features), config.width, config.num_layers, 1)
         self.joint_head = _mlp(len(config.joint_features), config.width, config.num_layers, 2)
         self.post_init()
@@ -159,15 +159,31 @@ class PayoffPredictor(ModelCardMixin, PreTrainedModel):
     @torch.no_grad()
     def predict_cache(self, features: torch.Tensor) -> float:
         """The cache head alone for one [F] feature vector (what HVD reads before the model drafter runs, every
-        step): same value as `predict(features)[0]`, without the joint head and the output wrapper."""
-        if self._norm is None or self._norm[0].device != features.device:
-            mean = torch.tensor(self.config.feature_mean, device=features.device)
-            std = torch.tensor(self.config.feature_std, device=features.device)
-            index = torch.tensor(self._cache_index, device=features.device)
-            self._norm = (mean[index], std[index], index)
-        mean, std, index = self._norm
-        x = ((features.float()[index] - mean) / std).to(self.cache_head[0].weight.dtype)
-        return float(F.softplus(self.cache_head(x.view(1, -1)))[0, 0])
+        step): `predict(features)[0]` up to rounding, in a handful of ops. The feature normalization is folded into
+        the first layer's weights, taken once (an inference-time copy: call `refresh_fast_path` after training)."""
+        if self._fast is None:
+            self.refresh_fast_path()
+        index, layers = self._fast
+        x = features.to(torch.float32)[index].view(1, -1)
+        last = len(layers) - 1
+        for i, (weight, bias) in enumerate(layers):
+            x = F.linear(x, weight, bias)
+            if i < last:
+                x = F.gelu(x)
+        return float(F.softplus(x)[0, 0])
+
+    def refresh_fast_path(self) -> None:
+        """Rebuild `predict_cache`'s weights from the current parameters (fp32, on the CPU)."""
+        mean = torch.tensor(self.config.feature_mean, dtype=torch.float32)[self._cache_index]
+        std = torch.tensor(self.config.feature_std, dtype=torch.float32)[self._cache_index]
+        linears = [m for m in self.cache_head if isinstance(m, nn.Linear)]
+        layers = []
+        for i, lin in enumerate(linears):
+            weight, bias = lin.weight.detach().float().cpu(), lin.bias.detach().float().cpu()
+            if i == 0:  # W ((x - mean) / std) + b = (W / std) x + (b - W (mean / std))
+                weight, bias = weight / std, bias - weight @ (mean / std)
+            layers.append((weight.contiguous(), bias.contiguous()))
+        self._fast = (torch.tensor(self._cache_index), layers)
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor) -> torch.Tensor:
