@@ -381,7 +381,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"presets {sorted(PRESETS)}, model:<path>, eagle:<dir>[:chain], layerskip:<E>, "
                              "self_ssm[:<variant>] or config:<dir with assistant_config.json>")
     parser.add_argument("--num-prompts", type=int, default=16)
-    parser.add_argument("--prompt-tokens", type=int, default=None, help="make every prompt exactly this many tokens (left-fill short ones with other prompts, keep the end of long ones)")
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="make every prompt exactly this many tokens (left-fill short ones with other prompts, "
+                             "keep the end of long ones)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--keep-eos", action="store_true", help="stop at eos (default: generate exactly max-new-tokens)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
