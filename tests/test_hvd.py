@@ -457,6 +457,14 @@ def test_learned_policy_weighs_predicted_payoff_against_cost():
     assert thrifty.before_model(policy_step(cache, history=stale)) == "cache"
     stale.steps_since_model = 8  # 0.4 s <= 5% of 8 x ~1.07 s
     assert thrifty.before_model(policy_step(cache, history=stale)) is None
+    # A first probe in a request also pays the model drafter's begin over the context (10 tokens x 0.1 s here).
+    with_begin = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.1, 1.6], cache_draft_seconds=0.01,
+                             model_draft_seconds=0.4, model_begin_seconds_per_token=0.1)
+    unbegun = policy_step(cache, history=stale, cost=with_begin)
+    unbegun.model_begun = False
+    assert thrifty.before_model(unbegun) == "cache"
+    unbegun.model_begun = True
+    assert thrifty.before_model(unbegun) is None
     # With no cache draft and a model drafter that brings nothing, verifying the root alone is cheapest.
     assert LearnedPolicy(FixedPredictor([0.0, 0, 0])).before_model(
         policy_step(empty_draft(), history=History(model_prior=0.0))) == "cache"

@@ -45,6 +45,8 @@ class CostProfile:
         cache_draft_seconds: one proposal of the cache (suffix) drafter.
         model_draft_seconds: one proposal of the model drafter at its HVD budget.
         key: what was measured (target, device, dtype, drafter); informational.
+        model_begin_seconds_per_token: the model drafter's begin (EAGLE: its pass over the prompt) per prompt token,
+            paid by its first draft in a request (0 in profiles saved before it was measured).
     """
 
     tree_sizes: list[int]
@@ -53,6 +55,7 @@ class CostProfile:
     model_draft_seconds: float
     key: str = ""
     extra: dict = field(default_factory=dict)
+    model_begin_seconds_per_token: float = 0.0
 
     def __post_init__(self):
         sizes = [int(n) for n in self.tree_sizes]
@@ -60,7 +63,8 @@ class CostProfile:
             raise ValueError("tree_sizes and verify_seconds must be non-empty and of the same length")
         if sizes != sorted(set(sizes)) or sizes[0] < 1:
             raise ValueError(f"tree_sizes must be distinct, ascending and >= 1, got {self.tree_sizes}")
-        if any(not s > 0 for s in self.verify_seconds) or self.cache_draft_seconds < 0 or self.model_draft_seconds < 0:
+        if any(not s > 0 for s in self.verify_seconds) or self.cache_draft_seconds < 0 or self.model_draft_seconds < 0 \
+                or self.model_begin_seconds_per_token < 0:
             raise ValueError("profiled seconds must be positive (verify) and >= 0 (drafting)")
         self.tree_sizes = sizes
         self.verify_seconds = [float(s) for s in self.verify_seconds]
@@ -124,10 +128,16 @@ class _ProfileDrafter(Drafter):
         self.model_seconds: list[float] = []
         self._step = 0
         self._started: float | None = None
+        self.begin_seconds_per_token = 0.0
 
     def begin(self, input_ids, context=None, hidden=None):
         self.cache_drafter.begin(input_ids, context, None)
+        self.model_drafter.begin(input_ids, context, hidden)  # once untimed: first-call costs (allocator, kernels)
+        self.sync()
+        start = time.perf_counter()
         self.model_drafter.begin(input_ids, context, hidden)
+        self.sync()
+        self.begin_seconds_per_token = (time.perf_counter() - start) / input_ids.shape[1]
 
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
         if self._step >= self.steps:
@@ -215,10 +225,11 @@ def profile_costs(
         cache_draft_seconds=statistics.median(drafter.cache_seconds[warm:]),
         model_draft_seconds=statistics.median(drafter.model_seconds[warm:]),
         key=profile_key(target, model_drafter),
+        model_begin_seconds_per_token=drafter.begin_seconds_per_token,
     )
-    logger.info("HVD cost profile %s: verify %s s, cache draft %.2e s, model draft %.2e s", profile.key,
-                dict(zip(profile.tree_sizes, [round(s, 5) for s in profile.verify_seconds])),
-                profile.cache_draft_seconds, profile.model_draft_seconds)
+    logger.info("HVD cost profile %s: verify %s s, cache draft %.2e s, model draft %.2e s, model begin %.2e s/token",
+                profile.key, dict(zip(profile.tree_sizes, [round(s, 5) for s in profile.verify_seconds])),
+                profile.cache_draft_seconds, profile.model_draft_seconds, profile.model_begin_seconds_per_token)
     return profile
 
 

@@ -206,7 +206,7 @@ class HybridDrafter(Drafter):
         features = cache_features(cache, self.history, self._prompt_length, position)
         step = Step(cache=cache, features=features + model_features(None, 0), history=self.history, cost=self.cost,
                     budget=budget, model_tokens=min(self.model_tokens, budget.max_nodes), length=length,
-                    allow_merge=self.allow_merge)
+                    allow_merge=self.allow_merge, model_begun=self._model_begun)
         model = merged = None
         option = self.policy.before_model(step)
         if option != "cache":

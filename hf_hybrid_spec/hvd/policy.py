@@ -60,6 +60,8 @@ class Step:
         length: committed tokens, root included.
         model / merged: the model draft and the merge of both (after stage 1, when the model drafter ran).
         allow_merge: whether "merged" may be chosen.
+        model_begun: whether the model drafter has begun this request (its first draft also pays its begin, e.g.
+            EAGLE's pass over the prompt).
     """
 
     cache: DraftTree
@@ -72,6 +74,7 @@ class Step:
     model: DraftTree | None = None
     merged: MergedDraft | None = None
     allow_merge: bool = True
+    model_begun: bool = True
 
     def nodes(self, option: str) -> int:
         """Draft nodes the option verifies."""
@@ -158,7 +161,10 @@ class LearnedPolicy(Policy):
         skipped = step.history.steps_since_model
         if skipped < self.probe_interval or self.probe_budget == 0.0:
             return False
-        return cost.model_draft_seconds <= self.probe_budget * skipped * cost.step(step.cache.num_nodes, False)
+        probe = cost.model_draft_seconds
+        if not step.model_begun:  # the probe would also pay the model drafter's begin over the whole context
+            probe += cost.model_begin_seconds_per_token * step.length
+        return probe <= self.probe_budget * skipped * cost.step(step.cache.num_nodes, False)
 
     def before_model(self, step: Step) -> str | None:
         if step.cache.num_nodes:
