@@ -353,19 +353,26 @@ def _tiny_target_with_tokenizer(path):
     fast.save_pretrained(path)
 
 
-def test_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
+def _recipe(tmp_path, settings: str):
+    """`train_eagle3` imported from recipes/, a tiny target with a tokenizer at tmp_path/target, and a recipe YAML
+    (training prompts from the json package's sources) with the test's own `settings` lines appended."""
     import json as json_module
 
     sys.path.insert(0, str(REPO / "recipes"))
     import train_eagle3
 
     _tiny_target_with_tokenizer(tmp_path / "target")
-    sources = os.path.dirname(json_module.__file__)
     config = tmp_path / "recipe.yaml"
-    config.write_text(f"source_dirs: [{sources}]\nnum_prompts: 4\nheldout_prompts: 1\nheldout_percent: 20\n"
-                      "prompt_tokens: 20\nresponse_tokens: 6\nregen_batch_size: 4\ndraft_vocab_size: 64\n"
-                      "batch_size: 2\nwarmup_steps: 1\nsave_every: 1\nlog_every: 1\nttt_steps: 3\neval_prompts: 1\n"
-                      "eval_new_tokens: 5\neval_tree_tokens: 6\neval_depth: 3\neval_top_k: 2\n")
+    config.write_text(f"source_dirs: [{os.path.dirname(json_module.__file__)}]\nheldout_prompts: 1\n"
+                      "heldout_percent: 20\nprompt_tokens: 20\ndraft_vocab_size: 64\nbatch_size: 2\n"
+                      "warmup_steps: 1\nlog_every: 1\n" + settings)
+    return train_eagle3, config
+
+
+def test_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
+    train_eagle3, config = _recipe(tmp_path, "num_prompts: 4\nresponse_tokens: 6\nregen_batch_size: 4\n"
+                                   "save_every: 1\nttt_steps: 3\neval_prompts: 1\neval_new_tokens: 5\n"
+                                   "eval_tree_tokens: 6\neval_depth: 3\neval_top_k: 2\n")
     out = tmp_path / "out"
     args = ["--config", str(config), "--target", str(tmp_path / "target"), "--output_dir", str(out)]
     summary = train_eagle3.main(args + ["--max_steps", "2"])
@@ -396,15 +403,8 @@ def test_recipe_shards_the_frozen_target_over_processes(tmp_path, monkeypatch):
     import json as json_module
     import subprocess
 
-    sys.path.insert(0, str(REPO / "recipes"))
-    import train_eagle3
-
-    _tiny_target_with_tokenizer(tmp_path / "target")
-    sources = os.path.dirname(json_module.__file__)
-    config = tmp_path / "recipe.yaml"
-    config.write_text(f"source_dirs: [{sources}]\nnum_prompts: 8\nheldout_prompts: 1\nheldout_percent: 20\n"
-                      "prompt_tokens: 20\nresponse_tokens: 4\nregen_batch_size: 8\ndraft_vocab_size: 64\n"
-                      "batch_size: 2\nwarmup_steps: 1\nsave_every: 100\nlog_every: 1\nttt_steps: 2\nthreads: 1\n")
+    train_eagle3, config = _recipe(tmp_path, "num_prompts: 8\nresponse_tokens: 4\nregen_batch_size: 8\n"
+                                   "save_every: 100\nttt_steps: 2\nthreads: 1\n")
     common = ["--config", str(config), "--target", str(tmp_path / "target")]
     train_eagle3.main(common + ["--output_dir", str(tmp_path / "ddp"), "--stages", "regenerate"])
     shutil.copytree(tmp_path / "ddp" / "data", tmp_path / "sharded" / "data")
