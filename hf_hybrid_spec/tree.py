@@ -177,8 +177,9 @@ def build_verify_tree(root: torch.Tensor, draft: DraftTree) -> VerifyTree:
     parent = torch.cat(
         [torch.full((b, 1), -1, dtype=torch.long, device=par.device), torch.where(par >= 0, par + 1, 0)], dim=1
     )
-    ancestors = ancestor_mask(parent, include_self=True)
-    depth = ancestors.sum(-1) - 1
+    tree = VerifyTree.from_parents(tokens, parent, draft)  # depth and ancestors on the parents' device
     if parent.device != root.device:
-        parent, depth, ancestors = (t.to(root.device, non_blocking=True) for t in (parent, depth, ancestors))
-    return VerifyTree(tokens=tokens, parent=parent, depth=depth, ancestors=ancestors, draft=draft)
+        tree.parent, tree.depth, tree.ancestors = (
+            t.to(root.device, non_blocking=True) for t in (tree.parent, tree.depth, tree.ancestors)
+        )
+    return tree

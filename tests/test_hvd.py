@@ -285,6 +285,10 @@ def test_predictor_round_trips_through_save_and_load(tmp_path):
     torch.testing.assert_close(auto.predict(x), out)
     # The per-step fast path (cache head alone) agrees with the full prediction.
     assert all(abs(loaded.predict_cache(x[i]) - float(out[i, 0])) < 1e-5 for i in range(5))
+    with torch.no_grad():  # ...and follows in-place updates of the weights (an optimizer step)
+        loaded.cache_head[0].weight.add_(0.25)
+    assert abs(loaded.predict_cache(x[0]) - float(loaded.predict(x)[0, 0])) < 1e-5
+    assert abs(loaded.predict_cache(x[0]) - float(out[0, 0])) > 1e-4
     assert loaded.config.feature_std == [2.0] * len(FEATURE_NAMES) and loaded.config.training == cfg.training
     labels = torch.tensor([[1.0, float("nan"), 2.0]] * 5)
     loss = model(x, labels=labels).loss

@@ -41,7 +41,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from ..bench import SuffixStores, quiet_gc, load_model, warm_up_tree_sizes
+from ..bench import SuffixStores, load_model, quiet_gc, warm_up_tree_sizes
 from ..config import AssistantConfig
 from ..drafters import clear_global_suffix_cache, make_drafter
 from .drafter import HybridDrafter, make_cost_profile, make_model_drafter
@@ -377,7 +377,8 @@ def main(argv=None) -> dict:
                              f"payoff predictor on held-out sessions ({Path(args.model.rstrip('/')).name})")
     summary = {
         "model": args.model, "eagle": eagle_path, "predictor": predictor_path, "device": device_name,
-        "dtype": args.dtype, "compile": args.compile, "split": args.split, "sessions": timed_sessions, "max_new_tokens": args.max_new_tokens,
+        "dtype": args.dtype, "compile": args.compile, "split": args.split, "sessions": timed_sessions,
+        "max_new_tokens": args.max_new_tokens,
         "budgets": {"max_draft_tokens": args.max_draft_tokens, "max_depth": args.max_depth,
                     "tree_tokens": args.tree_tokens, "tree_depth": args.tree_depth, "top_k": args.top_k,
                     "threshold": args.threshold},

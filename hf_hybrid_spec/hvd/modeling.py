@@ -127,7 +127,7 @@ class PayoffPredictor(ModelCardMixin, PreTrainedModel):
         # Plain lists, not buffers: they are the config's, and `from_pretrained` builds modules on the meta device.
         self._cache_index = [index[f] for f in config.cache_features]
         self._joint_index = [index[f] for f in config.joint_features]
-        self._fast = None  # `predict_cache`'s folded weights, built at its first call
+        self._fast = None  # `predict_cache`'s (parameter versions, index, folded weights)
         self.cache_head = _mlp(len(config.cache_features), config.width, config.num_layers, 1)
         self.joint_head = _mlp(len(config.joint_features), config.width, config.num_layers, 2)
         self.post_init()
@@ -160,10 +160,12 @@ class PayoffPredictor(ModelCardMixin, PreTrainedModel):
     def predict_cache(self, features: torch.Tensor) -> float:
         """The cache head alone for one [F] feature vector (what HVD reads before the model drafter runs, every
         step): `predict(features)[0]` up to rounding, in a handful of ops. The feature normalization is folded into
-        the first layer's weights, taken once (an inference-time copy: call `refresh_fast_path` after training)."""
-        if self._fast is None:
-            self.refresh_fast_path()
-        index, layers = self._fast
+        the first layer's weights, in a copy rebuilt whenever the head's parameters changed (their versions count
+        in-place updates: optimizer steps, `load_state_dict`)."""
+        versions = tuple(p._version for p in self.cache_head.parameters())
+        if self._fast is None or self._fast[0] != versions:
+            self._fast = (versions, *self._fold_cache_head())
+        _, index, layers = self._fast
         x = features.to(torch.float32)[index].view(1, -1)
         last = len(layers) - 1
         for i, (weight, bias) in enumerate(layers):
@@ -172,8 +174,9 @@ class PayoffPredictor(ModelCardMixin, PreTrainedModel):
                 x = F.gelu(x)
         return float(F.softplus(x)[0, 0])
 
-    def refresh_fast_path(self) -> None:
-        """Rebuild `predict_cache`'s weights from the current parameters (fp32, on the CPU)."""
+    def _fold_cache_head(self):
+        """(feature index, [(weight, bias)] per linear layer) of the cache head with the normalization folded in
+        (fp32, on the CPU)."""
         mean = torch.tensor(self.config.feature_mean, dtype=torch.float32)[self._cache_index]
         std = torch.tensor(self.config.feature_std, dtype=torch.float32)[self._cache_index]
         linears = [m for m in self.cache_head if isinstance(m, nn.Linear)]
@@ -183,7 +186,7 @@ class PayoffPredictor(ModelCardMixin, PreTrainedModel):
             if i == 0:  # W ((x - mean) / std) + b = (W / std) x + (b - W (mean / std))
                 weight, bias = weight / std, bias - weight @ (mean / std)
             layers.append((weight.contiguous(), bias.contiguous()))
-        self._fast = (torch.tensor(self._cache_index), layers)
+        return torch.tensor(self._cache_index), layers
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor) -> torch.Tensor:
