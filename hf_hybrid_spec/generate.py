@@ -348,7 +348,10 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
                 result = verify_sampling(tree, scores) if do_sample else verify_greedy(tree, scores)
             else:
                 result = lossy.verify(tree, scores, length, out)
-            path_hidden = _hidden(out, want_hidden, torch.tensor(result.path, device=raw.device))
+            # The accepted path's hidden states, for drafters that read them (no index copy for the others).
+            path_hidden = None
+            if want_hidden:
+                path_hidden = _hidden(out, want_hidden, torch.tensor(result.path, device=raw.device))
             del out
         except BaseException:
             cache.abort() if runner is None else runner.abort()
