@@ -138,12 +138,24 @@ class VerifyTree:
         return self.tokens.shape[1]
 
     def children(self, batch_index: int = 0) -> list[list[int]]:
-        """Children of every node, in index order (Python lists; one host read of the parents)."""
+        """Children of every node, in index order (Python lists; one host read of the parents, none when the draft
+        was built on the host)."""
+        if self.draft is not None:
+            parents = [-1] + [p + 1 if p >= 0 else 0 for p in self.draft.parents[batch_index].tolist()]
+        else:
+            parents = self.parent[batch_index].tolist()
         kids: list[list[int]] = [[] for _ in range(self.num_nodes)]
-        for i, p in enumerate(self.parent[batch_index].tolist()):
+        for i, p in enumerate(parents):
             if p >= 0:
                 kids[p].append(i)
         return kids
+
+    def token_list(self, batch_index: int = 0) -> list[int | None]:
+        """Node tokens as a Python list. From a host-built draft the root's entry is None (verification never reads
+        it: the root is nobody's child), which spares a device read."""
+        if self.draft is not None and self.draft.tokens.device.type == "cpu":
+            return [None] + self.draft.tokens[batch_index].tolist()
+        return self.tokens[batch_index].tolist()
 
     def attention_mask(self, prefix_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """Additive 4D mask [B, 1, N, P + N]: every node sees the committed prefix and its own root path.

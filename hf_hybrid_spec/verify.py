@@ -76,7 +76,7 @@ def process_tree_logits(
 def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
     """scores: [N, V] processed scores. One host read of the per-node argmax."""
     best = scores.argmax(dim=-1).tolist()
-    tokens = tree.tokens[0].tolist()
+    tokens = tree.token_list(0)
     children = tree.children(0)
     path = [0]
     new_tokens: list[int] = []
@@ -97,7 +97,7 @@ def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
 def verify_sampling(tree: VerifyTree, scores: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:
     """scores: [N, V] processed (warped) scores; the target distribution at node i is softmax(scores[i])."""
     probs = torch.softmax(scores, dim=-1)
-    tokens = tree.tokens[0].tolist()
+    tokens = tree.token_list(0)
     children = tree.children(0)
     draft_q = tree.draft.probs  # [1, M, V] or None; draft node j is tree node j + 1
     path = [0]

@@ -60,7 +60,7 @@ def verify_arbitrated(
         hidden: optional [N, H] target hidden states, for arbiters that read them.
     """
     best = scores.argmax(dim=-1).tolist()
-    tokens = tree.tokens[0].tolist()
+    tokens = tree.token_list(0)
     children = tree.children(0)
     depth = tree.depth[0].tolist()
     n = len(tokens)
