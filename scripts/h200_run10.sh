@@ -4,8 +4,8 @@
 source scripts/h200_env.sh
 F=qwen3_5-small; M=../models/$F
 python3 -c "import torch; print('gpus', torch.cuda.device_count())"; env | grep -E "NCCL_NVLS|MULTICAST|NVSHMEM_DISABLE"
-run() { local t=$1 name=$2; shift 2; echo "=== $name"; timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?";
-        grep -v "^\[trans\|Loading weights\|falling back" "$OUT/$name.log" | tail -n 8 | cut -c1-400; }
+export TAILN=8
+export CUTC=400
 run 200 tests python3 -m pytest -q -x -p no:cacheprovider tests/test_multi_device.py
 # Global batch 32 in every run: 32 on one GPU, 16 per GPU on two.
 C="--config recipes/configs/eagle3_h200.yaml --target $M --num_prompts 1024 --heldout_prompts 8 --max_steps 120

@@ -4,8 +4,8 @@
 # Falcon-H1 fixture (the layers in halves) and ~2B random Qwen3.5- and Falcon-H1-shaped models.
 source scripts/h200_env.sh
 M=../models/falcon_h1-small
-run() { local t=$1 name=$2; shift 2; echo "=== $name"; timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?";
-        grep -v "^\[trans\|Loading weights\|falling back" "$OUT/$name.log" | tail -n 7 | cut -c1-600; }
+export TAILN=7
+export CUTC=600
 run 170 tests python3 -m pytest -q -p no:cacheprovider tests/test_multi_device.py
 B="python3 -m hf_hybrid_spec.bench --dtype bfloat16 --drafters suffix --prompt-tokens 400 --max-new-tokens 128"
 run 120 falcon_split $B --model $M --device-map cuda:0,cuda:1 --num-prompts 3 --out $OUT/falcon_split

@@ -4,8 +4,8 @@
 #     the same gate in fp32; (2) the ~2B Qwen3.5-shaped model split over 2 GPUs, shorter; (3) run 9 on cuda:0.
 source scripts/h200_env.sh
 M=../models/falcon_h1-small
-run() { local t=$1 name=$2; shift 2; echo "=== $name"; timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?";
-        grep -v "^\[trans\|Loading weights\|falling back" "$OUT/$name.log" | tail -n 6 | cut -c1-700; }
+export TAILN=6
+export CUTC=700
 B="python3 -m hf_hybrid_spec.bench --drafters suffix --prompt-tokens 400 --max-new-tokens 64 --num-prompts 2 --tokenizer $M"
 run 150 falcon2b_split_fp32 $B --model random:falcon_h1-1.5b --dtype float32 --device-map cuda:0,cuda:1 \
     --out $OUT/falcon2b_split_fp32

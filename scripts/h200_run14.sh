@@ -4,8 +4,7 @@
 # (3) suffix / ngram + graphs vs stock eager and stock static+compile, prompts of exactly 400 tokens.
 source scripts/h200_env.sh
 M=../models/qwen3_5-small
-run() { local t=$1 name=$2; shift 2; echo "=== $name"; timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?";
-        grep -v "^\[trans\|Loading weights\|falling back" "$OUT/$name.log" | tail -n "${TAILN:-8}" | cut -c1-400; }
+export CUTC=400
 run 150 tests python3 -m pytest -q -x tests/test_static.py -p no:cacheprovider
 TAILN=3 run 150 profile python3 scripts/profile_step.py --model $M --dtype bfloat16 --compile --rows 25
 run 240 qwen_graphs python3 -m hf_hybrid_spec.bench --model $M --dtype bfloat16 --drafters suffix ngram --compiled-only \

@@ -5,8 +5,6 @@
 # compiles once), bucket sweep; (3) where a 2B step's GPU time goes.
 source scripts/h200_env.sh
 M=../models/qwen3_5-small
-run() { local t=$1 name=$2; shift 2; echo "=== $name"; timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?";
-        grep -v "^\[trans\|Loading weights\|falling back" "$OUT/$name.log" | tail -n "${TAILN:-8}" | cut -c1-300; }
 python3 - <<'PY'
 import os
 from hf_hybrid_spec import AssistantConfig as A

@@ -5,8 +5,6 @@
 # (3) issue #6, HVD on the H200 with graph verification (`--compile`), held-out sessions.
 source scripts/h200_env.sh
 M=../models/qwen3_5-small
-run() { local t=$1 name=$2; shift 2; echo "=== $name"; timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?";
-        grep -v "^\[trans\|Loading weights\|falling back" "$OUT/$name.log" | tail -n "${TAILN:-8}" | cut -c1-300; }
 TAILN=3 run 90 tests python3 -m pytest -q -x tests/test_static.py -k cuda_graphs -p no:cacheprovider
 TAILN=6 run 170 qwen_graphs python3 -m hf_hybrid_spec.bench --model $M --dtype bfloat16 --drafters suffix ngram \
     --compiled-only --stock-static --skip-gate --num-prompts 8 --prompt-tokens 400 --max-new-tokens 128 \
