@@ -34,6 +34,7 @@ from .kernels import use_backend
 from .models import ModelAdapter, get_adapter
 from .tree import build_verify_tree
 from .static import static_runner
+from .stopping import HostStopping
 from .verify import VerifyResult, process_tree_logits, verify_greedy, verify_sampling
 from .cospec.verify import make_lossy_verifier  # lossy, opt-in verification (issue #9)
 from .drafters import ModelDrafter
@@ -95,42 +96,56 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 
 
 class _Recorder:
-    """Collects committed tokens, scores and logits; applies stopping criteria token by token."""
+    """Collects committed tokens, scores and logits; applies stopping criteria token by token.
+
+    Keeps the committed ids twice: `input_ids` on the model's device (what the caller gets back) and `host_ids`, a
+    Python list, so that stopping checks, drafters and streamers never read the device.
+    """
 
     def __init__(self, input_ids, stopping_criteria, streamer, want_scores, want_logits):
         self.input_ids = input_ids
+        self.host_ids: list[int] = input_ids[0].tolist()
         self.stopping = stopping_criteria
+        self.host_stopping = HostStopping.build(stopping_criteria)
         self.streamer = streamer
         self.scores = () if want_scores else None
         self.logits = () if want_logits else None
         self.finished = False
 
-    def append(self, tokens: torch.Tensor, scores: torch.Tensor | None, logits: torch.Tensor | None) -> int:
+    def append(self, tokens: torch.Tensor, scores: torch.Tensor | None, logits: torch.Tensor | None,
+               token_list: list[int] | None = None) -> int:
         """Commit `tokens` [k] (one score / logit row each, read only when asked for); stops early where a
-        criterion fires. Returns kept k.
+        criterion fires. `token_list`: the same tokens on the host, when the caller has them. Returns kept k.
 
-        The criteria see each prefix exactly as stock generate would (input ids and scores up to that token),
-        but their verdicts are read back in one host sync per step, not one per token.
+        The criteria see each prefix exactly as stock generate would (input ids and scores up to that token).
+        Length / EOS / time criteria are decided on the host; any other list is called on the device and its
+        verdicts are read back in one host sync per step, not one per token.
         """
         k = tokens.shape[0]
         length = self.input_ids.shape[1]
+        if token_list is None:
+            token_list = tokens.tolist()
         # One concatenation per step; each criterion sees a prefix of it (a view).
         full = torch.cat([self.input_ids, tokens.view(1, k).to(self.input_ids.device)], dim=-1)
-        verdicts = []
-        for j in range(k):
-            seen = None if self.scores is None else self.scores + tuple(scores[i : i + 1] for i in range(j + 1))
-            verdicts.append(self.stopping(full[:, : length + j + 1], seen).any())
-        stops = torch.stack(verdicts).tolist() if verdicts else []
+        if self.host_stopping is not None:
+            stops = [self.host_stopping.stops(length + j + 1, token_list[j]) for j in range(k)]
+        else:
+            verdicts = []
+            for j in range(k):
+                seen = None if self.scores is None else self.scores + tuple(scores[i : i + 1] for i in range(j + 1))
+                verdicts.append(self.stopping(full[:, : length + j + 1], seen).any())
+            stops = torch.stack(verdicts).tolist() if verdicts else []
         kept = next((j + 1 for j, stop in enumerate(stops) if stop), k)
         self.finished = bool(stops[kept - 1])
         if kept:
             self.input_ids = full if kept == k else full[:, : length + kept].clone()
+            self.host_ids.extend(token_list[:kept])
             if self.scores is not None:
                 self.scores += tuple(scores[i : i + 1] for i in range(kept))
             if self.logits is not None:
                 self.logits += tuple(logits[i : i + 1] for i in range(kept))
         if self.streamer is not None and kept:
-            self.streamer.put(tokens[:kept].view(1, -1).cpu())
+            self.streamer.put(torch.tensor([token_list[:kept]], dtype=torch.long))
         return kept
 
 
@@ -299,10 +314,11 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
             stats.arbiter_decisions += arbitrated.decisions
             stats.arbiter_overrides += arbitrated.overrides
     del out
-    rec.append(first, scores, logits)
+    first_list = first.tolist()
+    rec.append(first, scores, logits, first_list)
     drafter.begin(input_ids, DraftContext(model, cache, adapter, generation_config), prompt_hidden)
     del prompt_hidden
-    drafter.accept(rec.input_ids, VerifyResult(path=[0], tokens=first, score_nodes=[0]))
+    drafter.accept(rec.input_ids, VerifyResult(path=[0], tokens=first, score_nodes=[0], token_list=first_list))
     if not static:
         runner = None
     else:
@@ -315,8 +331,9 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     while not rec.finished:
         ids = rec.input_ids
         length = ids.shape[1]
-        full_mask = torch.cat([full_mask, torch.ones(1, length - full_mask.shape[1], dtype=full_mask.dtype,
-                                                     device=device)], dim=1)
+        if runner is None:  # the static runner keeps the prompt's padding mask itself
+            full_mask = torch.cat([full_mask, torch.ones(1, length - full_mask.shape[1], dtype=full_mask.dtype,
+                                                         device=device)], dim=1)
         # Tokens one forward can commit: the accepted draft depth plus the bonus token.
         remaining = max_length - length
         max_nodes = config.max_draft_tokens if runner is None else min(config.max_draft_tokens, runner.max_nodes - 1)
@@ -326,14 +343,20 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         # Lossy verification arbitrates the token after the root even when nothing can be drafted (issue #9).
         draft = drafter.propose(ids, budget) if budget.max_depth > 0 or lossy is not None else None
         if draft is None or (draft.num_nodes == 0 and draft.next_probs is None):
-            draft = _empty(device)
+            draft = _empty("cpu")
         else:
             draft = draft.truncate_depth(budget.max_depth)
             if draft.num_nodes > budget.max_nodes:
                 draft = draft.select(torch.arange(budget.max_nodes, device=draft.tokens.device))
         t1 = time.perf_counter()
 
-        tree = build_verify_tree(ids[:, -1], draft)
+        if draft.tokens.device.type == "cpu":
+            # A host draft (cache drafters) is laid out on the host, root included (known there); the static runner
+            # stages it into its buffers in one copy, the eager forward gets it moved without waiting on the stream.
+            root = torch.tensor(rec.host_ids[-1:], dtype=torch.long)
+            tree = build_verify_tree(root, draft, device=root.device if runner is not None else device)
+        else:
+            tree = build_verify_tree(ids[:, -1], draft)
         if runner is None:
             out = forward_tree(
                 model, tree, cache, prefix_length=length - 1, root_position=full_mask[:, :-1].sum(-1),
@@ -342,8 +365,13 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         else:
             out = runner.forward(tree, length - 1, valid_prompt + length - 1 - input_ids.shape[1])
         try:
-            raw = out.logits.to(dtype=torch.float32, device=device)
-            scores = process_tree_logits(ids, tree, raw, processors)
+            if lossy is None and not do_sample and not processors and rec.scores is None and rec.logits is None:
+                # Plain greedy: the argmax of the logits as they are (an fp32 copy of [N, V] changes nothing).
+                raw = out.logits
+                scores = raw[0]
+            else:
+                raw = out.logits.to(dtype=torch.float32, device=device)
+                scores = process_tree_logits(ids, tree, raw, processors)
             if lossy is None:
                 result = verify_sampling(tree, scores) if do_sample else verify_greedy(tree, scores)
             else:
@@ -351,13 +379,13 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
             # The accepted path's hidden states, for drafters that read them (no index copy for the others).
             path_hidden = None
             if want_hidden:
-                path_hidden = _hidden(out, want_hidden, torch.tensor(result.path, device=raw.device))
+                path_hidden = _hidden(out, want_hidden, torch.tensor(result.path).to(raw.device, non_blocking=True))
             del out
         except BaseException:
             cache.abort() if runner is None else runner.abort()
             raise
         if runner is None:
-            cache.commit(torch.tensor([result.leaf], device=device), path=result.path)
+            cache.commit(torch.tensor([result.leaf]).to(device, non_blocking=True), path=result.path)
         else:
             runner.commit(result.path)  # one graph replay on CUDA
         t2 = time.perf_counter()
@@ -372,7 +400,7 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
             stats.arbiter_overrides += result.overrides
         # Gather the [k, V] score / logit rows only when the caller asked for them (a vocabulary-wide copy each).
         rec.append(result.tokens, scores[result.score_nodes] if rec.scores is not None else None,
-                   raw[0, result.score_nodes] if rec.logits is not None else None)
+                   raw[0, result.score_nodes] if rec.logits is not None else None, result.token_list)
         drafter.accept(rec.input_ids, result, path_hidden)
 
     drafter.end(rec.input_ids)

@@ -67,10 +67,15 @@ class _Bucket:
 
     def __init__(self, n: int, max_length: int, device: torch.device, mask_dtype: torch.dtype):
         self.n = n
-        self.tokens = torch.zeros(1, n, dtype=torch.long, device=device)
-        self.parent = torch.full((1, n), -1, dtype=torch.long, device=device)
-        # [prefix_length, root_position]: committed tokens in the cache, and the root's position id.
-        self.scalars = torch.zeros(2, dtype=torch.long, device=device)
+        # Every per-step input in one device buffer, so one copy fills it: tokens [n], parent pointers [n] and
+        # [prefix_length, root_position] (committed tokens in the cache, the root's position id). The graph reads
+        # the views below; `staging` is its host twin (pinned on CUDA, so the copy is asynchronous).
+        self.inputs = torch.zeros(2 * n + 2, dtype=torch.long, device=device)
+        self.staging = torch.zeros(2 * n + 2, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.tokens = self.inputs[:n].view(1, n)
+        self.parent = self.inputs[n : 2 * n].view(1, n)
+        self.parent.fill_(-1)
+        self.scalars = self.inputs[2 * n :]
         self.write_pos = torch.arange(n, device=device)
         self.leaf = torch.zeros(1, dtype=torch.long, device=device)  # the accepted node, read by the commit
         self.prefix_valid = torch.ones(max_length, dtype=torch.bool, device=device)
@@ -158,12 +163,20 @@ class StaticTreeRunner:
         n = tree.num_nodes
         bucket = self._buckets[next(b for b in self.buckets if b >= n)]
         self._active = None
-        # One host->device copy per buffer; padding nodes keep parent -1 and token 0.
-        bucket.tokens.zero_()
-        bucket.tokens[:, :n].copy_(tree.tokens, non_blocking=True)
-        bucket.parent.fill_(-1)
-        bucket.parent[:, :n].copy_(tree.parent, non_blocking=True)
-        bucket.scalars.copy_(torch.tensor([prefix_length, root_position]), non_blocking=True)
+        # Padding nodes get token 0 and parent -1. A tree laid out on the host goes in with one copy.
+        if tree.tokens.device.type == "cpu" and tree.parent.device.type == "cpu":
+            # The previous copy out of `staging` is done: the host has read this step's draft since.
+            pad = bucket.n - n
+            values = (tree.tokens[0].tolist() + [0] * pad + tree.parent[0].tolist() + [-1] * pad
+                      + [int(prefix_length), int(root_position)])
+            bucket.staging.copy_(torch.tensor(values, dtype=torch.long))
+            bucket.inputs.copy_(bucket.staging, non_blocking=True)
+        else:
+            bucket.tokens.zero_()
+            bucket.tokens[:, :n].copy_(tree.tokens, non_blocking=True)
+            bucket.parent.fill_(-1)
+            bucket.parent[:, :n].copy_(tree.parent, non_blocking=True)
+            bucket.scalars.copy_(torch.tensor([prefix_length, root_position]), non_blocking=True)
         if self.use_graphs:
             if bucket.graph is None:
                 self._capture(bucket, prefix_length)

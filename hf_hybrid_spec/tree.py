@@ -177,21 +177,22 @@ class VerifyTree:
         return root_position[:, None] + self.depth
 
 
-def build_verify_tree(root: torch.Tensor, draft: DraftTree) -> VerifyTree:
-    """Prepend the root token(s) [B] to a draft tree; the result lives on the root's device.
+def build_verify_tree(root: torch.Tensor, draft: DraftTree, device: torch.device | str | None = None) -> VerifyTree:
+    """Prepend the root token(s) [B] to a draft tree; the result lives on `device` (default: the root's).
 
     A draft built on the host (cache drafters) has its parent pointers, depths and ancestor mask worked out there
     and moved once, instead of a dozen tiny kernel launches on the accelerator.
     """
     b = root.shape[0]
-    tokens = torch.cat([root.view(b, 1), draft.tokens.to(root.device)], dim=1)
+    device = root.device if device is None else torch.device(device)
+    tokens = torch.cat([root.view(b, 1).to(draft.tokens.device), draft.tokens], dim=1)
     par = draft.parents
     parent = torch.cat(
         [torch.full((b, 1), -1, dtype=torch.long, device=par.device), torch.where(par >= 0, par + 1, 0)], dim=1
     )
     tree = VerifyTree.from_parents(tokens, parent, draft)  # depth and ancestors on the parents' device
-    if parent.device != root.device:
-        tree.parent, tree.depth, tree.ancestors = (
-            t.to(root.device, non_blocking=True) for t in (tree.parent, tree.depth, tree.ancestors)
-        )
+    for name in ("tokens", "parent", "depth", "ancestors"):
+        t = getattr(tree, name)
+        if t.device != device:
+            setattr(tree, name, t.to(device, non_blocking=True))
     return tree

@@ -36,11 +36,14 @@ class VerifyResult:
         path: node indices from the root to the last accepted node (path[0] = 0, the root).
         tokens: [k] int64, the committed new tokens: the accepted draft tokens then the bonus token.
         score_nodes: for each new token, the node whose processed scores chose it (its parent in the path).
+        token_list: the same tokens as a Python list when the verifier knows them on the host (the loop's stopping
+            checks and the cache drafters read them there instead of copying `tokens` back).
     """
 
     path: list[int]
     tokens: torch.Tensor
     score_nodes: list[int]
+    token_list: list[int] | None = None
 
     @property
     def leaf(self) -> int:
@@ -59,22 +62,31 @@ def process_tree_logits(
     if not processors:
         return scores
     out = torch.empty_like(scores)
-    depth = tree.depth[0]
+    # The tree may have been laid out on the host (static path): index on the scores' device.
+    device = scores.device
+    depth = tree.depth[0].to(device)
     # Node i's root path tokens (excluding the root, which input_ids already ends with), by depth group.
-    anc = tree.ancestors[0]  # [N, N]
+    anc = tree.ancestors[0].to(device)  # [N, N]
+    tree_tokens = tree.tokens.to(device)
     for d in torch.unique(depth).tolist():
         nodes = (depth == d).nonzero().flatten()
         ids = input_ids.expand(nodes.numel(), -1)
         if d > 0:
             # Ancestors of each node in index order = root path order (topological), root dropped.
             path_cols = anc[nodes].nonzero()[:, 1].view(nodes.numel(), d + 1)[:, 1:]
-            ids = torch.cat([ids, tree.tokens[0, path_cols]], dim=1)
+            ids = torch.cat([ids, tree_tokens[0, path_cols]], dim=1)
         out[nodes] = processors(ids, scores[nodes].clone())
     return out
 
 
+def _device_tokens(tokens: list[int], device: torch.device) -> torch.Tensor:
+    # An asynchronous copy: a plain torch.tensor(..., device="cuda") waits for the whole stream.
+    return torch.tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
+
+
 def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
-    """scores: [N, V] processed scores. One host read of the per-node argmax."""
+    """scores: [N, V] processed scores (or raw logits in any float dtype: the argmax is the same). One host read of
+    the per-node argmax."""
     best = scores.argmax(dim=-1).tolist()
     tokens = tree.token_list(0)
     children = tree.children(0)
@@ -90,7 +102,7 @@ def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
         path.append(nxt)
         node = nxt
     return VerifyResult(
-        path=path, tokens=torch.tensor(new_tokens, dtype=torch.long, device=scores.device), score_nodes=path[:]
+        path=path, tokens=_device_tokens(new_tokens, scores.device), score_nodes=path[:], token_list=new_tokens
     )
 
 
@@ -134,5 +146,5 @@ def verify_sampling(tree: VerifyTree, scores: torch.Tensor, generator: torch.Gen
         path.append(accepted)
         node = accepted
     return VerifyResult(
-        path=path, tokens=torch.tensor(new_tokens, dtype=torch.long, device=scores.device), score_nodes=path[:]
+        path=path, tokens=_device_tokens(new_tokens, scores.device), score_nodes=path[:], token_list=new_tokens
     )

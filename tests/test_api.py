@@ -88,6 +88,54 @@ def test_min_new_tokens_and_repetition_penalty_are_honoured():
     assert torch.equal(out, ref)
 
 
+def test_host_stopping_matches_the_stock_criteria():
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import (
+        EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria,
+    )
+
+    from hf_hybrid_spec.stopping import HostStopping
+
+    stock = StoppingCriteriaList([MaxLengthCriteria(14), EosTokenCriteria([3, 7]), MaxTimeCriteria(60.0)])
+    host = HostStopping.build(stock)
+    ids = ids_of(16, seed=3)
+    ids[0, 5], ids[0, 9] = 3, 7
+    for length in range(1, 17):
+        prefix = ids[:, :length]
+        assert host.stops(length, int(prefix[0, -1])) == bool(stock(prefix, None).any()), length
+    assert HostStopping.build(StoppingCriteriaList([MaxTimeCriteria(0.0, initial_timestamp=0.0)])).stops(1, 5)
+
+    class OwnMaxLength(MaxLengthCriteria):  # a subclass may change __call__: it is never decided on the host
+        pass
+
+    assert HostStopping.build(StoppingCriteriaList([OwnMaxLength(5)])) is None
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_custom_stopping_criteria_stop_where_stock_stops(compile):
+    """A criterion of the user's own runs on the device path, one prefix per committed token, as stock does."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StopAfter(StoppingCriteria):
+        def __init__(self, token):
+            self.token = token
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == self.token
+
+    model = tiny_model("qwen3_5_text")
+    ids = ids_of(12)
+    free = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    stop = int(free[0, 12 + 9])  # the tenth generated token
+    kw = dict(max_new_tokens=24, do_sample=False, eos_token_id=None,
+              stopping_criteria=StoppingCriteriaList([StopAfter(stop)]))
+    ref = model.generate(ids, **kw)
+    assert ref.shape[1] < free.shape[1]
+    out = model.generate(ids, custom_generate=H.speculative_generate,
+                         assistant_config=H.AssistantConfig(drafter="ngram", compile=compile), **kw)
+    assert torch.equal(out, ref)
+
+
 class Collect(BaseStreamer):
     def __init__(self):
         self.chunks, self.ended = [], False

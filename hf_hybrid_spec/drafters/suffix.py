@@ -194,7 +194,11 @@ class SuffixDrafter(Drafter):
         self._feed(input_ids[0].tolist())
 
     def accept(self, input_ids, result, hidden=None) -> None:
-        self._feed(input_ids[0, self._seen :].tolist())
+        new = result.token_list
+        if new is None or self._seen + len(new) != input_ids.shape[1]:
+            # No host copy of the tokens, or a stopping criterion cut the accepted run short: read the device.
+            new = input_ids[0, self._seen :].tolist()
+        self._feed(new)
 
     def end(self, input_ids: torch.Tensor) -> None:
         if self.global_cache is not None:
