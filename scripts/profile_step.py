@@ -68,6 +68,10 @@ def main() -> None:
     pstats.Stats(prof, stream=buf).sort_stats("cumtime").print_stats("hf_hybrid_spec|stopping|tolist|item", args.rows)
     print(f"host, per call of {steps} steps (cumulative seconds):")
     print("\n".join(line for line in buf.getvalue().splitlines() if line.strip())[-6000:])
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.rows)
+    print("host, every function by own time:")
+    print("\n".join(line for line in buf.getvalue().splitlines() if line.strip())[-6000:])
 
     if device == "cuda":
         from torch.profiler import ProfilerActivity, profile
