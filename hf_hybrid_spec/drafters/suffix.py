@@ -50,26 +50,28 @@ class SuffixTrie:
     def num_nodes(self) -> int:
         return len(self.counts) - len(self._free)
 
-    def _new_node(self) -> int:
-        if self._free:
-            return self._free.pop()
-        self.children.append({})
-        self.counts.append(0)
-        self.totals.append(0)
-        return len(self.counts) - 1
-
     def extend(self, active: list[int], token: int) -> list[int]:
         """Append `token` to a sequence being inserted; `active[k]` is the node of its suffix of length k + 1.
 
         Returns the new active list (creates and counts nodes).
         """
-        children, counts, totals = self.children, self.counts, self.totals
+        children, counts, totals, free = self.children, self.counts, self.totals, self._free
         new = []
         append = new.append
+        # The hot loop of building a prompt's trie (`depth` node visits per token): no calls inside. Freed ids
+        # (eviction) are reused before the lists grow.
         for node in (0, *active[: self.depth - 1]):
-            child = children[node].get(token)
+            kids = children[node]
+            child = kids.get(token)
             if child is None:
-                child = children[node][token] = self._new_node()
+                if free:
+                    child = free.pop()
+                else:
+                    child = len(counts)
+                    children.append({})
+                    counts.append(0)
+                    totals.append(0)
+                kids[token] = child
             counts[child] += 1
             totals[node] += 1
             append(child)

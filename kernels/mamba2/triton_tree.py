@@ -242,7 +242,9 @@ def tree_mamba2_fwd(
     bt = max(16, triton.next_power_of_2(n))
     # Sizes chosen from ptxas' reports for sm_90: no spills up to BT = 64 with S chunks of 32; narrower P tiles
     # at BT = 128 to make room for the [BT, BT] matrices.
-    bp = block_p or min(64 if bt <= 64 else 32, max(16, triton.next_power_of_2(p)))
+    # P tiles of at least 32: with fp32 inputs (TF32x3 dots) and 16-wide P tiles at BT = 64, Triton 3.6 on the H200
+    # builds a kernel that faults with an illegal address (a tiny Falcon-H1 with head dim 16); 32 wide runs clean.
+    bp = block_p or min(64 if bt <= 64 else 32, max(32, triton.next_power_of_2(p)))
     bs = min(32, max(16, triton.next_power_of_2(s)))
     store_x, store_b = x.dtype != torch.float32, B.dtype != torch.float32
     dev = x.device
