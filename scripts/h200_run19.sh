@@ -11,6 +11,6 @@ TAILN=2 run 60 tiny_falcon_fp32 python3 scripts/diag_tiny_falcon.py fp32
 TAILN=7 run 170 qwen_graphs python3 -m hf_hybrid_spec.bench --model $M --dtype bfloat16 --drafters suffix ngram \
     --compiled-only --stock-static --skip-gate --num-prompts 8 --prompt-tokens 400 --max-new-tokens 128 \
     --allow-mismatch --out $OUT/qwen_graphs
-TAILN=8 run 200 hvd_qwen python3 -m hf_hybrid_spec.hvd.bench --model $M --eagle ../../examples/drafters/qwen3_5-small-eagle3 \
-    --compile --dtype bfloat16 --gate-sessions 1 --sessions-per-workload 2 --max-minutes 2.8 --allow-mismatch \
+TAILN=8 run 185 hvd_qwen python3 -m hf_hybrid_spec.hvd.bench --model $M --eagle ../../examples/drafters/qwen3_5-small-eagle3 \
+    --compile --dtype bfloat16 --gate-sessions 1 --sessions-per-workload 2 --max-minutes 2.4 --allow-mismatch \
     --out $OUT/hvd_qwen
