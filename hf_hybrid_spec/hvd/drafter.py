@@ -236,7 +236,7 @@ class HybridDrafter(Drafter):
 
     def _settle(self, pending: _Pending, result: VerifyResult) -> None:
         """Realized payoffs of the step's drafts against what was committed; history and record."""
-        committed = result.tokens.tolist()
+        committed = result.token_list if result.token_list is not None else result.tokens.tolist()
         accepted = len(result.path) - 1
         verified = {"cache": pending.cache, "model": pending.model,
                     "merged": pending.merged.tree if pending.merged is not None else None}
