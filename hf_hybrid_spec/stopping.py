@@ -64,4 +64,3 @@ class HostStopping:
             now = time.time()
             return any(now - c.initial_timestamp > c.max_time for c in self.deadlines)
         return False
-

@@ -4,11 +4,14 @@ it, so a kernel that faults is named. Found the fp32 tree Mamba-2 fault with 16-
     python scripts/diag_tiny_falcon.py fp32|bf16|p32|g2|nographs
 """
 import argparse
-import torch
-import hf_hybrid_spec as H
+
 import hf_hybrid_spec.kernels as K
+import torch
+
+import hf_hybrid_spec as H
 from hf_hybrid_spec import static as S
 from hf_hybrid_spec.testing import tiny_model
+
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("mode", choices=["fp32", "bf16", "p32", "g2", "nographs"])
 mode = parser.parse_args().mode

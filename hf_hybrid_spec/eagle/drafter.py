@@ -141,11 +141,14 @@ class EagleTreeDrafter(Drafter):
         ancestors = torch.zeros(0, 0, dtype=torch.bool, device=device)  # among expanded nodes, self included
         all_tokens = torch.cat(cand_tokens)
         all_scores = torch.cat(cand_scores)
+        # Every node of depth d sits at position steps + d - 1: the rotary tables of all depths at once.
+        depths = torch.arange(self.steps, self.steps + max(budget.max_depth - 1, 0), device=device).view(1, -1)
+        cos, sin = model.rotary_tables(depths, self.last_hidden.dtype)
         for depth in range(1, budget.max_depth):
-            width = frontier.numel()
             embeds = model.embed(to_target[all_tokens[frontier]].unsqueeze(0))
-            positions = torch.full((1, width), self.steps + depth - 1, device=device)
-            step = model.project(frontier_hidden.unsqueeze(0), embeds, positions)
+            width = frontier.numel()
+            tables = (cos[:, :, depth - 1 : depth], sin[:, :, depth - 1 : depth])
+            step = model.project(frontier_hidden.unsqueeze(0), embeds, tables=tables)
             expanded = ancestors.shape[0]
             own = torch.zeros(width, expanded + width, dtype=torch.bool, device=device)
             has_parent = frontier_parent >= 0
@@ -185,11 +188,13 @@ class EagleTreeDrafter(Drafter):
         # kept set is closed under parents.
         order = torch.sort(all_scores, descending=True, stable=True).indices[: budget.max_nodes]
         keep = order.sort().values
-        full = DraftTree(tokens=to_target[all_tokens].unsqueeze(0), parents=parents.unsqueeze(0),
-                         scores=all_scores.exp().unsqueeze(0), info={"drafter": "eagle"})
-        draft = full.select(keep)
-        return DraftTree(tokens=draft.tokens.to(input_ids.device), parents=draft.parents.to(input_ids.device),
-                         scores=draft.scores.to(input_ids.device), info=draft.info)
+        # The tree goes to the host in one read (like a cache draft): trimming it, laying out the verify tree and
+        # reading its tokens during verification then touch no device memory.
+        n = all_tokens.numel()
+        ints = torch.cat([to_target[all_tokens], parents, keep]).cpu()
+        full = DraftTree(tokens=ints[:n].unsqueeze(0), parents=ints[n : 2 * n].unsqueeze(0),
+                         scores=all_scores.exp().unsqueeze(0).cpu(), info={"drafter": "eagle"})
+        return full.select(ints[2 * n :])
 
 
 def make_eagle_drafter(config, target: nn.Module, draft_model: nn.Module | None) -> EagleTreeDrafter:

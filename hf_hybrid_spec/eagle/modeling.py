@@ -47,13 +47,18 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of x [B, h, T, d] at integer positions [B, T] (half-split layout, as Llama)."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+def rotary(positions: torch.Tensor, head_dim: int, theta: float,
+           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, 1, T, head_dim] of integer positions [B, T] (half-split layout, as Llama), in `dtype`."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     angles = positions.float()[..., None] * inv_freq  # [B, T, d/2]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None].to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None].to(x.dtype)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1)[:, None].to(dtype), torch.cat([sin, sin], dim=-1)[:, None].to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [B, h, T, d] with the (cos, sin) tables of `rotary` (broadcast over heads)."""
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -181,15 +186,25 @@ class EagleDrafter(PreTrainedModel):
         w = self.fc.weight
         return self.fc(torch.cat([s.to(device=w.device, dtype=w.dtype) for s in aux_states], dim=-1))
 
-    def project(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor) -> EagleStep:
-        """hidden, embeds: [B, T, H]; positions: [B, T] -> the step's rotated queries, keys and values."""
+    def project(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor | None = None,
+                tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> EagleStep:
+        """hidden, embeds: [B, T, H]; positions: [B, T] -> the step's rotated queries, keys and values.
+
+        `tables`: the positions' (cos, sin) from `rotary_tables`, when the caller has them (tree drafting computes
+        every depth's at once); else they are computed from `positions`, once for queries and keys.
+        """
         c = self.config
         b, t, _ = hidden.shape
         x = torch.cat([self.input_norm(embeds), self.hidden_norm(hidden)], dim=-1)
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        return EagleStep(rotate(q, positions, c.rope_theta), rotate(k, positions, c.rope_theta), v, hidden)
+        cos, sin = tables if tables is not None else self.rotary_tables(positions, q.dtype)
+        return EagleStep(rotate(q, cos, sin), rotate(k, cos, sin), v, hidden)
+
+    def rotary_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [B, 1, T, head_dim] of positions [B, T] for this drafter's heads."""
+        return rotary(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                mask: torch.Tensor | None) -> torch.Tensor:
