@@ -29,6 +29,7 @@ from transformers.utils import logging
 
 from .cache import HybridTreeCache, StaticKVMixin, TreeState, _TreeBook
 from .forward import forward_tokens
+from .graphs import clear_cublas_workspaces
 from .kernels.backend import resolve
 from .kernels.tree import ancestor_mask
 from .models import get_adapter
@@ -296,17 +297,13 @@ class StaticTreeRunner:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         self._enter_tree(bucket, prefix_length)
-        # cuBLAS keeps one workspace per (handle, stream) and a captured matmul keeps using the one it saw. Drop
-        # them before the capture, so the capture allocates its own inside this runner's pool (which lives as
-        # long as the graphs), and after it, so nothing else reuses that one. Without this the graphs can point
-        # at a workspace that someone else frees: torch.compile's CUDA graphs (stock generate with
-        # cache_implementation="static") clear all workspaces, and the replays then hit an illegal address.
-        _clear_cublas_workspaces()
+        # The capture gets cuBLAS workspaces of its own, in this runner's pool (see graphs.clear_cublas_workspaces).
+        clear_cublas_workspaces()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
                 bucket.out = self._run(bucket)
         finally:
-            _clear_cublas_workspaces()
+            clear_cublas_workspaces()
         self.cache._book = None
         bucket.graph = graph
         self.captures += 1
@@ -329,20 +326,14 @@ class StaticTreeRunner:
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         self._enter_tree(bucket, prefix_length)
-        _clear_cublas_workspaces()
+        clear_cublas_workspaces()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
                 self._commit_body(bucket)
         finally:
-            _clear_cublas_workspaces()
+            clear_cublas_workspaces()
             self.cache._book = None
         bucket.commit_graph = graph
-
-
-def _clear_cublas_workspaces() -> None:
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # absent from CPU-only builds
-    if clear is not None:
-        clear()
 
 
 # Runners outlive one `generate` call: their graphs point at the static cache's buffers, so the cache is reset

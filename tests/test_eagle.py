@@ -206,6 +206,13 @@ def test_greedy_identity_random_and_trained_chain_and_tree(family):
         assert torch.equal(out.sequences, ref), f"{family} {name} top_k={top_k}"
         if name == "trained":
             assert out.spec_stats.mean_accepted_length > 1.5, out.spec_stats.accepted_lengths
+        # Static drafting (compile=True: preallocated drafter keys, fixed-shape expansion; eager on CPU) drafts the
+        # same trees: same output, same accepted length at every step.
+        static = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None,
+                                 custom_generate=H.speculative_generate, assistant_config=cfg.replace(compile=True),
+                                 draft_model=model, return_dict_in_generate=True)
+        assert torch.equal(static.sequences, ref), f"{family} {name} top_k={top_k} static"
+        assert static.spec_stats.accepted_lengths == out.spec_stats.accepted_lengths, f"{family} {name} {top_k}"
 
     # The trained tree, through a drafter instance that keeps its key cache at the end: it must hold exactly one
     # step per committed token but the root, built from the target's features of the committed tokens (what a
@@ -223,6 +230,27 @@ def test_greedy_identity_random_and_trained_chain_and_tree(family):
         step = trained.project(fused, trained.embed(final[:, 1:]), torch.arange(n).unsqueeze(0))
     assert drafter.final_keys.shape == step.key.shape
     torch.testing.assert_close(drafter.final_keys, step.key, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_graphs_eagle_drafts_match_eager_and_are_reused(family):
+    from hf_hybrid_spec.eagle.static import _TREES
+
+    target = tiny_model(family).cuda()
+    ids = prompt(5).cuda()
+    ref = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    model = EagleDrafter.from_target(target, draft_vocab_size=32).cuda()
+    cfg = H.AssistantConfig(drafter="eagle", draft_top_k=4, max_draft_tokens=16, max_depth=5)
+    kw = dict(do_sample=False, max_new_tokens=24, eos_token_id=None, custom_generate=H.speculative_generate,
+              draft_model=model, return_dict_in_generate=True)
+    eager = target.generate(ids, assistant_config=cfg, **kw)
+    for _ in range(2):  # the second request reuses the first one's buffers and graphs
+        graphs = target.generate(ids, assistant_config=cfg.replace(compile=True), **kw)
+        assert torch.equal(graphs.sequences, ref) and torch.equal(eager.sequences, ref)
+        assert graphs.spec_stats.accepted_lengths == eager.spec_stats.accepted_lengths
+    (tree,) = _TREES[model].values()
+    assert 1 <= tree.captures <= tree.MAX_GRAPHS
 
 
 def _committed_drafter(name):
@@ -249,6 +277,11 @@ def test_fixture_greedy_identity(name):
                               custom_generate=H.speculative_generate, assistant_config=cfg, draft_model=model,
                               return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref), f"{name} top_k={top_k}"
+        static = target.generate(**enc, do_sample=False, max_new_tokens=16, eos_token_id=None,
+                                 custom_generate=H.speculative_generate, assistant_config=cfg.replace(compile=True),
+                                 draft_model=model, return_dict_in_generate=True)
+        assert torch.equal(static.sequences, ref), f"{name} top_k={top_k} static"
+        assert static.spec_stats.accepted_lengths == out.spec_stats.accepted_lengths, name
         if path is not None and top_k > 1:
             # The committed drafter is trained: its tree must get drafts accepted.
             assert out.spec_stats.mean_accepted_length > 1.2, out.spec_stats.accepted_lengths

@@ -15,11 +15,8 @@ tree nodes get temporary keys/values during `propose` that are dropped afterward
 rolled back by construction; accepted ones are recomputed from the verify forward's hidden states, as EAGLE
 does). No second target pass is needed.
 
-Tree (EAGLE-2): the root's top-k draft tokens are the first candidates. For each further depth, the k
-candidates of the last depth with the best cumulative log-probability are run through the drafter in one
-batch (each attends to the committed steps and its own ancestors), and each yields its top-k children as
-candidates. The draft is the best `max_nodes` candidates by cumulative log-probability (closed under
-parents: a child never scores above its parent, ties go to the earlier node). `top_k = 1` is a greedy chain.
+Tree (EAGLE-2): `tree.expand_tree`. With `static=True` (`AssistantConfig(compile=True)`) the drafter's keys and
+values live in a `StaticEagleTree` and, on CUDA, each draft budget's expansion is a captured graph.
 """
 
 from __future__ import annotations
@@ -31,6 +28,8 @@ from ..drafters.base import DraftBudget, DraftContext, Drafter, TargetHidden
 from ..tree import DraftTree, empty_draft
 from ..verify import VerifyResult
 from .modeling import EagleDrafter
+from .static import StaticEagleTree, static_eagle_tree
+from .tree import TreeCandidates, expand_tree
 
 __all__ = ["EagleTreeDrafter", "make_eagle_drafter"]
 
@@ -42,11 +41,13 @@ class EagleTreeDrafter(Drafter):
         model: the EagleDrafter (bound to `target` here; its aux layers become `target_hidden_layers`).
         target: the target model.
         top_k: children per expanded node, and nodes expanded per depth.
+        static: keep the drafter's keys and values in preallocated storage and draft with fixed shapes, captured
+            as CUDA graphs on the GPU (`StaticEagleTree`; sized at `begin` from the request's max_length).
     """
 
     name = "eagle"
 
-    def __init__(self, model: EagleDrafter, target: nn.Module, top_k: int = 10):
+    def __init__(self, model: EagleDrafter, target: nn.Module, top_k: int = 10, static: bool = False):
         if not isinstance(model, EagleDrafter):
             raise TypeError(f"the 'eagle' drafter needs an EagleDrafter as draft_model, got {type(model).__name__}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -54,6 +55,8 @@ class EagleTreeDrafter(Drafter):
         self.model = model.bind(target)
         self.top_k = min(top_k, model.config.draft_vocab_size)
         self.target_hidden_layers = tuple(model.config.aux_layers)
+        self.static = static
+        self._store: StaticEagleTree | None = None  # this request's static storage (static=True)
         self._reset()
 
     def _reset(self) -> None:
@@ -68,6 +71,10 @@ class EagleTreeDrafter(Drafter):
     def begin(self, input_ids: torch.Tensor, context: DraftContext | None = None,
               hidden: TargetHidden | None = None) -> None:
         self._reset()
+        self._store = None
+        max_length = getattr(getattr(context, "generation_config", None), "max_length", None)
+        if self.static and max_length is not None:
+            self._store = static_eagle_tree(self.model, self.top_k, max_length)
         self._take(hidden, "begin")
         self._advance(input_ids)
 
@@ -100,8 +107,11 @@ class EagleTreeDrafter(Drafter):
         tokens = input_ids[:, self.steps + 1 : self.steps + 1 + count].to(device)
         positions = torch.arange(self.steps, self.steps + count, device=device).unsqueeze(0)
         step = self.model.project(pending[:, :count], self.model.embed(tokens), positions)
-        keys = step.key if self.keys is None else torch.cat([self.keys, step.key], dim=2)
-        values = step.value if self.values is None else torch.cat([self.values, step.value], dim=2)
+        if self._store is not None:
+            keys, values = self._store.write(self.steps, step.key, step.value)
+        else:
+            keys = step.key if self.keys is None else torch.cat([self.keys, step.key], dim=2)
+            values = step.value if self.values is None else torch.cat([self.values, step.value], dim=2)
         past = keys.shape[2] - count
         # Causal over everything held: new step i sees the `past` old steps and new steps 0..i.
         mask = torch.ones(count, past + count, dtype=torch.bool, device=device)
@@ -121,84 +131,28 @@ class EagleTreeDrafter(Drafter):
                                "tokens; it is out of step with the target (begin/accept were not called in order)")
         if budget.max_depth <= 0 or budget.max_nodes <= 0:
             return empty_draft(1, input_ids.device)
-        model = self.model
-        device = self.last_logp.device
-        k = self.top_k
-        to_target = model.draft_to_target
+        if self._store is not None:
+            cands = self._store.draft(self.steps, self.last_hidden, self.last_logp, budget)
+        else:
+            depths = torch.arange(self.steps, self.steps + budget.max_depth - 1, device=self.last_logp.device)
+            tables = self.model.rotary_tables(depths.view(1, -1), self.last_hidden.dtype)
+            cands = expand_tree(self.model, self.top_k, budget.max_nodes, budget.max_depth, self.last_hidden,
+                                self.last_logp, self.keys, self.values, None, tables)
+        return _host_draft(cands)
 
-        top = self.last_logp.topk(k)
-        cand_tokens = [top.indices]  # draft ids, per depth
-        cand_scores = [top.values]  # cumulative log-probabilities
-        cand_parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
-        num_cands = k
-        # The frontier: candidates to run next (global candidate ids), the hidden state of their parent's step,
-        # and their parent's index among the expanded nodes (-1: the root step).
-        frontier = torch.arange(k, device=device)
-        frontier_hidden = self.last_hidden.expand(k, -1)
-        frontier_parent = torch.full((k,), -1, dtype=torch.long, device=device)
-        tree_keys = self.keys[:, :, :0]
-        tree_values = self.values[:, :, :0]
-        ancestors = torch.zeros(0, 0, dtype=torch.bool, device=device)  # among expanded nodes, self included
-        all_tokens = torch.cat(cand_tokens)
-        all_scores = torch.cat(cand_scores)
-        # Every node of depth d sits at position steps + d - 1: the rotary tables of all depths at once.
-        depths = torch.arange(self.steps, self.steps + max(budget.max_depth - 1, 0), device=device).view(1, -1)
-        cos, sin = model.rotary_tables(depths, self.last_hidden.dtype)
-        for depth in range(1, budget.max_depth):
-            embeds = model.embed(to_target[all_tokens[frontier]].unsqueeze(0))
-            width = frontier.numel()
-            tables = (cos[:, :, depth - 1 : depth], sin[:, :, depth - 1 : depth])
-            step = model.project(frontier_hidden.unsqueeze(0), embeds, tables=tables)
-            expanded = ancestors.shape[0]
-            own = torch.zeros(width, expanded + width, dtype=torch.bool, device=device)
-            has_parent = frontier_parent >= 0
-            if expanded:
-                own[has_parent, :expanded] = ancestors[frontier_parent[has_parent]]
-            own[:, expanded:] = torch.eye(width, dtype=torch.bool, device=device)
-            mask = torch.cat([torch.ones(width, self.steps, dtype=torch.bool, device=device), own], dim=1)
-            tree_keys = torch.cat([tree_keys, step.key], dim=2)
-            tree_values = torch.cat([tree_values, step.value], dim=2)
-            attn = model.attend(step.query, torch.cat([self.keys, tree_keys], dim=2),
-                                torch.cat([self.values, tree_values], dim=2), mask)
-            out = model.finish(step.residual, attn)[0]  # [width, H]
-            grown = torch.zeros(expanded + width, expanded + width, dtype=torch.bool, device=device)
-            grown[:expanded, :expanded] = ancestors
-            grown[expanded:] = own
-            ancestors = grown
 
-            logp = torch.log_softmax(model.logits(out).float(), dim=-1)
-            child = logp.topk(k, dim=-1)  # [width, k]
-            scores = (all_scores[frontier].unsqueeze(1) + child.values).flatten()
-            cand_tokens.append(child.indices.flatten())
-            cand_scores.append(scores)
-            cand_parents.append(frontier.repeat_interleave(k))
-            new_ids = torch.arange(num_cands, num_cands + width * k, device=device)
-            num_cands += width * k
-            all_tokens = torch.cat(cand_tokens)
-            all_scores = torch.cat(cand_scores)
-            if depth + 1 == budget.max_depth:
-                break
-            best = scores.topk(min(k, scores.numel())).indices
-            frontier = new_ids[best]
-            frontier_hidden = out[best // k]
-            frontier_parent = expanded + best // k
-
-        parents = torch.cat(cand_parents)
-        # Stable sort: among equal scores the earlier candidate (a parent before its child) comes first, so the
-        # kept set is closed under parents.
-        order = torch.sort(all_scores, descending=True, stable=True).indices[: budget.max_nodes]
-        keep = order.sort().values
-        # The tree goes to the host in one read (like a cache draft): trimming it, laying out the verify tree and
-        # reading its tokens during verification then touch no device memory.
-        n = all_tokens.numel()
-        ints = torch.cat([to_target[all_tokens], parents, keep]).cpu()
-        full = DraftTree(tokens=ints[:n].unsqueeze(0), parents=ints[n : 2 * n].unsqueeze(0),
-                         scores=all_scores.exp().unsqueeze(0).cpu(), info={"drafter": "eagle"})
-        return full.select(ints[2 * n :])
+def _host_draft(cands: TreeCandidates) -> DraftTree:
+    """The kept candidates as a draft on the host, in one read (like a cache draft): trimming it, laying out the
+    verify tree and reading its tokens during verification then touch no device memory."""
+    n = cands.tokens.numel()
+    ints = torch.cat([cands.tokens, cands.parents, cands.keep]).cpu()
+    full = DraftTree(tokens=ints[:n].unsqueeze(0), parents=ints[n : 2 * n].unsqueeze(0),
+                     scores=cands.scores.exp().unsqueeze(0).cpu(), info={"drafter": "eagle"})
+    return full.select(ints[2 * n :])
 
 
 def make_eagle_drafter(config, target: nn.Module, draft_model: nn.Module | None) -> EagleTreeDrafter:
     """The drafter `AssistantConfig(drafter="eagle")` names: `draft_model` must be an `EagleDrafter`."""
     if draft_model is None:
         raise ValueError("the 'eagle' drafter needs draft_model=EagleDrafter.from_pretrained(...)")
-    return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k)
+    return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k, static=config.compile)

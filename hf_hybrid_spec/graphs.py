@@ -1,0 +1,44 @@
+"""CUDA graph capture shared by the static verify runner and the static drafters.
+
+`capture(fn, pool, device)` warms `fn` up on a side stream (Triton compiles, cuBLAS picks algorithms), then records
+one call of it into a `torch.cuda.CUDAGraph` in `pool`, and returns the graph and what that call returned (its
+tensors live in the pool and are rewritten by every replay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["capture", "clear_cublas_workspaces"]
+
+
+def clear_cublas_workspaces() -> None:
+    """cuBLAS keeps one workspace per (handle, stream) and a captured matmul keeps using the one it saw. Clearing them
+    right before a capture makes the capture allocate its own inside the graph's pool (which lives as long as the
+    graph), and right after it, so nothing else reuses that one. Without this a graph can point at a workspace that
+    someone else frees: torch.compile's CUDA graphs (stock generate with cache_implementation="static") clear all
+    workspaces, and replays then hit an illegal address."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # absent from CPU-only builds
+    if clear is not None:
+        clear()
+
+
+def capture(fn: Callable[[], Any], pool, device: torch.device, warmups: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Warm `fn` up `warmups` times on a side stream, then capture one call. Returns (graph, fn's output)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    clear_cublas_workspaces()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
+    finally:
+        clear_cublas_workspaces()
+    return graph, out
