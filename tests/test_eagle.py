@@ -232,6 +232,24 @@ def test_greedy_identity_random_and_trained_chain_and_tree(family):
     torch.testing.assert_close(drafter.final_keys, step.key, atol=2e-3, rtol=2e-3)
 
 
+def test_static_eagle_storage_is_reused_and_grows():
+    from hf_hybrid_spec.eagle.static import _TREES, static_eagle_tree
+
+    target = tiny_model("qwen3_5_text")
+    model = EagleDrafter.from_target(target, draft_vocab_size=32)
+    cfg = H.AssistantConfig(drafter="eagle", draft_top_k=3, max_draft_tokens=8, max_depth=4, compile=True)
+    kw = dict(do_sample=False, eos_token_id=None, custom_generate=H.speculative_generate, assistant_config=cfg,
+              draft_model=model)
+    for n, new in ((10, 8), (9, 6), (12, 30)):
+        ids = prompt(n, length=n)
+        ref = target.generate(ids, do_sample=False, max_new_tokens=new, eos_token_id=None)
+        assert torch.equal(target.generate(ids, max_new_tokens=new, **kw), ref)
+        (tree,) = _TREES[model].values()
+        assert tree.capacity == (18 if n < 12 else 42)  # the first request's max_length, until a longer one
+    with pytest.raises(RuntimeError, match="holds 42 steps"):
+        static_eagle_tree(model, 3, 42).write(40, torch.zeros(1, 1, 3, 1), torch.zeros(1, 1, 3, 1))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cuda_graphs_eagle_drafts_match_eager_and_are_reused(family):

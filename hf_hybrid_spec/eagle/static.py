@@ -78,7 +78,15 @@ class StaticEagleTree:
                 return self._expand(*key)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            entry = self._graphs[key] = capture(lambda: self._expand(*key), self._pool, self.device)
+            try:
+                entry = capture(lambda: self._expand(*key), self._pool, self.device)
+            except RuntimeError as err:
+                # Drafting only decides what gets verified, never what is committed: run it eagerly from now on
+                # rather than fail the request.
+                logger.warning("capturing the EAGLE tree expansion failed (%s); drafting eagerly instead", err)
+                self.use_graphs = False
+                return self._expand(*key)
+            self._graphs[key] = entry
             self.captures += 1
             logger.info("captured the EAGLE tree expansion for %d nodes, depth %d", *key)
         graph, out = entry
