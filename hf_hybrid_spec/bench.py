@@ -298,6 +298,14 @@ class SuffixStores:
         self.stores[name] = dict(suffix._GLOBAL)
         suffix._GLOBAL.clear()
 
+    def snapshot(self, name: str) -> dict:
+        """A copy of `name`'s store as it is now (outside enter/leave), for `restore`."""
+        return {key: cache.copy() for key, cache in self.stores.get(name, {}).items()}
+
+    def restore(self, name: str, snapshot: dict) -> None:
+        """Put back a `snapshot`: a repeated call then learns from exactly what the first one did."""
+        self.stores[name] = snapshot
+
 
 def build_methods(names: list[str], dtype, device, compiled: bool = False, compiled_only: bool = False):
     methods = []

@@ -360,6 +360,26 @@ def test_suffix_trie_counts_and_eviction():
     trie.insert(seqs[0])
     assert len(trie.counts) == size and _trie_table(trie) == table  # freed ids were reused, nothing grew
 
+    # A copy is independent: what one learns, the other does not see (benchmarks replay calls from a snapshot).
+    from hf_hybrid_spec.drafters.suffix import GlobalSuffixCache
+
+    cache = GlobalSuffixCache(depth=6, max_outputs=2)
+    cache.add(seqs[1])
+    snap = cache.copy()
+    cache.add(seqs[2])
+    assert _trie_table(snap.trie) == _trie_table(fresh_of([seqs[1]])) and len(snap.outputs) == 1
+    assert _trie_table(cache.trie) == _trie_table(fresh_of(seqs[1:]))
+
+
+def fresh_of(seqs, depth=6):
+    """The trie of `seqs` built from scratch."""
+    from hf_hybrid_spec.drafters.suffix import SuffixTrie
+
+    trie = SuffixTrie(depth=depth)
+    for s in seqs:
+        trie.insert(s)
+    return trie
+
 
 def test_node_depth_host_walk_matches_the_ancestor_mask():
     from hf_hybrid_spec.kernels.tree import ancestor_mask, node_depth

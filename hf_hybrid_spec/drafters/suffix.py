@@ -109,6 +109,13 @@ class SuffixTrie:
                     break
                 node = child
 
+    def copy(self) -> SuffixTrie:
+        """An independent copy (benchmarks replay a call from the same state)."""
+        new = SuffixTrie(self.depth)
+        new.children = [dict(c) for c in self.children]
+        new.counts, new.totals, new._free = list(self.counts), list(self.totals), list(self._free)
+        return new
+
     def _release(self, node: int) -> None:
         stack = [node]
         while stack:
@@ -127,6 +134,13 @@ class GlobalSuffixCache:
         self.max_outputs = max_outputs
         self.outputs: deque[list[int]] = deque()
         self.lock = threading.Lock()
+
+    def copy(self) -> GlobalSuffixCache:
+        """An independent copy (its own trie, outputs and lock)."""
+        with self.lock:
+            new = GlobalSuffixCache(self.trie.depth, self.max_outputs)
+            new.trie, new.outputs = self.trie.copy(), deque(self.outputs)
+        return new
 
     def add(self, tokens: list[int]) -> None:
         if not tokens:
