@@ -70,6 +70,7 @@ class Tally:
     model_runs: int = 0
     options: dict = field(default_factory=dict)
     replay_diverged: int = 0
+    captures: int = 0  # CUDA graphs captured inside this method's timed calls (0 in a steady state)
 
     def add(self, run: CallRun, ref: torch.Tensor, drafter: HybridDrafter | None = None) -> None:
         self.seconds += run.seconds
@@ -195,6 +196,21 @@ def run_method(name: str, methods: Methods, stores: SuffixStores, ids, gen_kwarg
     return run, drafter
 
 
+def _graphs_captured() -> int:
+    """CUDA graphs captured so far in this process: verify / commit runners and EAGLE tree expansions."""
+    from ..eagle.static import _TREES
+    from ..static import CAPTURES
+
+    return CAPTURES.total + sum(t.captures for trees in list(_TREES.values()) for t in trees.values())
+
+
+def _longest_prompt(tok, sessions, max_new_tokens: int) -> int:
+    """An upper bound of the prompt tokens of any call: every session's last call, earlier outputs stood in for by
+    text of twice `max_new_tokens` tokens (a decoded output re-encodes to about as many tokens as were generated)."""
+    filler = " ".join(["word"] * (2 * max_new_tokens))
+    return max(len(tok(s.prompt(s.num_calls - 1, [filler] * (s.num_calls - 1))).input_ids) for s in sessions) + 16
+
+
 def _median(runs: list):
     """The run of median wall time (the lower middle one for an even count)."""
     key = (lambda r: r[0].seconds) if isinstance(runs[0], tuple) else (lambda r: r.seconds)
@@ -285,6 +301,16 @@ def main(argv=None) -> dict:
     warm_ref = timed_generate(model, warm_ids, gen_kwargs).sequences
     for name in args.methods:
         run_method(name, methods, warm_stores, warm_ids, gen_kwargs, warm_ref)
+    if args.compile:
+        # Size the static runners (and the EAGLE drafter's static storage) for the longest call now: a call longer
+        # than any before builds a larger runner, and its graph captures would land in the timed call of whichever
+        # method happened to run first on that runner.
+        longest = _longest_prompt(tok, sessions, args.max_new_tokens)
+        long_ids = torch.randint(2, model.config.get_text_config().vocab_size, (1, longest),
+                                 generator=torch.Generator().manual_seed(0)).to(args.device)
+        long_ref = timed_generate(model, long_ids, gen_kwargs).sequences
+        for name in args.methods:
+            run_method(name, methods, SuffixStores(), long_ids, gen_kwargs, long_ref)
     clear_global_suffix_cache()
     quiet_gc()
 
@@ -331,8 +357,10 @@ def main(argv=None) -> dict:
             order = args.methods[calls % len(args.methods):] + args.methods[: calls % len(args.methods)]
             calls += 1
             for name in order:
+                before = _graphs_captured()
                 run, drafter = _repeated(name, methods, stores, ids, gen_kwargs, ref, oracle_records, args.repeats)
                 tallies[session.workload][name].add(run, ref, drafter)
+                tallies[session.workload][name].captures += _graphs_captured() - before
     clear_global_suffix_cache()
 
     # 3. Report (workloads a --max-minutes cut left without a timed call are dropped).
@@ -344,7 +372,7 @@ def main(argv=None) -> dict:
           f"dtype={args.dtype} compile={args.compile} sessions={timed_sessions} max_new_tokens={args.max_new_tokens} "
           f"minutes={(time.perf_counter() - started) / 60:.1f}")
     print(f"{'workload':<12}{'method':<11}{'speedup':>9}{'tok/fwd':>9}{'nodes/fwd':>11}{'model runs':>12}"
-          f"{'cache/model/merged':>21}{'mismatch':>10}")
+          f"{'cache/model/merged':>21}{'mismatch':>10}{'captures':>10}  (captures: CUDA graphs captured while timed)")
     for w, t in tallies.items():
         for m in ["stock", *args.methods]:
             r = t[m]
@@ -353,7 +381,8 @@ def main(argv=None) -> dict:
             opts = "/".join(str(r.options.get(o, 0)) for o in HEADS) if r.options else "-"
             tpf = f"{r.tokens_per_forward:.2f}" if m != "stock" else "1.00"
             npf = f"{r.drafted / max(1, r.forwards):.1f}" if m != "stock" else "0"
-            print(f"{w:<12}{m:<11}{speed:>8.2f}x{tpf:>9}{npf:>11}{runs:>12}{opts:>21}{r.mismatches:>10}")
+            print(f"{w:<12}{m:<11}{speed:>8.2f}x{tpf:>9}{npf:>11}{runs:>12}{opts:>21}{r.mismatches:>10}"
+                  f"{r.captures:>10}")
     agentic = [w for w in tallies if w in AGENTIC]
     targets = {}
     if agentic and {"suffix", "eagle", "hvd"} <= set(args.methods):
@@ -414,6 +443,7 @@ def main(argv=None) -> dict:
                                        if t[m].options} for w, t in tallies.items()},
         "options": {w: {m: t[m].options for m in args.methods if t[m].options} for w, t in tallies.items()},
         "mismatches": {w: {m: t[m].mismatches for m in args.methods} for w, t in tallies.items()},
+        "graph_captures_while_timed": {w: {m: t[m].captures for m in args.methods} for w, t in tallies.items()},
         "oracle_replay_diverged": sum(t["oracle"].replay_diverged for t in tallies.values())
         if "oracle" in args.methods else None,
         "stock_ms_per_token": {w: round(1e3 * t["stock"].seconds / max(1, t["stock"].new_tokens), 3)
