@@ -284,8 +284,10 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     # Static shapes and CUDA graphs (issue #8): asked for, or implied by cache_implementation="static".
     static = config.compile or generation_config.cache_implementation == "static"
     if static:
+        # Leased to this call (`rec` lives exactly as long): a concurrent call never gets the same runner.
         runner = static_runner(model, generation_config.max_length + max(config.compile_buckets),
-                               config.compile_buckets, bool(tuple(drafter.target_hidden_layers)) or arbiter_hidden)
+                               config.compile_buckets, bool(tuple(drafter.target_hidden_layers)) or arbiter_hidden,
+                               owner=rec)
         cache = runner.cache
     else:
         cache = HybridTreeCache(model.config)
@@ -406,6 +408,7 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     drafter.end(rec.input_ids)
     if runner is not None:
         stats.graph_captures = runner.captures
+        runner.release()
     if streamer is not None:
         streamer.end()
     logger.info(

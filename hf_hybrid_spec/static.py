@@ -20,6 +20,7 @@ same to win. `StaticTreeRunner` runs the verify forward over a `HybridTreeCache(
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -148,6 +149,19 @@ class StaticTreeRunner:
         # The commit graph needs graph-safe commit ops: the Triton kernels (the PyTorch commit reads the path
         # back to the host). Decided once per runner, as the backend is per call of generate.
         self._graph_commit = None
+        self._owner = None  # weak reference to the generate call using this runner (see `lease`)
+
+    def lease(self, owner) -> None:
+        """Mark the runner in use by `owner` (an object that lives as long as the generate call) until `release` or
+        until the owner is gone (a call that raised)."""
+        self._owner = weakref.ref(owner)
+
+    def release(self) -> None:
+        self._owner = None
+
+    @property
+    def in_use(self) -> bool:
+        return self._owner is not None and self._owner() is not None
 
     @property
     def max_nodes(self) -> int:
@@ -342,27 +356,41 @@ class StaticTreeRunner:
 # that alternates drafters (one reads the target's hidden states, one does not) keeps both sets of graphs
 # instead of recapturing every bucket on each switch; each runner holds a static cache, so the count is bounded.
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RUNNERS_LOCK = threading.Lock()
 MAX_RUNNERS_PER_MODEL = 4
 
 
 def static_runner(
-    model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool
+    model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool, owner=None
 ) -> StaticTreeRunner:
-    """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits).
+    """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits),
+    leased to `owner` (see `StaticTreeRunner.lease`) when given.
 
     Runners are kept per (buckets, output_hidden_states, device); one that is too short for a request is
-    replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is dropped.
+    replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is dropped. A
+    runner leased to a call still running (another thread) is never handed out twice: that request gets a runner of
+    its own, not kept (correct, but it captures its own graphs).
     """
     key = (tuple(sorted({int(b) for b in buckets})), bool(output_hidden_states), str(model.device))
-    runners = _RUNNERS.setdefault(model, {})
-    runner = runners.pop(key, None)
-    if runner is not None and runner.static_length >= static_length:
-        runner.cache.reset()
-    else:
-        runner = None  # drop the short one before allocating the new cache
-        cache = HybridTreeCache(model.config, static_length=static_length)
-        runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states)
-    runners[key] = runner  # most recently used last
-    while len(runners) > MAX_RUNNERS_PER_MODEL:
-        runners.pop(next(iter(runners)))
+    with _RUNNERS_LOCK:
+        runners = _RUNNERS.setdefault(model, {})
+        runner = runners.get(key)
+        if runner is not None and runner.in_use:
+            logger.warning_once("a static runner of this model is in use by another generate call: this call builds "
+                                "its own (concurrent calls with compile=True each capture their own graphs)")
+            runner = StaticTreeRunner(model, HybridTreeCache(model.config, static_length=static_length), buckets,
+                                      output_hidden_states=output_hidden_states)
+        else:
+            runners.pop(key, None)
+            if runner is not None and runner.static_length >= static_length:
+                runner.cache.reset()
+            else:
+                runner = None  # drop the short one before allocating the new cache
+                cache = HybridTreeCache(model.config, static_length=static_length)
+                runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states)
+            runners[key] = runner  # most recently used last
+            while len(runners) > MAX_RUNNERS_PER_MODEL:
+                runners.pop(next(iter(runners)))
+        if owner is not None:
+            runner.lease(owner)
     return runner

@@ -249,6 +249,19 @@ def test_static_eagle_storage_is_reused_and_grows():
     with pytest.raises(RuntimeError, match="holds 42 steps"):
         static_eagle_tree(model, 3, 42).write(40, torch.zeros(1, 1, 3, 1), torch.zeros(1, 1, 3, 1))
 
+    # Leased storage is never handed to a second request running at the same time; released, it is reused.
+    class Request:
+        pass
+
+    first, second = Request(), Request()
+    held = static_eagle_tree(model, 3, 20, owner=first)
+    other = static_eagle_tree(model, 3, 20, owner=second)
+    assert held is tree and other is not held and held.in_use
+    held.release()
+    assert static_eagle_tree(model, 3, 20, owner=second) is held
+    del second
+    assert not held.in_use  # a request that died without ending gives its storage back
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("family", FAMILIES)

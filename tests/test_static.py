@@ -121,6 +121,37 @@ def test_static_runner_is_reused_across_requests():
     assert len(_RUNNERS[model]) == 2 and runner in _RUNNERS[model].values()
 
 
+def test_concurrent_calls_never_share_a_static_runner():
+    """Two threads generating with compile=True on one model: each call gets a runner (static cache) of its own while
+    the other runs; outputs equal stock greedy. Sharing one crashed or mixed the two requests' caches."""
+    import threading
+
+    model = tiny_model("qwen3_5_text")
+    prompts = [ids_of(12 + i, i) for i in range(3)]
+    refs = [model.generate(p, max_new_tokens=40, do_sample=False, eos_token_id=None) for p in prompts]
+    cfg = H.AssistantConfig(drafter="ngram", compile=True)
+    same, errors = [], []
+
+    def work(i):
+        try:
+            for _ in range(3):
+                out = model.generate(prompts[i], max_new_tokens=40, do_sample=False, eos_token_id=None,
+                                     custom_generate=H.speculative_generate, assistant_config=cfg)
+                same.append(torch.equal(out, refs[i]))
+        except Exception as err:  # reported below: a thread's exception would otherwise be lost
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and same == [True] * 9, (errors, same)
+    from hf_hybrid_spec.static import _RUNNERS
+
+    assert not any(r.in_use for r in _RUNNERS[model].values())  # every lease was returned
+
+
 def _random_draft(n, seed, vocab=96):
     g = torch.Generator().manual_seed(seed)
     parents = [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, n)]

@@ -71,10 +71,10 @@ class EagleTreeDrafter(Drafter):
     def begin(self, input_ids: torch.Tensor, context: DraftContext | None = None,
               hidden: TargetHidden | None = None) -> None:
         self._reset()
-        self._store = None
+        self._release_store()
         max_length = getattr(getattr(context, "generation_config", None), "max_length", None)
         if self.static and max_length is not None:
-            self._store = static_eagle_tree(self.model, self.top_k, max_length)
+            self._store = static_eagle_tree(self.model, self.top_k, max_length, owner=self)
         self._take(hidden, "begin")
         self._advance(input_ids)
 
@@ -85,6 +85,12 @@ class EagleTreeDrafter(Drafter):
 
     def end(self, input_ids: torch.Tensor) -> None:
         self._reset()
+        self._release_store()
+
+    def _release_store(self) -> None:
+        if self._store is not None:
+            self._store.release()
+            self._store = None
 
     def _take(self, hidden: TargetHidden | None, where: str) -> None:
         if hidden is None:

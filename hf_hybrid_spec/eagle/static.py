@@ -12,6 +12,7 @@ its buffers); a request longer than its capacity replaces it.
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
@@ -54,6 +55,17 @@ class StaticEagleTree:
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, TreeCandidates]] = {}
         self._pool = None
         self.captures = 0
+        self._owner = None  # weak reference to the drafter whose request holds the storage
+
+    def lease(self, owner) -> None:
+        self._owner = weakref.ref(owner)
+
+    def release(self) -> None:
+        self._owner = None
+
+    @property
+    def in_use(self) -> bool:
+        return self._owner is not None and self._owner() is not None
 
     def write(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store steps start .. start + T ([1, kv, T, d] each); returns the keys and values of steps 0 .. start + T."""
@@ -103,14 +115,22 @@ class StaticEagleTree:
 
 # Per EagleDrafter (weakly), the static trees of the (top-k, device) settings in use.
 _TREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TREES_LOCK = threading.Lock()
 
 
-def static_eagle_tree(model: EagleDrafter, top_k: int, capacity: int) -> StaticEagleTree:
-    """The kept StaticEagleTree for this drafter and top-k, replaced by a larger one when `capacity` exceeds it."""
-    trees = _TREES.setdefault(model, {})
+def static_eagle_tree(model: EagleDrafter, top_k: int, capacity: int, owner=None) -> StaticEagleTree:
+    """The kept StaticEagleTree for this drafter and top-k, replaced by a larger one when `capacity` exceeds it, and
+    leased to `owner` when given. One leased to a request still running (another thread) is never handed out twice:
+    that request gets storage of its own, not kept."""
     key = (top_k, str(model.fc.weight.device))
-    tree = trees.get(key)
-    if tree is None or tree.capacity < capacity:
-        trees.pop(key, None)  # drop the short one (and its graphs) before allocating
-        tree = trees[key] = StaticEagleTree(model, top_k, capacity)
+    with _TREES_LOCK:
+        trees = _TREES.setdefault(model, {})
+        tree = trees.get(key)
+        if tree is not None and tree.in_use:
+            tree = StaticEagleTree(model, top_k, capacity)
+        elif tree is None or tree.capacity < capacity:
+            trees.pop(key, None)  # drop the short one (and its graphs) before allocating
+            tree = trees[key] = StaticEagleTree(model, top_k, capacity)
+        if owner is not None:
+            tree.lease(owner)
     return tree
