@@ -170,6 +170,12 @@ class EagleDrafter(PreTrainedModel):
         self._shared = _SharedEmbedding(target.get_input_embeddings())
         return self
 
+    def embed_table_ptr(self) -> int:
+        """Address of the bound target's embedding weights (identifies what captured drafting graphs read)."""
+        if self._shared is None:
+            raise RuntimeError("this EagleDrafter is not bound to a target: call drafter.bind(target) first")
+        return self._shared.module.weight.data_ptr()
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Target token embeddings [B, T, H] of target ids [B, T], in the drafter's dtype and device."""
         if self._shared is None:
