@@ -126,7 +126,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=None,
                    help="start no new timed session after this many minutes (sessions interleave the workloads)")
     p.add_argument("--out", default=None, help="directory for results.json, the cost profile and the PNGs")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    return args
 
 
 def _default(path: str | None, folder: str, model: str, suffix: str = "") -> str:
