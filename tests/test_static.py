@@ -152,6 +152,32 @@ def test_concurrent_calls_never_share_a_static_runner():
     assert not any(r.in_use for r in _RUNNERS[model].values())  # every lease was returned
 
 
+def test_a_call_that_raises_leaves_the_runner_usable():
+    """A user's stopping criterion raising mid-generation: the runner's lease ends with the call, and the next request
+    reuses it (no fresh capture) with the right output."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    from hf_hybrid_spec.static import _RUNNERS
+
+    class Boom(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            if input_ids.shape[1] > 20:
+                raise RuntimeError("boom")
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    model = tiny_model("qwen3_5_text")
+    ids = ids_of(12, 4)
+    ref = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    kw = dict(max_new_tokens=24, do_sample=False, eos_token_id=None, custom_generate=H.speculative_generate,
+              assistant_config=H.AssistantConfig(drafter="ngram", compile=True))
+    with pytest.raises(RuntimeError, match="boom"):
+        model.generate(ids, stopping_criteria=StoppingCriteriaList([Boom()]), **kw)
+    (runner,) = [r for r in _RUNNERS[model].values()]
+    assert not runner.in_use
+    assert torch.equal(model.generate(ids, **kw), ref)
+    assert [r for r in _RUNNERS[model].values()] == [runner]
+
+
 def _random_draft(n, seed, vocab=96):
     g = torch.Generator().manual_seed(seed)
     parents = [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, n)]
