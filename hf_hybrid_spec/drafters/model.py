@@ -88,10 +88,12 @@ class ModelDrafter(Drafter):
             draft = self._chain(logits, length, min(budget.max_nodes, budget.max_depth))
         else:
             draft = self._tree(logits, length, budget)
+        # Tokens, parents and scores on the host (one read; trimming, layout and verification then read no device
+        # memory); the assistant's distributions, when lossy verification asked for them, stay on its device.
         return DraftTree(
-            tokens=draft.tokens.to(input_ids.device),
-            parents=draft.parents.to(input_ids.device),
-            scores=None if draft.scores is None else draft.scores.to(input_ids.device),
+            tokens=draft.tokens.cpu(),
+            parents=draft.parents.cpu(),
+            scores=None if draft.scores is None else draft.scores.cpu(),
             info={"drafter": "model"},
             next_probs=draft.next_probs,
         )
@@ -155,17 +157,17 @@ class ModelDrafter(Drafter):
         # Global top nodes by path log-probability; a parent never scores below its child, and ties are
         # broken by index, so the kept set is closed under parents and stays in topological order.
         order = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[: budget.max_nodes]
-        keep = torch.tensor(sorted(order), dtype=torch.long, device=dev)
+        keep = torch.tensor(sorted(order), dtype=torch.long)
         full = DraftTree(
-            tokens=torch.tensor([tokens], device=dev),
-            parents=torch.tensor([parents], device=dev),
-            scores=torch.tensor([scores], device=dev).exp(),
+            tokens=torch.tensor([tokens], dtype=torch.long),
+            parents=torch.tensor([parents], dtype=torch.long),
+            scores=torch.tensor([scores], dtype=torch.float32).exp(),
         )
-        kept = full.select(keep)
+        kept = full.select(keep)  # on the host, where the lists are
         if self.next_probs:
             # The expansion forwards never ran the deepest kept nodes: one tree forward over the kept tree gives the
             # assistant's distribution after every node.
-            sub = VerifyTree.from_parents(kept.tokens, kept.parents)
+            sub = VerifyTree.from_parents(kept.tokens.to(dev), kept.parents.to(dev))
             out = forward_tree(self.model, sub, self.cache, length, torch.tensor([length], device=dev))
             self.cache.abort()
             node_probs = torch.softmax(out.logits[0].float(), dim=-1)  # [M, V]

@@ -29,5 +29,6 @@ class NgramDrafter(Drafter):
             for start in hits.tolist():
                 follow = seq[start + n : start + n + want]
                 if follow.numel() > 0:
-                    return chain_tree(follow.unsqueeze(0))
-        return empty_draft(1, input_ids.device)
+                    # To the host (the hits were just read from the device anyway), like a cache draft.
+                    return chain_tree(follow.unsqueeze(0).cpu())
+        return empty_draft(1, "cpu")

@@ -101,13 +101,15 @@ class SelfSpecDrafter(Drafter):
         # Nodes were added level by level, so parents precede children; a path score never rises along a
         # path, so the best max_nodes nodes (ties by index) are closed under parents.
         keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[: budget.max_nodes])
+        # On the host, where the lists already are (like a cache draft: trimming, layout and verification then read
+        # no device memory).
         full = DraftTree(
-            tokens=torch.tensor([tokens], device=device),
-            parents=torch.tensor([parents], device=device),
-            scores=torch.tensor([scores], device=device).exp(),
+            tokens=torch.tensor([tokens], dtype=torch.long),
+            parents=torch.tensor([parents], dtype=torch.long),
+            scores=torch.tensor([scores], dtype=torch.float32).exp(),
             info={"drafter": self.name},
         )
-        return full.select(torch.tensor(keep, dtype=torch.long, device=device))
+        return full.select(torch.tensor(keep, dtype=torch.long))
 
     def _frontier_log_probs(self, root: torch.Tensor, tokens: list[int], parents: list[int], frontier: list[int],
                             length: int) -> torch.Tensor:
