@@ -1,18 +1,22 @@
-"""CUDA graph capture shared by the static verify runner and the static drafters.
+"""What the static verify runner and the static drafters share: CUDA graph capture, and leases on kept storage.
 
 `capture(fn, pool, device)` warms `fn` up on a side stream (Triton compiles, cuBLAS picks algorithms), then records
 one call of it into a `torch.cuda.CUDAGraph` in `pool`, and returns the graph and what that call returned (its
 tensors live in the pool and are rewritten by every replay).
+
+`Leased`: static storage is kept across requests (its graphs point at it), so two requests running at the same time
+(threads) must never get the same one; a lease marks which request holds it.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["capture", "clear_cublas_workspaces"]
+__all__ = ["Leased", "capture", "clear_cublas_workspaces"]
 
 
 def clear_cublas_workspaces() -> None:
@@ -42,3 +46,20 @@ def capture(fn: Callable[[], Any], pool, device: torch.device, warmups: int = 2)
     finally:
         clear_cublas_workspaces()
     return graph, out
+
+
+class Leased:
+    """Mixin: `lease(owner)` marks the object in use by `owner` (an object that lives as long as the request) until
+    `release()`, or until the owner is gone (a request that raised and was dropped)."""
+
+    _owner = None
+
+    def lease(self, owner) -> None:
+        self._owner = weakref.ref(owner)
+
+    def release(self) -> None:
+        self._owner = None
+
+    @property
+    def in_use(self) -> bool:
+        return self._owner is not None and self._owner() is not None

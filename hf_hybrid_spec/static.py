@@ -30,7 +30,7 @@ from transformers.utils import logging
 
 from .cache import HybridTreeCache, StaticKVMixin, TreeState, _TreeBook
 from .forward import forward_tokens
-from .graphs import clear_cublas_workspaces
+from .graphs import Leased, clear_cublas_workspaces
 from .kernels.backend import resolve
 from .kernels.tree import ancestor_mask
 from .models import get_adapter
@@ -108,7 +108,7 @@ class _Bucket:
         return mask.view(1, 1, self.n, self.max_length), positions
 
 
-class StaticTreeRunner:
+class StaticTreeRunner(Leased):
     """Verify forwards of fixed shape over a static `HybridTreeCache`.
 
     Args:
@@ -149,19 +149,6 @@ class StaticTreeRunner:
         # The commit graph needs graph-safe commit ops: the Triton kernels (the PyTorch commit reads the path
         # back to the host). Decided once per runner, as the backend is per call of generate.
         self._graph_commit = None
-        self._owner = None  # weak reference to the generate call using this runner (see `lease`)
-
-    def lease(self, owner) -> None:
-        """Mark the runner in use by `owner` (an object that lives as long as the generate call) until `release` or
-        until the owner is gone (a call that raised)."""
-        self._owner = weakref.ref(owner)
-
-    def release(self) -> None:
-        self._owner = None
-
-    @property
-    def in_use(self) -> bool:
-        return self._owner is not None and self._owner() is not None
 
     @property
     def max_nodes(self) -> int:
@@ -364,7 +351,7 @@ def static_runner(
     model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool, owner=None
 ) -> StaticTreeRunner:
     """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits),
-    leased to `owner` (see `StaticTreeRunner.lease`) when given.
+    leased to `owner` (`graphs.Leased`) when given.
 
     Runners are kept per (buckets, output_hidden_states, device); one that is too short for a request is
     replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is dropped. A

@@ -19,7 +19,7 @@ import torch
 from transformers.utils import logging
 
 from ..drafters.base import DraftBudget
-from ..graphs import capture
+from ..graphs import Leased, capture
 from .modeling import EagleDrafter
 from .tree import TreeCandidates, expand_tree
 
@@ -28,7 +28,7 @@ logger = logging.get_logger(__name__)
 __all__ = ["StaticEagleTree", "static_eagle_tree"]
 
 
-class StaticEagleTree:
+class StaticEagleTree(Leased):
     """Static storage and captured tree expansions for one EagleDrafter (bound to its target).
 
     Args:
@@ -55,17 +55,6 @@ class StaticEagleTree:
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, TreeCandidates]] = {}
         self._pool = None
         self.captures = 0
-        self._owner = None  # weak reference to the drafter whose request holds the storage
-
-    def lease(self, owner) -> None:
-        self._owner = weakref.ref(owner)
-
-    def release(self) -> None:
-        self._owner = None
-
-    @property
-    def in_use(self) -> bool:
-        return self._owner is not None and self._owner() is not None
 
     def write(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store steps start .. start + T ([1, kv, T, d] each); returns the keys and values of steps 0 .. start + T."""
