@@ -381,6 +381,39 @@ def fresh_of(seqs, depth=6):
     return trie
 
 
+def _ngram_reference(seq: list[int], ngram_size: int, want: int) -> list[int]:
+    """Prompt lookup written the plain way: scan for the earliest earlier occurrence of the last n tokens."""
+    for n in range(min(ngram_size, len(seq) - 1), 0, -1):
+        for start in range(len(seq) - n):
+            if seq[start : start + n] == seq[-n:]:
+                return seq[start + n : start + n + want]
+    return []
+
+
+def test_ngram_index_drafts_what_a_scan_finds():
+    from hf_hybrid_spec.drafters import DraftBudget, NgramDrafter
+    from hf_hybrid_spec.verify import VerifyResult
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        size, want = 1 + trial % 4, 1 + trial % 7
+        seq = torch.randint(0, 6, (1, 30), generator=g)
+        drafter = NgramDrafter(ngram_size=size, num_tokens=want)
+        drafter.begin(seq[:, :10])
+        for end in range(10, 31, 3):  # the loop feeds what it commits through accept
+            if end > 10:
+                new = seq[0, end - 3 : end].tolist()
+                drafter.accept(seq[:, :end], VerifyResult(path=[0], tokens=torch.tensor(new), score_nodes=[0],
+                                                          token_list=new))
+            draft = drafter.propose(seq[:, :end], DraftBudget(max_nodes=16, max_depth=16))
+            assert draft.tokens[0].tolist() == _ngram_reference(seq[0, :end].tolist(), size, want), (trial, end)
+            assert draft.num_nodes == 0 or draft.parents[0].tolist() == list(range(-1, draft.num_nodes - 1))
+    # Used without begin (outside the loop), it indexes the sequence it is given.
+    fresh = NgramDrafter(ngram_size=2, num_tokens=3)
+    ids = torch.tensor([[1, 2, 3, 4, 1, 2]])
+    assert fresh.propose(ids, DraftBudget(max_nodes=8, max_depth=8)).tokens[0].tolist() == [3, 4, 1]
+
+
 def test_node_depth_host_walk_matches_the_ancestor_mask():
     from hf_hybrid_spec.kernels.tree import ancestor_mask, node_depth
 
