@@ -7,7 +7,7 @@ nodes, runs it through the target in one forward, and commits the accepted root-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -119,19 +119,33 @@ class VerifyTree:
         depth: [B, N] int64; the root has depth 0.
         ancestors: [B, N, N] bool; ancestors[b, i, j] = node j is on node i's root path (i itself included).
         draft: the DraftTree this was built from.
+
+    `depth` and `ancestors` are worked out from `parent` on first use (on its device) and kept: the static runner
+    builds its own mask inside the captured graph, so on that path nobody reads them and they are never computed.
     """
 
     tokens: torch.Tensor
     parent: torch.Tensor
-    depth: torch.Tensor
-    ancestors: torch.Tensor
-    draft: DraftTree | None
+    draft: DraftTree | None = None
+    _ancestors: torch.Tensor | None = field(default=None, repr=False)
+    _depth: torch.Tensor | None = field(default=None, repr=False)
 
     @classmethod
     def from_parents(cls, tokens: torch.Tensor, parent: torch.Tensor, draft: DraftTree | None = None) -> VerifyTree:
         """A forward input over any node set given by parent pointers (-1: child of the committed state)."""
-        ancestors = ancestor_mask(parent, include_self=True)
-        return cls(tokens=tokens, parent=parent, depth=ancestors.sum(-1) - 1, ancestors=ancestors, draft=draft)
+        return cls(tokens=tokens, parent=parent, draft=draft)
+
+    @property
+    def ancestors(self) -> torch.Tensor:
+        if self._ancestors is None:
+            self._ancestors = ancestor_mask(self.parent, include_self=True)
+        return self._ancestors
+
+    @property
+    def depth(self) -> torch.Tensor:
+        if self._depth is None:
+            self._depth = self.ancestors.sum(-1) - 1
+        return self._depth
 
     @property
     def num_nodes(self) -> int:
@@ -190,9 +204,10 @@ def build_verify_tree(root: torch.Tensor, draft: DraftTree, device: torch.device
     parent = torch.cat(
         [torch.full((b, 1), -1, dtype=torch.long, device=par.device), torch.where(par >= 0, par + 1, 0)], dim=1
     )
-    tree = VerifyTree.from_parents(tokens, parent, draft)  # depth and ancestors on the parents' device
-    for name in ("tokens", "parent", "depth", "ancestors"):
-        t = getattr(tree, name)
-        if t.device != device:
-            setattr(tree, name, t.to(device, non_blocking=True))
-    return tree
+    tree = VerifyTree.from_parents(tokens, parent, draft)
+    if parent.device == device:
+        return tree  # depth and ancestors when first needed (the static runner never needs them)
+    # Another device: work them out where the parents are (a host draft: no launches) and move them with the rest.
+    move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+    return VerifyTree(tokens=move(tree.tokens), parent=move(parent), draft=draft, _ancestors=move(tree.ancestors),
+                      _depth=move(tree.depth))
