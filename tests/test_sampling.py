@@ -5,7 +5,6 @@ biased. Two levels: the verification rule alone on synthetic logits (many sample
 whole `generate` loop on a tiny-vocabulary hybrid model (joint distribution of the first two tokens).
 """
 
-import itertools
 
 import pytest
 import torch

@@ -3,7 +3,6 @@ Mamba layers): input validation."""
 
 from __future__ import annotations
 
-import torch
 
 from ..tree import validate_parent
 
