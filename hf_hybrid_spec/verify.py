@@ -45,6 +45,14 @@ class VerifyResult:
     score_nodes: list[int]
     token_list: list[int] | None = None
 
+    @classmethod
+    def from_host(cls, path: list[int], tokens: list[int], device: torch.device, **fields) -> VerifyResult:
+        """A result whose committed tokens the verifier chose on the host: `token_list` is `tokens`, and `tokens`
+        their copy on `device`, made without waiting for the stream (a plain `torch.tensor(..., device="cuda")`
+        waits for all queued work). `score_nodes` is the path: each token was chosen at the node before it."""
+        on_device = torch.tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
+        return cls(path=path, tokens=on_device, score_nodes=path[:], token_list=tokens, **fields)
+
     @property
     def leaf(self) -> int:
         return self.path[-1]
@@ -79,11 +87,6 @@ def process_tree_logits(
     return out
 
 
-def _device_tokens(tokens: list[int], device: torch.device) -> torch.Tensor:
-    # An asynchronous copy: a plain torch.tensor(..., device="cuda") waits for the whole stream.
-    return torch.tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
-
-
 def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
     """scores: [N, V] processed scores (or raw logits in any float dtype: the argmax is the same). One host read of
     the per-node argmax."""
@@ -101,9 +104,7 @@ def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
             break
         path.append(nxt)
         node = nxt
-    return VerifyResult(
-        path=path, tokens=_device_tokens(new_tokens, scores.device), score_nodes=path[:], token_list=new_tokens
-    )
+    return VerifyResult.from_host(path, new_tokens, scores.device)
 
 
 def verify_sampling(tree: VerifyTree, scores: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:
@@ -145,6 +146,4 @@ def verify_sampling(tree: VerifyTree, scores: torch.Tensor, generator: torch.Gen
         new_tokens.append(tokens[accepted])
         path.append(accepted)
         node = accepted
-    return VerifyResult(
-        path=path, tokens=_device_tokens(new_tokens, scores.device), score_nodes=path[:], token_list=new_tokens
-    )
+    return VerifyResult.from_host(path, new_tokens, scores.device)

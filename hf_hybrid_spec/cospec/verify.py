@@ -100,10 +100,7 @@ def verify_arbitrated(
             break
         path.append(nxt)
         node = nxt
-    return ArbitratedResult(
-        path=path, tokens=torch.tensor(new_tokens, dtype=torch.long, device=scores.device), score_nodes=path[:],
-        decisions=decisions, overrides=overrides,
-    )
+    return ArbitratedResult.from_host(path, new_tokens, scores.device, decisions=decisions, overrides=overrides)
 
 
 @functools.lru_cache(maxsize=8)

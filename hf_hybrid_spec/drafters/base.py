@@ -79,6 +79,16 @@ class DraftBudget:
     max_depth: int
 
 
+def committed_since(input_ids: torch.Tensor, seen: int, result: VerifyResult) -> list[int]:
+    """The committed tokens past the first `seen` of `input_ids` [1, L], as a list: the verifier's host copy when it
+    has one and it covers exactly those (no device read), else read from `input_ids` (a stopping criterion cut the
+    accepted run short, or the verifier kept no host copy)."""
+    new = result.token_list
+    if new is None or seen + len(new) != input_ids.shape[1]:
+        new = input_ids[0, seen:].tolist()
+    return new
+
+
 class Drafter(ABC):
     name: str = "drafter"
     # Indices into the target's `hidden_states` output this drafter wants (empty: none, and no cost).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree, chain_tree, empty_draft
-from .base import DraftBudget, Drafter
+from .base import DraftBudget, Drafter, committed_since
 
 
 class NgramDrafter(Drafter):
@@ -29,11 +29,7 @@ class NgramDrafter(Drafter):
         self._extend(input_ids[0].tolist())
 
     def accept(self, input_ids: torch.Tensor, result, hidden=None) -> None:
-        new = result.token_list
-        if new is None or len(self._tokens) + len(new) != input_ids.shape[1]:
-            # No host copy of the tokens, or a stopping criterion cut the accepted run short: read the device.
-            new = input_ids[0, len(self._tokens) :].tolist()
-        self._extend(new)
+        self._extend(committed_since(input_ids, len(self._tokens), result))
 
     def _extend(self, tokens: list[int]) -> None:
         seq, first = self._tokens, self._first

@@ -19,7 +19,7 @@ from collections import deque
 import torch
 
 from ..tree import DraftTree, empty_draft
-from .base import DraftBudget, Drafter
+from .base import DraftBudget, Drafter, committed_since
 
 __all__ = ["SuffixTrie", "SuffixDrafter", "clear_global_suffix_cache", "global_suffix_cache"]
 
@@ -210,11 +210,7 @@ class SuffixDrafter(Drafter):
         self._feed(input_ids[0].tolist())
 
     def accept(self, input_ids, result, hidden=None) -> None:
-        new = result.token_list
-        if new is None or self._seen + len(new) != input_ids.shape[1]:
-            # No host copy of the tokens, or a stopping criterion cut the accepted run short: read the device.
-            new = input_ids[0, self._seen :].tolist()
-        self._feed(new)
+        self._feed(committed_since(input_ids, self._seen, result))
 
     def end(self, input_ids: torch.Tensor) -> None:
         if self.global_cache is not None:
