@@ -30,7 +30,7 @@ from transformers.utils import logging
 
 from .cache import HybridTreeCache, StaticKVMixin, TreeState, _TreeBook
 from .forward import forward_tokens
-from .graphs import Leased, clear_cublas_workspaces
+from .graphs import Leased, capture
 from .kernels.backend import resolve
 from .kernels.tree import ancestor_mask
 from .models import get_adapter
@@ -283,58 +283,32 @@ class StaticTreeRunner(Leased):
         bucket.pending = self.cache._book.pending
         return out
 
+    def _in_tree(self, bucket: _Bucket, prefix_length: int, body):
+        """`body(bucket)` with the cache in tree mode for `bucket`'s tree, leaving it again after (captures)."""
+        self._enter_tree(bucket, prefix_length)
+        try:
+            return body(bucket)
+        finally:
+            self.cache._book = None
+
     def _capture(self, bucket: _Bucket, prefix_length: int) -> None:
-        # Warm up on a side stream (Triton compiles, cuBLAS picks algorithms), then capture. Warm-up forwards
-        # only write tree keys beyond the committed prefix and stash factors: nothing committed changes.
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._enter_tree(bucket, prefix_length)
-                self._run(bucket)
-                self.cache._book = None
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        # Warm-up forwards only write tree keys beyond the committed prefix and stash factors: nothing committed
+        # changes. The last call (the captured one) leaves the bucket's mask, depth and factors in the graph's pool.
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        self._enter_tree(bucket, prefix_length)
-        # The capture gets cuBLAS workspaces of its own, in this runner's pool (see graphs.clear_cublas_workspaces).
-        clear_cublas_workspaces()
-        try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                bucket.out = self._run(bucket)
-        finally:
-            clear_cublas_workspaces()
-        self.cache._book = None
-        bucket.graph = graph
+        bucket.graph, bucket.out = capture(lambda: self._in_tree(bucket, prefix_length, self._run), self._pool,
+                                           self.device)
         self.captures += 1
         CAPTURES.total += 1
         if self._graph_commit is None:
             self._graph_commit = resolve(self.device) == "triton"
         if self._graph_commit:
-            self._capture_commit(bucket, prefix_length, stream)
+            # Warmed up with leaf = -1 (commits nothing: recurrent states stay as they are, attention copies only
+            # write slots from the prefix on), so Triton compiles the commit kernels outside the capture.
+            bucket.leaf.fill_(-1)
+            bucket.commit_graph, _ = capture(lambda: self._in_tree(bucket, prefix_length, self._commit_body),
+                                             self._pool, self.device, warmups=1)
         logger.info("captured the verify forward for trees of %d nodes", bucket.n)
-
-    def _capture_commit(self, bucket: _Bucket, prefix_length: int, stream) -> None:
-        # Warm up with leaf = -1 (commits nothing: recurrent states stay as they are, attention copies only
-        # write slots from the prefix on), so Triton compiles the commit kernels outside the capture.
-        bucket.leaf.fill_(-1)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self._enter_tree(bucket, prefix_length)
-            self._commit_body(bucket)
-            self.cache._book = None
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        self._enter_tree(bucket, prefix_length)
-        clear_cublas_workspaces()
-        try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._commit_body(bucket)
-        finally:
-            clear_cublas_workspaces()
-            self.cache._book = None
-        bucket.commit_graph = graph
 
 
 # Runners outlive one `generate` call: their graphs point at the static cache's buffers, so the cache is reset

@@ -178,6 +178,67 @@ def test_a_call_that_raises_leaves_the_runner_usable():
     assert [r for r in _RUNNERS[model].values()] == [runner]
 
 
+def test_capture_paths_run_on_cpu_with_stand_in_graphs(monkeypatch):
+    """CI has no GPU, so the capture code (verify and commit graphs per bucket, EAGLE tree expansions per budget)
+    would otherwise only run on the device. With stand-ins for the CUDA graph plumbing it runs here: every bucket
+    gets its two graphs, every captured budget its graph, each step replays. (Outputs are not checked: a stand-in
+    replay computes nothing.)"""
+    import contextlib
+
+    import hf_hybrid_spec.graphs as G
+    from hf_hybrid_spec import static as S
+    from hf_hybrid_spec.eagle import EagleDrafter
+    from hf_hybrid_spec.eagle import static as ES
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+
+    recorded = []
+
+    @contextlib.contextmanager
+    def graph(g, pool=None):
+        recorded.append(g)
+        yield
+
+    for name, value in (("Stream", Stream), ("stream", lambda s: contextlib.nullcontext()), ("CUDAGraph", Graph),
+                        ("current_stream", lambda device=None: Stream()), ("graph", graph),
+                        ("graph_pool_handle", lambda: object())):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(S, "resolve", lambda device: "triton")  # graph-safe commit ops: capture the commit too
+    init = S.StaticTreeRunner.__init__
+    monkeypatch.setattr(S.StaticTreeRunner, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "use_graphs": True}))
+    model = tiny_model("qwen3_5_text")
+    ids = ids_of(10, 5)
+    out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, return_dict_in_generate=True,
+                         custom_generate=H.speculative_generate,
+                         assistant_config=H.AssistantConfig(drafter="ngram", compile=True))
+    assert out.spec_stats.graph_captures == len(H.AssistantConfig().compile_buckets) and len(recorded) == 8
+    assert Graph.replays == 2 * out.spec_stats.target_forwards  # a verify and a commit replay per step
+
+    eagle = EagleDrafter.from_target(model, draft_vocab_size=32)
+    tree_init = ES.StaticEagleTree.__init__
+    monkeypatch.setattr(ES.StaticEagleTree, "__init__",
+                        lambda self, *a, **k: tree_init(self, *a, **{**k, "use_graphs": True}))
+    before = Graph.replays
+    out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, return_dict_in_generate=True,
+                         custom_generate=H.speculative_generate, draft_model=eagle,
+                         assistant_config=H.AssistantConfig(drafter="eagle", draft_top_k=3, max_draft_tokens=8,
+                                                            max_depth=4, compile=True))
+    (tree,) = ES._TREES[eagle].values()
+    assert 1 <= tree.captures <= tree.MAX_GRAPHS
+    assert Graph.replays - before >= 2 * out.spec_stats.target_forwards  # plus the draft replays
+
+
 def _random_draft(n, seed, vocab=96):
     g = torch.Generator().manual_seed(seed)
     parents = [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, n)]
