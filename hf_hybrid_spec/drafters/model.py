@@ -116,7 +116,7 @@ class ModelDrafter(Drafter):
                     dists.append(torch.softmax(logits, dim=-1))
         finally:
             self.cache.restore(snap)
-        chain = chain_tree(torch.cat(tokens, dim=1))
+        chain = chain_tree(torch.cat(tokens, dim=1).cpu())  # one read; the parents are built on the host
         if self.next_probs:
             chain = dataclasses.replace(chain, next_probs=torch.stack(dists, dim=1))  # [1, steps + 1, V]
         return chain
