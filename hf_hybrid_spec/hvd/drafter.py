@@ -27,6 +27,7 @@ decoding whatever the policy picks, and sampling stays lossless (every draft is 
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from ..drafters.base import DraftBudget, DraftContext, Drafter, TargetHidden
 from ..tree import DraftTree, empty_draft
 from ..verify import VerifyResult
 from .cost import CostProfile, cached_profile, profile_costs, profile_key
-from .features import History, cache_features, model_features
+from .features import History, cache_features, model_features, tree_shape
 from .merge import MergedDraft, merge_drafts, realized_payoff
 from .policy import OPTIONS, LearnedPolicy, Policy, Step, ThresholdPolicy
 
@@ -198,12 +199,14 @@ class HybridDrafter(Drafter):
         cache_budget = budget if self.cache_tokens is None else DraftBudget(min(self.cache_tokens, budget.max_nodes),
                                                                              budget.max_depth)
         cache = self.cache_drafter.propose(input_ids, cache_budget)
-        if cache.num_nodes:
+        shape = tree_shape(cache)
+        if shape.depth > budget.max_depth or shape.num_nodes > cache_budget.max_nodes:
             cache = cache.truncate_depth(budget.max_depth)
             if cache.num_nodes > cache_budget.max_nodes:
                 cache = cache.select(torch.arange(cache_budget.max_nodes, device=cache.tokens.device))
+            shape = tree_shape(cache)
         position = length - self._prompt_length
-        features = cache_features(cache, self.history, self._prompt_length, position)
+        features = cache_features(cache, self.history, self._prompt_length, position, shape)
         step = Step(cache=cache, features=features + model_features(None, 0), history=self.history, cost=self.cost,
                     budget=budget, model_tokens=min(self.model_tokens, budget.max_nodes), length=length,
                     allow_merge=self.allow_merge, model_begun=self._model_begun)
@@ -229,10 +232,13 @@ class HybridDrafter(Drafter):
         tree = {"cache": cache, "model": model, "merged": merged.tree if merged is not None else None}[option]
         if tree is None or tree.num_nodes == 0:
             return empty_draft(1, input_ids.device)
-        info = dict(tree.info or {})
-        info.update(drafter="hvd", option=option, policy=self.policy.name)
-        # Left where its drafter built it (the loop moves it to the model's device once).
-        return DraftTree(tokens=tree.tokens, parents=tree.parents, scores=tree.scores, info=info)
+        # The chosen draft's tokens, parents and scores as its drafter built them (validated there; left on its
+        # device, the loop moves it once), read as deterministic (no probs: the drafts HVD picks between are), its
+        # info naming HVD's choice. A shallow copy: a new DraftTree would validate the parents again.
+        chosen = copy.copy(tree)
+        chosen.probs = chosen.next_probs = None
+        chosen.info = {**(tree.info or {}), "drafter": "hvd", "option": option, "policy": self.policy.name}
+        return chosen
 
     def _settle(self, pending: _Pending, result: VerifyResult) -> None:
         """Realized payoffs of the step's drafts against what was committed; history and record."""
@@ -241,21 +247,12 @@ class HybridDrafter(Drafter):
         verified = {"cache": pending.cache, "model": pending.model,
                     "merged": pending.merged.tree if pending.merged is not None else None}
 
-        def payoff(option: str) -> float:
-            tree = verified[option]
-            if tree is None:
-                return math.nan
-            value = realized_payoff(tree, committed)
-            # An unverified draft that matched every committed token might have matched more.
-            if option != pending.option and value >= len(committed):
-                return math.nan
-            return float(value)
-
-        realized = [payoff(o) for o in OPTIONS]
-        cache_payoff = realized_payoff(pending.cache, committed)
-        model_payoff = None if pending.model is None else realized_payoff(pending.model, committed)
-        self.history.update(cache_payoff, model_payoff, pending.option in ("cache", "merged"), accepted)
+        payoffs = {o: None if tree is None else realized_payoff(tree, committed) for o, tree in verified.items()}
+        self.history.update(payoffs["cache"] or 0, payoffs["model"], pending.option in ("cache", "merged"), accepted)
         if self.record:
+            # An unverified draft that matched every committed token might have matched more: unknown (NaN).
+            realized = [math.nan if payoffs[o] is None or (o != pending.option and payoffs[o] >= len(committed))
+                        else float(payoffs[o]) for o in OPTIONS]
             nodes = (pending.cache.num_nodes, 0 if pending.model is None else pending.model.num_nodes,
                      0 if verified[pending.option] is None else verified[pending.option].num_nodes)
             self.records.append(StepRecord(features=pending.features, option=pending.option,

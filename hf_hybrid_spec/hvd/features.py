@@ -72,22 +72,28 @@ class TreeShape:
 
 
 def tree_shape(tree: DraftTree | None) -> TreeShape:
-    """Counts and probabilities of a draft; a draft without scores counts every node as probability 1."""
+    """Counts and probabilities of a draft; a draft without scores counts every node as probability 1. One pass over
+    the parent list on the host (HVD reads this every step)."""
     if tree is None or tree.num_nodes == 0:
         return TreeShape()
     parents = tree.parents[0].tolist()
-    depth = tree.depth()[0].tolist()
     probs = tree.scores[0].tolist() if tree.scores is not None else [1.0] * len(parents)
-    has_child = {p for p in parents if p >= 0}
+    depth: list[int] = []
+    has_child = [False] * len(parents)
+    for p in parents:
+        if p >= 0:
+            depth.append(depth[p] + 1)
+            has_child[p] = True
+        else:
+            depth.append(1)
     max_depth = max(depth)
-    roots = [j for j, p in enumerate(parents) if p < 0]
     return TreeShape(
         num_nodes=len(parents),
         depth=max_depth,
-        leaves=sum(1 for j in range(len(parents)) if j not in has_child),
-        root_branches=len(roots),
-        top1_prob=max(probs[j] for j in roots),
-        best_leaf_prob=max(p for p, d in zip(probs, depth) if d == max_depth),
+        leaves=has_child.count(False),
+        root_branches=sum(1 for p in parents if p < 0),
+        top1_prob=max(q for q, p in zip(probs, parents) if p < 0),
+        best_leaf_prob=max(q for q, d in zip(probs, depth) if d == max_depth),
         score=float(sum(probs)),
     )
 
@@ -141,9 +147,11 @@ def _log1p(x: float) -> float:
     return math.log1p(max(0.0, float(x)))
 
 
-def cache_features(tree: DraftTree | None, history: History, prompt_length: int, generated: int) -> list[float]:
-    """The `CACHE_FEATURES` of one step, in order. `tree` is the cache draft (None or empty: no draft)."""
-    shape = tree_shape(tree)
+def cache_features(tree: DraftTree | None, history: History, prompt_length: int, generated: int,
+                   shape: TreeShape | None = None) -> list[float]:
+    """The `CACHE_FEATURES` of one step, in order. `tree` is the cache draft (None or empty: no draft); `shape` its
+    `tree_shape` when the caller has it already."""
+    shape = tree_shape(tree) if shape is None else shape
     info = (tree.info or {}) if tree is not None else {}
     return [
         float(shape.num_nodes > 0),

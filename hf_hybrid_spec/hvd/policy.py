@@ -130,6 +130,12 @@ def _rate(payoff: float, seconds: float) -> float:
     return (payoff + 1.0) / seconds
 
 
+def _begin_seconds(step: Step, cost: CostProfile) -> float:
+    """What running the model drafter this step adds for its begin (EAGLE: a pass over the whole context), 0 once it
+    has begun."""
+    return 0.0 if step.model_begun else cost.model_begin_seconds_per_token * step.length
+
+
 def _cost(step: Step, policy: str) -> CostProfile:
     if step.cost is None:
         raise ValueError(f"the {policy!r} policy weighs payoffs against costs: give the HybridDrafter a CostProfile")
@@ -161,16 +167,14 @@ class LearnedPolicy(Policy):
         skipped = step.history.steps_since_model
         if skipped < self.probe_interval or self.probe_budget == 0.0:
             return False
-        probe = cost.model_draft_seconds
-        if not step.model_begun:  # the probe would also pay the model drafter's begin over the whole context
-            probe += cost.model_begin_seconds_per_token * step.length
+        probe = cost.model_draft_seconds + _begin_seconds(step, cost)
         return probe <= self.probe_budget * skipped * cost.step(step.cache.num_nodes, False)
 
     def before_model(self, step: Step) -> str | None:
         if step.cache.num_nodes:
             predict = getattr(self.predictor, "predict_cache", None)
-            features = as_tensor(step.features)
-            cache_payoff = float(predict(features) if predict is not None else self.predictor.predict(features)[0])
+            cache_payoff = float(predict(step.features) if predict is not None
+                                 else self.predictor.predict(as_tensor(step.features))[0])
         else:
             cache_payoff = 0.0
         self.predicted = [cache_payoff, float("nan"), float("nan")]
@@ -180,15 +184,17 @@ class LearnedPolicy(Policy):
         # What the model drafter would bring, judged by what it delivered recently.
         model_payoff = float(step.history.model_payoff_ema)
         cache_rate = _rate(cache_payoff, cost.step(step.cache.num_nodes, False))
-        model_rate = _rate(model_payoff, cost.step(step.model_tokens, True))
-        best = model_rate
+        begin = _begin_seconds(step, cost)
+        best = _rate(model_payoff, cost.step(step.model_tokens, True) + begin)
         if step.allow_merge:
             nodes = min(step.budget.max_nodes, step.cache.num_nodes + step.model_tokens)
-            best = max(best, _rate(max(cache_payoff, model_payoff), cost.step(nodes, True)))
+            best = max(best, _rate(max(cache_payoff, model_payoff), cost.step(nodes, True) + begin))
         return "cache" if cache_rate >= best else None
 
     def choose(self, step: Step) -> str:
-        cache_payoff, model_payoff, merged_payoff = self.predictor.predict(as_tensor(step.features)).tolist()
+        predict = getattr(self.predictor, "predict_one", None)
+        cache_payoff, model_payoff, merged_payoff = (predict(step.features) if predict is not None
+                                                     else self.predictor.predict(as_tensor(step.features)).tolist())
         # A merged tree accepts at least what either part accepts.
         merged_payoff = max(merged_payoff, cache_payoff, model_payoff)
         self.predicted = [cache_payoff, model_payoff, merged_payoff]
@@ -208,9 +214,11 @@ class OraclePolicy(Policy):
     def __init__(self, reference: list[int]):
         self.reference = list(reference)
         self.decisions: list[str] = []
+        self._model_used = False
 
     def begin(self) -> None:
         self.decisions = []
+        self._model_used = False
 
     def before_model(self, step: Step) -> str | None:
         return None
@@ -220,11 +228,15 @@ class OraclePolicy(Policy):
         trees = {"cache": step.cache, "model": step.model, "merged": step.merged.tree}
         realized = {o: realized_payoff(trees[o], future) for o in step.options()}
         self.predicted = [float(realized.get(o, float("nan"))) for o in OPTIONS]
-        # Knowing the payoffs, it would not have run the model drafter for a cache-only step.
+        # Knowing the payoffs, it would not have run the model drafter (nor begun it) for a cache-only step. Its
+        # recording pass runs the model drafter every step, so whether the replay will have begun it is its own count.
         cost = _cost(step, self.name)
-        rates = {o: _rate(realized[o], cost.step(step.nodes(o), o != "cache")) for o in step.options()}
+        begin = 0.0 if self._model_used else cost.model_begin_seconds_per_token * step.length
+        rates = {o: _rate(realized[o], cost.step(step.nodes(o), o != "cache") + (begin if o != "cache" else 0.0))
+                 for o in step.options()}
         choice = max(rates, key=lambda o: (rates[o], -OPTIONS.index(o)))
         self.decisions.append(choice)
+        self._model_used = self._model_used or choice != "cache"
         return choice
 
 
