@@ -71,6 +71,16 @@ class Tally:
     options: dict = field(default_factory=dict)
     replay_diverged: int = 0
     captures: int = 0  # CUDA graphs captured inside this method's timed calls (0 in a steady state)
+    draft_seconds: float = 0.0  # inside the drafter's propose (HVD: features, prediction, the drafts it ran)
+    verify_seconds: float = 0.0  # target forward, verification and commit
+
+    def step_ms(self) -> str:
+        """Per target forward, milliseconds of drafting / verification / the rest (the prefill, the drafters'
+        accepts, the loop's bookkeeping)."""
+        if not self.forwards:
+            return "-"
+        rest = self.seconds - self.draft_seconds - self.verify_seconds
+        return "/".join(f"{1e3 * x / self.forwards:.2f}" for x in (self.draft_seconds, self.verify_seconds, rest))
 
     def add(self, run: CallRun, ref: torch.Tensor, drafter: HybridDrafter | None = None) -> None:
         self.seconds += run.seconds
@@ -79,6 +89,8 @@ class Tally:
         if run.stats is not None:
             self.forwards += run.stats.target_forwards
             self.drafted += sum(run.stats.drafted_tokens)
+            self.draft_seconds += run.stats.draft_seconds
+            self.verify_seconds += run.stats.verify_seconds
         if drafter is not None:
             self.model_runs += drafter.model_runs
             for option, count in drafter.options.items():
@@ -375,7 +387,7 @@ def main(argv=None) -> dict:
           f"dtype={args.dtype} compile={args.compile} sessions={timed_sessions} max_new_tokens={args.max_new_tokens} "
           f"minutes={(time.perf_counter() - started) / 60:.1f}")
     print(f"{'workload':<12}{'method':<11}{'speedup':>9}{'tok/fwd':>9}{'nodes/fwd':>11}{'model runs':>12}"
-          f"{'cache/model/merged':>21}{'mismatch':>10}{'captures':>10}  (captures: CUDA graphs captured while timed)")
+          f"{'cache/model/merged':>21}{'mismatch':>10}{'captures':>10}{'draft/verify/rest ms':>22}")
     for w, t in tallies.items():
         for m in ["stock", *args.methods]:
             r = t[m]
@@ -385,7 +397,9 @@ def main(argv=None) -> dict:
             tpf = f"{r.tokens_per_forward:.2f}" if m != "stock" else "1.00"
             npf = f"{r.drafted / max(1, r.forwards):.1f}" if m != "stock" else "0"
             print(f"{w:<12}{m:<11}{speed:>8.2f}x{tpf:>9}{npf:>11}{runs:>12}{opts:>21}{r.mismatches:>10}"
-                  f"{r.captures:>10}")
+                  f"{r.captures:>10}{r.step_ms():>22}")
+    print("(captures: CUDA graphs captured while timed; draft/verify/rest: ms per target forward in the drafter, in "
+          "verification, and the rest: prefill, accepts, bookkeeping)")
     agentic = [w for w in tallies if w in AGENTIC]
     targets = {}
     if agentic and {"suffix", "eagle", "hvd"} <= set(args.methods):
@@ -447,6 +461,7 @@ def main(argv=None) -> dict:
         "options": {w: {m: t[m].options for m in args.methods if t[m].options} for w, t in tallies.items()},
         "mismatches": {w: {m: t[m].mismatches for m in args.methods} for w, t in tallies.items()},
         "graph_captures_while_timed": {w: {m: t[m].captures for m in args.methods} for w, t in tallies.items()},
+        "draft_verify_rest_ms_per_forward": {w: {m: t[m].step_ms() for m in args.methods} for w, t in tallies.items()},
         "oracle_replay_diverged": sum(t["oracle"].replay_diverged for t in tallies.values())
         if "oracle" in args.methods else None,
         "stock_ms_per_token": {w: round(1e3 * t["stock"].seconds / max(1, t["stock"].new_tokens), 3)
