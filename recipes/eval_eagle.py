@@ -56,6 +56,16 @@ class MethodResult:
     new_tokens: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
     mismatches: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    def step_ms(self) -> str:
+        """Per target forward, ms drafting / verifying / the rest (prefill, the drafter's accepts, bookkeeping)."""
+        n = len(self.accepted_lengths)
+        if not n:
+            return "-"
+        rest = self.seconds - self.draft_seconds - self.verify_seconds
+        return "/".join(f"{1e3 * x / n:.2f}" for x in (self.draft_seconds, self.verify_seconds, rest))
 
     @property
     def tokens_per_second(self) -> float:
@@ -105,6 +115,8 @@ def run_set(name, prompts, model, drafter, tok, configs, gen_kwargs, device) -> 
             r.seconds += time.perf_counter() - t
             r.new_tokens += out.sequences.shape[1] - ids.shape[1]
             r.accepted_lengths += out.spec_stats.accepted_lengths
+            r.draft_seconds += out.spec_stats.draft_seconds
+            r.verify_seconds += out.spec_stats.verify_seconds
             r.mismatches += int(not torch.equal(out.sequences, ref))
     return stock, results
 
@@ -197,11 +209,11 @@ def main(argv: list[str] | None = None) -> dict:
     for s, res in all_results.items():
         stock = stock_results[s]
         print(f"\n{s}: {len(prompt_sets[s])} prompts, {args.max_new_tokens} new tokens, {args.device} {args.dtype}")
-        print(f"{'method':<18}{'tokens/s':>10}{'mean acc.':>11}{'speedup':>9}")
-        print(f"{stock.name:<18}{stock.tokens_per_second:>10.1f}{1.0:>11.2f}{1.0:>8.2f}x")
+        print(f"{'method':<18}{'tokens/s':>10}{'mean acc.':>11}{'speedup':>9}{'draft/verify/rest ms':>23}")
+        print(f"{stock.name:<18}{stock.tokens_per_second:>10.1f}{1.0:>11.2f}{1.0:>8.2f}x{'-':>23}")
         for r in res.values():
             print(f"{r.name:<18}{r.tokens_per_second:>10.1f}{r.mean_accepted_length:>11.2f}"
-                  f"{r.tokens_per_second / stock.tokens_per_second:>8.2f}x")
+                  f"{r.tokens_per_second / stock.tokens_per_second:>8.2f}x{r.step_ms():>23}")
         tree_vs_suffix = res[tree].mean_accepted_length / res["suffix"].mean_accepted_length
         tree_vs_chain = res[tree].mean_accepted_length / res[chain].mean_accepted_length
         print(f"tree / suffix accepted length: {tree_vs_suffix:.2f}x; tree / chain: {tree_vs_chain:.2f}x")
@@ -212,7 +224,8 @@ def main(argv: list[str] | None = None) -> dict:
             "tree_over_chain": round(tree_vs_chain, 3),
             "methods": {m: {"mean_accepted_length": round(r.mean_accepted_length, 3),
                             "tokens_per_s": round(r.tokens_per_second, 3),
-                            "speedup": round(r.tokens_per_second / stock.tokens_per_second, 3)}
+                            "speedup": round(r.tokens_per_second / stock.tokens_per_second, 3),
+                            "draft_verify_rest_ms_per_forward": r.step_ms()}
                         for m, r in res.items()},
         }
     if args.out:
