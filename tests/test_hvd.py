@@ -285,6 +285,7 @@ def test_predictor_round_trips_through_save_and_load(tmp_path):
     torch.testing.assert_close(auto.predict(x), out)
     # The per-step fast path (cache head alone) agrees with the full prediction.
     assert all(abs(loaded.predict_cache(x[i]) - float(out[i, 0])) < 1e-5 for i in range(5))
+    assert all(abs(a - b) < 1e-5 for i in range(5) for a, b in zip(loaded.predict_one(x[i].tolist()), out[i].tolist()))
     with torch.no_grad():  # ...and follows in-place updates of the weights (an optimizer step)
         loaded.cache_head[0].weight.add_(0.25)
     assert abs(loaded.predict_cache(x[0]) - float(loaded.predict(x)[0, 0])) < 1e-5
@@ -469,6 +470,14 @@ def test_learned_policy_weighs_predicted_payoff_against_cost():
     assert thrifty.before_model(unbegun) == "cache"
     unbegun.model_begun = True
     assert thrifty.before_model(unbegun) is None
+    # Not only probes: a model drafter that would win on its recent payoff loses to the cache draft when its first
+    # draft must also pay its begin over the context (10 tokens x 0.5 s).
+    slow_begin = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.1, 1.6], cache_draft_seconds=0.01,
+                             model_draft_seconds=0.4, model_begin_seconds_per_token=0.5)
+    tempting = policy_step(cache, history=strong_model, cost=slow_begin)
+    assert LearnedPolicy(FixedPredictor([0.2, 0.0, 0.0])).before_model(tempting) is None
+    tempting.model_begun = False
+    assert LearnedPolicy(FixedPredictor([0.2, 0.0, 0.0])).before_model(tempting) == "cache"
     # With no cache draft and a model drafter that brings nothing, verifying the root alone is cheapest.
     assert LearnedPolicy(FixedPredictor([0.0, 0, 0])).before_model(
         policy_step(empty_draft(), history=History(model_prior=0.0))) == "cache"
@@ -492,3 +501,12 @@ def test_oracle_picks_the_best_realized_rate():
     # The model's 2 tokens against the cache's 1: the merged tree holds both at the model's cost and 5 nodes.
     assert oracle.choose(policy_step(cache, model)) in ("model", "merged") and oracle.predicted[1] == 2.0
     assert oracle.decisions == [oracle.decisions[0]]
+    # The model drafter's begin (10 tokens x 0.5 s here) is charged to the first step that would use it, whatever
+    # its recording pass did: then the cache draft's 1 token is worth more; once a decision used the model drafter,
+    # its later steps pay no begin.
+    slow_begin = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.1, 1.6], cache_draft_seconds=0.01,
+                             model_draft_seconds=0.4, model_begin_seconds_per_token=0.5)
+    fresh = OraclePolicy(reference)
+    assert fresh.choose(policy_step(cache, model, cost=slow_begin)) == "cache"
+    assert fresh.choose(policy_step(cache, model)) in ("model", "merged")
+    assert fresh.choose(policy_step(cache, model, cost=slow_begin)) in ("model", "merged")
