@@ -261,7 +261,9 @@ def _hidden(outputs, layers: tuple[int, ...], index: torch.Tensor | None = None)
     """The drafter's requested hidden states from a target forward, at token positions `index` (all if None)."""
     if not layers:
         return None
-    states = tuple(outputs.hidden_states[i] if index is None else outputs.hidden_states[i][:, index] for i in layers)
+    # index_select, not advanced indexing: the same copy with a fraction of the host-side dispatch (every step).
+    states = tuple(outputs.hidden_states[i] if index is None else outputs.hidden_states[i].index_select(1, index)
+                   for i in layers)
     return TargetHidden(layers=layers, states=states)
 
 
