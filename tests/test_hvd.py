@@ -13,6 +13,7 @@ import hf_hybrid_spec as H
 from hf_hybrid_spec.drafters import DraftBudget, Drafter, SuffixDrafter, TargetHidden
 from hf_hybrid_spec.eagle import EagleDrafter, EagleTreeDrafter
 from hf_hybrid_spec.hvd import (
+    CACHE_FEATURES,
     FEATURE_NAMES,
     CollectPolicy,
     CostProfile,
@@ -295,6 +296,21 @@ def test_predictor_round_trips_through_save_and_load(tmp_path):
     loss = model(x, labels=labels).loss
     loss.backward()
     assert loss.item() > 0 and model.cache_head[0].weight.grad is not None
+
+
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_host_predictions_match_the_model_at_any_depth(num_layers):
+    """`predict_cache` / `predict_one` (numpy, normalization folded in) agree with `predict` (torch) for other MLP
+    depths and a cache head over a subset of the features."""
+    torch.manual_seed(num_layers)
+    cfg = PayoffPredictorConfig(width=8, num_layers=num_layers, cache_features=list(CACHE_FEATURES[:5]),
+                                feature_mean=[0.3] * len(FEATURE_NAMES), feature_std=[1.7] * len(FEATURE_NAMES))
+    model = PayoffPredictor(cfg).eval()
+    x = torch.randn(4, len(FEATURE_NAMES)) * 5
+    out = model.predict(x)
+    for i in range(4):
+        assert model.predict_one(x[i].tolist()) == pytest.approx(out[i].tolist(), abs=1e-5)
+        assert model.predict_cache(x[i]) == pytest.approx(float(out[i, 0]), abs=1e-5)
 
 
 def test_predictor_config_rejects_bad_values():
