@@ -381,6 +381,95 @@ def fresh_of(seqs, depth=6):
     return trie
 
 
+def test_suffix_trie_truncate_leaves_the_trie_of_the_prefix():
+    """`truncate(tokens, keep)` on the trie built from `tokens` gives exactly the trie of `tokens[:keep]` (counts,
+    totals, node count), for cuts anywhere, repeats included (a small vocabulary), and its `active_after` state is
+    the one extending would have left."""
+    from hf_hybrid_spec.drafters.suffix import SuffixTrie
+
+    g = torch.Generator().manual_seed(3)
+    for trial in range(30):
+        tokens = torch.randint(0, 4, (int(torch.randint(1, 60, (1,), generator=g)),), generator=g).tolist()
+        keep = int(torch.randint(0, len(tokens) + 1, (1,), generator=g))
+        trie = fresh_of([tokens])
+        trie.truncate(tokens, keep)
+        expected = fresh_of([tokens[:keep]])
+        assert _trie_table(trie) == _trie_table(expected) and trie.num_nodes == expected.num_nodes, (trial, keep)
+        # The active suffixes after the prefix, as paths: what extending token by token leaves.
+        active: list[int] = []
+        for t in tokens[:keep]:
+            active = expected.extend(active, t)
+        expected_paths = [tuple(tokens[keep - 1 - i : keep]) for i in range(len(active))]
+        assert [trie.counts[n] for n in trie.active_after(tokens[:keep])] == \
+            [_trie_table(trie)[p][0] for p in expected_paths]
+    # The trie keeps working after a cut: extending it again gives the trie of the new sequence.
+    tokens = torch.randint(0, 4, (50,), generator=g).tolist()
+    trie = fresh_of([tokens])
+    trie.truncate(tokens, 30)
+    active = trie.active_after(tokens[:30])
+    for t in [3, 1, 2, 2, 0]:
+        active = trie.extend(active, t)
+    assert _trie_table(trie) == _trie_table(fresh_of([tokens[:30] + [3, 1, 2, 2, 0]]))
+
+
+def test_suffix_drafter_takes_over_the_trie_of_an_earlier_call():
+    """The next call of an agent loop (its prompt repeats the earlier prompt and output, then diverges at the
+    boundary) takes over the earlier request's trie: same trie, same drafts as a drafter that builds its own."""
+    from hf_hybrid_spec.drafters import DraftBudget
+    from hf_hybrid_spec.verify import VerifyResult
+
+    H.clear_global_suffix_cache()
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 7, (1, 120), generator=g)
+    output = torch.randint(0, 7, (1, 30), generator=g)
+    first = H.SuffixDrafter(cache_key=("handoff-test",), max_match_length=8, max_depth=6)
+    first.begin(prompt)
+    tokens = output[0].tolist()
+    first.accept(torch.cat([prompt, output], 1), VerifyResult(path=[0], tokens=output[0], score_nodes=[0],
+                                                              token_list=tokens))
+    first.end(torch.cat([prompt, output], 1))
+    cache = first.global_cache
+    assert len(cache.finished) == 1
+    # The next prompt: the earlier one, its output but the last 2 tokens (re-tokenized differently), new text.
+    nxt = torch.cat([prompt, output[:, :-2], torch.randint(0, 7, (1, 40), generator=g)], 1)
+    reference_cache = cache.copy()
+    reference_cache.finished.clear()
+    taken = H.SuffixDrafter(cache_key=("handoff-test",), max_match_length=8, max_depth=6)
+    taken.begin(nxt)
+    assert len(cache.finished) == 0  # it left the cache
+    own = H.SuffixDrafter(cache_key=("handoff-test",), max_match_length=8, max_depth=6)
+    H.clear_global_suffix_cache()
+    from hf_hybrid_spec.drafters import suffix
+
+    suffix._GLOBAL[(("handoff-test",), 14)] = reference_cache
+    own.begin(nxt)
+    assert own.global_cache is reference_cache
+    assert _trie_table(taken.local) == _trie_table(own.local)
+    ids = nxt
+    for step in range(4):  # drafts at the prompt's end, then after a few accepted tokens
+        drafts = [d.propose(ids, DraftBudget(max_nodes=16, max_depth=6)) for d in (taken, own)]
+        assert drafts[0].tokens.tolist() == drafts[1].tokens.tolist()
+        assert drafts[0].parents.tolist() == drafts[1].parents.tolist() and torch.equal(drafts[0].scores,
+                                                                                        drafts[1].scores)
+        new = torch.randint(0, 7, (2,), generator=g)
+        ids = torch.cat([ids, new.view(1, -1)], 1)
+        for d in (taken, own):
+            d.accept(ids, VerifyResult(path=[0], tokens=new, score_nodes=[0], token_list=new.tolist()))
+    assert drafts[0].num_nodes > 0  # the comparison compared something
+    # A prompt that shares little with the kept tries builds its own (cutting would cost more).
+    own.end(ids)
+    assert len(reference_cache.finished) == 1
+    unrelated = H.SuffixDrafter(cache_key=("handoff-test",), max_match_length=8, max_depth=6)
+    other = torch.randint(0, 7, (1, 50), generator=g)
+    unrelated.begin(other)
+    assert len(reference_cache.finished) == 1 and unrelated.local.num_nodes > 1
+    # The kept tries stay within their node budget (oldest out first); one over it on its own is not kept.
+    reference_cache.MAX_FINISHED_NODES = unrelated.local.num_nodes - 1
+    unrelated.end(other)
+    assert len(reference_cache.finished) == 0
+    H.clear_global_suffix_cache()
+
+
 def _ngram_reference(seq: list[int], ngram_size: int, want: int) -> list[int]:
     """Prompt lookup written the plain way: scan for the earliest earlier occurrence of the last n tokens."""
     for n in range(min(ngram_size, len(seq) - 1), 0, -1):

@@ -89,6 +89,36 @@ class SuffixTrie:
             new.append(child)
         return new
 
+    def active_after(self, tokens: list[int]) -> list[int]:
+        """The `follow` state after `tokens`: it depends on their last `depth` tokens only (suffixes are at most that
+        long), so a long context costs no more than a short one."""
+        active: list[int] = []
+        for t in tokens[-self.depth :]:
+            active = self.follow(active, t)
+        return active
+
+    def truncate(self, tokens: list[int], keep: int) -> None:
+        """For a trie built by extending exactly `tokens` (one request's trie): undo the tokens from position `keep`
+        on, leaving the trie of `tokens[:keep]`. Each position added the substrings ending at it; those are taken out
+        again (counts and totals decremented, nodes that reach zero released), walking only from the starts that
+        reach position `keep` or later: O((len(tokens) - keep + depth) * depth), not a rebuild of the kept part."""
+        children, counts, totals = self.children, self.counts, self.totals
+        n = len(tokens)
+        for start in range(max(0, keep - self.depth + 1), n):
+            node = 0
+            for pos in range(start, min(start + self.depth, n)):
+                t = tokens[pos]
+                child = children[node][t]
+                if pos >= keep:
+                    counts[child] -= 1
+                    totals[node] -= 1
+                    if counts[child] == 0:
+                        # Nothing longer through it is left either (a longer substring occurs at most as often).
+                        del children[node][t]
+                        self._release(child)
+                        break
+                node = child
+
     def insert(self, tokens: list[int]) -> None:
         active: list[int] = []
         for t in tokens:
@@ -127,20 +157,59 @@ class SuffixTrie:
 
 
 class GlobalSuffixCache:
-    """Process-wide trie over earlier outputs, keeping the newest `max_outputs` (thread-safe)."""
+    """Process-wide state of the suffix drafters of one model / tokenizer (thread-safe):
+
+    - `trie`: every earlier output (the newest `max_outputs`), SuffixDecoding's global tree;
+    - `finished`: the request tries of the last `MAX_FINISHED` requests (at most `MAX_FINISHED_NODES` nodes in all,
+      ~270 bytes each: a 2,000-token prompt's trie holds up to ~90k), with the tokens each was built from. A
+      request whose prompt starts with most of a finished request's tokens (the next call of an agent loop carries
+      the earlier prompt and its output) takes that trie over instead of building its own from the first token:
+      `SuffixTrie.truncate` cuts it back to the common prefix and only the rest of the prompt is inserted. The trie
+      is the same either way (so are the drafts); building one costs ~10 us per prompt token and depth-40 trie.
+    """
+
+    MAX_FINISHED = 4
+    MAX_FINISHED_NODES = 1_000_000
 
     def __init__(self, depth: int, max_outputs: int):
         self.trie = SuffixTrie(depth)
         self.max_outputs = max_outputs
         self.outputs: deque[list[int]] = deque()
+        self.finished: deque[tuple[list[int], SuffixTrie]] = deque()
         self.lock = threading.Lock()
 
     def copy(self) -> GlobalSuffixCache:
-        """An independent copy (its own trie, outputs and lock)."""
+        """An independent copy (its own tries, outputs and lock)."""
         with self.lock:
             new = GlobalSuffixCache(self.trie.depth, self.max_outputs)
             new.trie, new.outputs = self.trie.copy(), deque(self.outputs)
+            new.finished = deque((list(tokens), trie.copy()) for tokens, trie in self.finished)
         return new
+
+    def keep_trie(self, tokens: list[int], trie: SuffixTrie) -> None:
+        """Keep a finished request's trie, built from exactly `tokens` (prompt + output); the caller gives it up."""
+        with self.lock:
+            self.finished.append((tokens, trie))
+            # Oldest out first; a trie over the node budget on its own is not kept at all.
+            while self.finished and (len(self.finished) > self.MAX_FINISHED
+                                     or sum(t.num_nodes for _, t in self.finished) > self.MAX_FINISHED_NODES):
+                self.finished.popleft()
+
+    def take_trie(self, tokens: list[int]) -> tuple[SuffixTrie, int] | None:
+        """The kept trie sharing the longest prefix with `tokens`, cut back to that prefix, and its length; None when
+        no kept trie shares more than it would take to cut (a fresh build is cheaper). The trie leaves the cache."""
+        with self.lock:
+            best, best_keep = None, 0
+            for i, (old, _) in enumerate(self.finished):
+                keep = _common_prefix(old, tokens)
+                if keep > best_keep and len(old) - keep < keep:
+                    best, best_keep = i, keep
+            if best is None:
+                return None
+            old, trie = self.finished[best]
+            del self.finished[best]
+        trie.truncate(old, best_keep)
+        return trie, best_keep
 
     def add(self, tokens: list[int]) -> None:
         if not tokens:
@@ -150,6 +219,18 @@ class GlobalSuffixCache:
             self.outputs.append(tokens)
             while len(self.outputs) > self.max_outputs:
                 self.trie.remove(self.outputs.popleft())
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (binary search over C-speed slice comparisons)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 _GLOBAL: dict[tuple, GlobalSuffixCache] = {}
@@ -204,17 +285,34 @@ class SuffixDrafter(Drafter):
 
     # ------------------------------------------------------------------ request lifecycle
     def begin(self, input_ids: torch.Tensor, context=None, hidden=None) -> None:
+        tokens = input_ids[0].tolist()
+        self._prompt_length = len(tokens)
+        self.local, self._local_active, start = SuffixTrie(self.local.depth), [], 0
         if self._global_args is not None:
             self.global_cache = global_suffix_cache(*self._global_args)
-        self._prompt_length = input_ids.shape[1]
-        self._feed(input_ids[0].tolist())
+            # An earlier request whose tokens this prompt repeats (an agent loop's previous call) hands over its trie.
+            taken = self.global_cache.take_trie(tokens)
+            if taken is not None:
+                self.local, start = taken
+                self._local_active = self.local.active_after(tokens[:start])
+        for t in tokens[start:]:
+            self._local_active = self.local.extend(self._local_active, t)
+        if self.global_cache is not None:
+            self._global_active = self.global_cache.trie.active_after(tokens)
+        self._seen = len(tokens)
 
     def accept(self, input_ids, result, hidden=None) -> None:
         self._feed(committed_since(input_ids, self._seen, result))
 
     def end(self, input_ids: torch.Tensor) -> None:
         if self.global_cache is not None:
-            self.global_cache.add(input_ids[0, self._prompt_length :].tolist())
+            tokens = input_ids[0].tolist()
+            if self._seen < len(tokens):
+                self._feed(tokens[self._seen :])
+            self.global_cache.add(tokens[self._prompt_length :])
+            self.global_cache.keep_trie(tokens, self.local)
+            # The trie is the cache's now: this drafter starts from an empty one if it begins again.
+            self.local, self._local_active, self._seen = SuffixTrie(self.local.depth), [], 0
 
     def _feed(self, tokens: list[int]) -> None:
         for t in tokens:
