@@ -165,7 +165,8 @@ class GlobalSuffixCache:
       request whose prompt starts with most of a finished request's tokens (the next call of an agent loop carries
       the earlier prompt and its output) takes that trie over instead of building its own from the first token:
       `SuffixTrie.truncate` cuts it back to the common prefix and only the rest of the prompt is inserted. The trie
-      is the same either way (so are the drafts); building one costs ~10 us per prompt token and depth-40 trie.
+      is the same either way (so are the drafts); building one costs ~10-17 us per prompt token at the default depth
+      (`max_match_length + max_depth` = 40: node visits per token), ~140 ms for an 8k-token context.
     """
 
     MAX_FINISHED = 4
