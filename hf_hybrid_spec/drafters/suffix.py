@@ -98,10 +98,11 @@ class SuffixTrie:
         return active
 
     def truncate(self, tokens: list[int], keep: int) -> None:
-        """For a trie built by extending exactly `tokens` (one request's trie): undo the tokens from position `keep`
-        on, leaving the trie of `tokens[:keep]`. Each position added the substrings ending at it; those are taken out
-        again (counts and totals decremented, nodes that reach zero released), walking only from the starts that
-        reach position `keep` or later: O((len(tokens) - keep + depth) * depth), not a rebuild of the kept part."""
+        """Undo what positions `keep`.. of an inserted sequence `tokens` added: for a request's trie (built from
+        exactly `tokens`) that leaves the trie of `tokens[:keep]`; `keep = 0` removes the sequence. Each position added
+        the substrings ending at it; those are taken out again (counts and totals decremented, nodes that reach zero
+        released), walking only from the starts that reach position `keep` or later: O((len(tokens) - keep + depth) *
+        depth), not a rebuild of the kept part."""
         children, counts, totals = self.children, self.counts, self.totals
         n = len(tokens)
         for start in range(max(0, keep - self.depth + 1), n):
@@ -126,18 +127,7 @@ class SuffixTrie:
 
     def remove(self, tokens: list[int]) -> None:
         """Undo `insert(tokens)`: decrement the same counts, drop nodes that reach zero."""
-        children, counts, totals = self.children, self.counts, self.totals
-        for start in range(len(tokens)):
-            node = 0
-            for t in tokens[start : start + self.depth]:
-                child = children[node][t]
-                counts[child] -= 1
-                totals[node] -= 1
-                if counts[child] == 0:
-                    del children[node][t]
-                    self._release(child)
-                    break
-                node = child
+        self.truncate(tokens, 0)
 
     def copy(self) -> SuffixTrie:
         """An independent copy (benchmarks replay a call from the same state)."""
