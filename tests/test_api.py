@@ -385,8 +385,6 @@ def test_suffix_trie_truncate_leaves_the_trie_of_the_prefix():
     """`truncate(tokens, keep)` on the trie built from `tokens` gives exactly the trie of `tokens[:keep]` (counts,
     totals, node count), for cuts anywhere, repeats included (a small vocabulary), and its `active_after` state is
     the one extending would have left."""
-    from hf_hybrid_spec.drafters.suffix import SuffixTrie
-
     g = torch.Generator().manual_seed(3)
     for trial in range(30):
         tokens = torch.randint(0, 4, (int(torch.randint(1, 60, (1,), generator=g)),), generator=g).tolist()

@@ -185,7 +185,6 @@ def test_capture_paths_run_on_cpu_with_stand_in_graphs(monkeypatch):
     replay computes nothing.)"""
     import contextlib
 
-    import hf_hybrid_spec.graphs as G
     from hf_hybrid_spec import static as S
     from hf_hybrid_spec.eagle import EagleDrafter
     from hf_hybrid_spec.eagle import static as ES
