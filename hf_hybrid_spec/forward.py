@@ -7,16 +7,32 @@ tree forwards.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .cache import HybridTreeCache
 from .tree import VerifyTree
 
-__all__ = ["cache_kwarg", "forward_tokens", "forward_tree"]
+__all__ = ["cache_kwarg", "forward_tokens", "forward_tree", "sdpa_without_cudnn"]
+
+# Every SDPA backend but cuDNN's. cuDNN attention builds an execution plan for each new shape it sees (40-60 ms for a
+# small model on the H200, device run 28) and caches it; stock decoding meets one shape per prompt, but a speculative
+# loop meets a new key length at every step (eager tree verification, the drafters' own attention), so on the first
+# request with a given prompt length each step paid that build: EAGLE steps took 20-44 ms instead of ~2.
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_without_cudnn():
+    """Context in which F.scaled_dot_product_attention never picks the cuDNN backend (see `_SDPA_BACKENDS`).
+    A no-op where cuDNN attention is off anyway (CPU)."""
+    if not torch.backends.cuda.cudnn_sdp_enabled():
+        return contextlib.nullcontext()
+    return sdpa_kernel(_SDPA_BACKENDS)
 
 
 @functools.cache

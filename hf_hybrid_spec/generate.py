@@ -29,7 +29,7 @@ from transformers.utils import logging
 from .cache import HybridTreeCache
 from .config import AssistantConfig
 from .drafters import DraftBudget, DraftContext, Drafter, TargetHidden, make_drafter
-from .forward import forward_tokens, forward_tree
+from .forward import forward_tokens, forward_tree, sdpa_without_cudnn
 from .kernels import use_backend
 from .models import ModelAdapter, get_adapter
 from .tree import build_verify_tree
@@ -252,7 +252,7 @@ def speculative_generate(
             drafter.next_probs = True  # lossy verification reads the assistant's distributions (issue #9)
     elif not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter, got {type(drafter).__name__}")
-    with use_backend(config.kernel_backend):
+    with use_backend(config.kernel_backend), sdpa_without_cudnn():
         return _run(model, adapter, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
                     config, drafter, model_kwargs)
 
