@@ -111,6 +111,14 @@ class EagleTreeDrafter(Drafter):
             return
         device = self.model.fc.weight.device
         tokens = input_ids[:, self.steps + 1 : self.steps + 1 + count].to(device)
+        if self._store is not None:
+            # An accept's few steps: fixed shapes in the static storage (a graph replay on CUDA).
+            newest = self._store.advance(self.steps, pending[:, :count], tokens)
+            if newest is not None:
+                self.last_hidden, self.last_logp = newest
+                self.steps += count
+                self.features = [pending[:, count:]] if available > count else []
+                return
         positions = torch.arange(self.steps, self.steps + count, device=device).unsqueeze(0)
         step = self.model.project(pending[:, :count], self.model.embed(tokens), positions)
         if self._store is not None:

@@ -4,7 +4,10 @@ Eager, one EAGLE-2 tree is ~750 small ops (five drafter layers, masks, top-k, so
 milliseconds of launches against a 2-3 ms graph-replayed verify, which made the EAGLE drafter lose everywhere on the
 GPU. `StaticEagleTree` keeps the committed steps' keys and values in a [1, kv_heads, capacity, head_dim] buffer, so
 `tree.expand_tree` sees the same shapes at every step (the committed length is a device scalar and a mask), and on
-CUDA captures it once per draft budget and replays it. On CPU the same code runs eagerly (what the tests exercise).
+CUDA captures it once per draft budget and replays it. The accept pass (the drafter's steps for the tokens the target
+just committed, 1 .. depth + 1 of them) is fixed-shape too, one graph per count: eager it was ~30 launches and ~1.5-2 ms
+per step on the H200 (run 29), the largest part of an EAGLE step. On CPU the same code runs eagerly (what the tests
+exercise).
 
 One `StaticEagleTree` per (EagleDrafter, top-k, device) is kept and reused by later requests (their graphs point at
 its buffers); a request longer than its capacity replaces it.
@@ -39,6 +42,8 @@ class StaticEagleTree(Leased):
     """
 
     MAX_GRAPHS = 4  # draft budgets captured; others (a request's last few steps, mostly) run eagerly
+    MAX_ADVANCE = 16  # steps per accept run with fixed shapes (and a graph per count); longer ones (begin, HVD's
+    # buffered accepts) go through `write` and the caller's eager pass
 
     def __init__(self, model: EagleDrafter, top_k: int, capacity: int, use_graphs: bool | None = None):
         c = model.config
@@ -52,7 +57,11 @@ class StaticEagleTree(Leased):
         self.steps = torch.zeros(1, dtype=torch.long, device=self.device)
         self.hidden = torch.zeros(1, c.hidden_size, dtype=self.dtype, device=self.device)
         self.logp = torch.zeros(c.draft_vocab_size, dtype=torch.float32, device=self.device)
+        # Inputs of an accept pass: fused target features and the tokens after them.
+        self.adv_features = torch.zeros(1, self.MAX_ADVANCE, c.hidden_size, dtype=self.dtype, device=self.device)
+        self.adv_tokens = torch.zeros(1, self.MAX_ADVANCE, dtype=torch.long, device=self.device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, TreeCandidates]] = {}
+        self._advance_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._pool = None
         self.captures = 0
 
@@ -64,6 +73,53 @@ class StaticEagleTree(Leased):
         self.keys[:, :, start:end] = keys
         self.values[:, :, start:end] = values
         return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def advance(self, steps: int, features: torch.Tensor,
+                tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Committed steps `steps .. steps + count`: fused target features [1, count, H] and the target tokens after
+        them [1, count]. Writes their keys and values and returns the newest step's (hidden [1, H], logp
+        [draft_vocab]); on CUDA these are the graph's output buffers, valid until the next `advance`. None when
+        count > MAX_ADVANCE (the caller runs those eagerly)."""
+        count = features.shape[1]
+        if count > self.MAX_ADVANCE:
+            return None
+        if steps + count > self.capacity:
+            raise RuntimeError(f"the EAGLE drafter's static cache holds {self.capacity} steps, {steps + count} needed")
+        self.adv_features[:, :count].copy_(features)
+        self.adv_tokens[:, :count].copy_(tokens)
+        self.steps.fill_(steps)
+        if not self.use_graphs:
+            return self._advance(count)
+        entry = self._advance_graphs.get(count)
+        if entry is None:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            try:
+                # The warm-up calls write the same keys and values the replay below writes: nothing else changes.
+                entry = capture(lambda: self._advance(count), self._pool, self.device)
+            except RuntimeError as err:
+                logger.warning("capturing the EAGLE accept pass failed (%s); drafting eagerly instead", err)
+                self.use_graphs = False
+                return self._advance(count)
+            self._advance_graphs[count] = entry
+            self.captures += 1
+        graph, out = entry
+        graph.replay()
+        return out
+
+    def _advance(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        model, device = self.model, self.device
+        positions = self.steps + torch.arange(count, device=device)  # [count]
+        tables = model.rotary_tables(positions.view(1, -1), self.dtype)
+        step = model.project(self.adv_features[:, :count], model.embed(self.adv_tokens[:, :count]), tables=tables)
+        self.keys.index_copy_(2, positions, step.key)
+        self.values.index_copy_(2, positions, step.value)
+        # Causal over everything committed: new step i sees the slots up to its own (the rest of the buffer is
+        # stale or empty and masked).
+        mask = torch.arange(self.capacity, device=device).view(1, -1) <= positions.view(-1, 1)  # [count, capacity]
+        out = model.finish(step.residual, model.attend(step.query, self.keys, self.values, mask))
+        hidden = out[:, -1]
+        return hidden, torch.log_softmax(model.logits(hidden[0]).float(), dim=-1)
 
     def draft(self, steps: int, hidden: torch.Tensor, logp: torch.Tensor, budget: DraftBudget) -> TreeCandidates:
         """A tree off the newest of `steps` committed steps (hidden [1, H], logp [draft_vocab])."""
