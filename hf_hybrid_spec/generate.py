@@ -287,9 +287,11 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     static = config.compile or generation_config.cache_implementation == "static"
     if static:
         # Leased to this call (`rec` lives exactly as long): a concurrent call never gets the same runner.
+        # Drafters that read hidden states get the committed tokens' from the runner's history (written by the
+        # commit graph); the lossy arbiter reads every tree node's, returned by the forward.
         runner = static_runner(model, generation_config.max_length + max(config.compile_buckets),
-                               config.compile_buckets, bool(tuple(drafter.target_hidden_layers)) or arbiter_hidden,
-                               owner=rec)
+                               config.compile_buckets, arbiter_hidden, owner=rec,
+                               history_layers=tuple(drafter.target_hidden_layers))
         cache = runner.cache
     else:
         cache = HybridTreeCache(model.config)
@@ -382,7 +384,7 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
                 result = lossy.verify(tree, scores, length, out)
             # The accepted path's hidden states, for drafters that read them (no index copy for the others).
             path_hidden = None
-            if want_hidden:
+            if want_hidden and runner is None:
                 path_hidden = _hidden(out, want_hidden, torch.tensor(result.path).to(raw.device, non_blocking=True))
             del out
         except BaseException:
@@ -392,6 +394,9 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
             cache.commit(torch.tensor([result.leaf]).to(device, non_blocking=True), path=result.path)
         else:
             runner.commit(result.path)  # one graph replay on CUDA
+            if want_hidden:
+                path_hidden = TargetHidden(layers=want_hidden,
+                                           states=runner.committed_hidden(length - 1, length - 1 + len(result.path)))
         t2 = time.perf_counter()
 
         stats.target_forwards += 1

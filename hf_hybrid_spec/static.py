@@ -15,6 +15,10 @@ same to win. `StaticTreeRunner` runs the verify forward over a `HybridTreeCache(
   gathers the accepted path's keys and values into place at fixed size (the whole bucket is copied; slots past
   the path land beyond the committed length, where the next tree overwrites or the mask hides them) and runs
   one commit kernel per recurrent layer; the host only writes the leaf and the attention layers' lengths;
+- drafters that read the target's hidden states (EAGLE, HVD) get those of the committed tokens the same way: the
+  commit graph copies the accepted path's rows of the requested layers into a per-token history buffer, like the
+  keys and values, so a step needs no gather launched from the host and the hidden states of every committed token
+  stay readable for the rest of the request (HVD hands them to its model drafter only when it next drafts with it);
 - on CPU the same buffers and code run eagerly (no capture), which is what the CPU tests exercise.
 """
 
@@ -115,7 +119,10 @@ class StaticTreeRunner(Leased):
         model: the target (its mixers routed by `get_adapter`).
         cache: a `HybridTreeCache` built with `static_length`, already holding the prompt.
         buckets: tree sizes (root included) to capture; a tree is padded to the smallest that fits.
-        output_hidden_states: also return hidden states (for drafters that read them).
+        output_hidden_states: also return every layer's hidden states for the tree's nodes (the lossy arbiter).
+        history_layers: hidden-state indices (as in `outputs.hidden_states`) whose values for the committed tokens
+            the runner keeps (`committed_hidden`), written by the commit; for drafters that read the target's
+            hidden states.
         use_graphs: capture CUDA graphs (default: when the model is on CUDA).
     """
 
@@ -125,6 +132,7 @@ class StaticTreeRunner(Leased):
         cache: HybridTreeCache,
         buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         output_hidden_states: bool = False,
+        history_layers: tuple[int, ...] = (),
         use_graphs: bool | None = None,
     ):
         if not cache.is_static:
@@ -135,6 +143,7 @@ class StaticTreeRunner(Leased):
         self.device = model.device
         self.buckets = tuple(sorted(set(int(b) for b in buckets)))
         self.output_hidden_states = output_hidden_states
+        self.history_layers = tuple(int(i) for i in history_layers)
         if use_graphs is None:
             # A CUDA graph lives on one device: a model split over devices (device_map) runs the static path eagerly.
             devices = {p.device for p in model.parameters()}
@@ -142,6 +151,12 @@ class StaticTreeRunner(Leased):
         self.use_graphs = use_graphs
         max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
         self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype) for n in self.buckets}
+        # [layers, 1, max_length, hidden]: the history_layers' hidden states of the committed tokens, by position.
+        self.history = None
+        if self.history_layers:
+            hidden_size = model.get_input_embeddings().embedding_dim
+            self.history = torch.zeros(len(self.history_layers), 1, max_length, hidden_size, dtype=model.dtype,
+                                       device=self.device)
         self._pool = None
         self.captures = 0  # graphs captured so far (a budget change must not add any beyond one per bucket)
         self.static_length = max_length
@@ -194,6 +209,15 @@ class StaticTreeRunner(Leased):
         if self.output_hidden_states:
             hidden = tuple(h[:, :n] for h in out.hidden_states)
         return StaticForwardOutput(logits=out.logits[:, :n], hidden_states=hidden)
+
+    def committed_hidden(self, start: int, end: int) -> tuple[torch.Tensor, ...]:
+        """Hidden states [1, end - start, H] of committed positions start .. end, one per history layer (views of
+        the history buffer: valid until the runner's next request; committed positions are never rewritten)."""
+        if self.history is None:
+            raise RuntimeError("this runner keeps no hidden-state history (built without history_layers)")
+        if not 0 <= start <= end <= self.static_length:
+            raise ValueError(f"positions {start}..{end} outside the runner's {self.static_length} slots")
+        return tuple(self.history[j, :, start:end] for j in range(len(self.history_layers)))
 
     def commit(self, path: list[int]) -> None:
         """Commit the pending tree's root->leaf `path` (node indices, root first, as the verifier found them).
@@ -257,6 +281,12 @@ class StaticTreeRunner(Leased):
                 layer.values.index_copy_(2, d, layer.values.index_select(2, s))
             for pending in book.pending.get(idx, []):
                 HybridTreeCache._commit_recurrent(layer, pending, bucket.parent, leaf, on_path)
+        if self.history is not None:
+            # The path's hidden states by depth, at the positions its keys and values went to (rows past the leaf
+            # land beyond the committed length, as there).
+            states = bucket.out.hidden_states
+            for j, i in enumerate(self.history_layers):
+                self.history[j].index_copy_(1, dst, states[i].index_select(1, order))
 
     def _enter_tree(self, bucket: _Bucket, prefix_length: int) -> None:
         if self.cache.in_tree_mode:
@@ -276,7 +306,7 @@ class StaticTreeRunner(Leased):
         try:
             out = forward_tokens(
                 self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
-                logits_to_keep=0, output_hidden_states=self.output_hidden_states,
+                logits_to_keep=0, output_hidden_states=self.output_hidden_states or bool(self.history_layers),
             )
         finally:
             cursor.tree_mode = False
@@ -322,17 +352,19 @@ MAX_RUNNERS_PER_MODEL = 4
 
 
 def static_runner(
-    model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool, owner=None
+    model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool, owner=None,
+    history_layers: tuple[int, ...] = (),
 ) -> StaticTreeRunner:
     """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits),
     leased to `owner` (`graphs.Leased`) when given.
 
-    Runners are kept per (buckets, output_hidden_states, device); one that is too short for a request is
+    Runners are kept per (buckets, output_hidden_states, history_layers, device); one that is too short for a request is
     replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is dropped. A
     runner leased to a call still running (another thread) is never handed out twice: that request gets a runner of
     its own, not kept (correct, but it captures its own graphs).
     """
-    key = (tuple(sorted({int(b) for b in buckets})), bool(output_hidden_states), str(model.device))
+    history_layers = tuple(int(i) for i in history_layers)
+    key = (tuple(sorted({int(b) for b in buckets})), bool(output_hidden_states), history_layers, str(model.device))
     with _RUNNERS_LOCK:
         runners = _RUNNERS.setdefault(model, {})
         runner = runners.get(key)
@@ -340,7 +372,7 @@ def static_runner(
             logger.warning_once("a static runner of this model is in use by another generate call: this call builds "
                                 "its own (concurrent calls with compile=True each capture their own graphs)")
             runner = StaticTreeRunner(model, HybridTreeCache(model.config, static_length=static_length), buckets,
-                                      output_hidden_states=output_hidden_states)
+                                      output_hidden_states=output_hidden_states, history_layers=history_layers)
         else:
             runners.pop(key, None)
             if runner is not None and runner.static_length >= static_length:
@@ -348,7 +380,8 @@ def static_runner(
             else:
                 runner = None  # drop the short one before allocating the new cache
                 cache = HybridTreeCache(model.config, static_length=static_length)
-                runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states)
+                runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states,
+                                          history_layers=history_layers)
             runners[key] = runner  # most recently used last
             while len(runners) > MAX_RUNNERS_PER_MODEL:
                 runners.pop(next(iter(runners)))

@@ -181,7 +181,7 @@ def test_a_call_that_raises_leaves_the_runner_usable():
 def test_capture_paths_run_on_cpu_with_stand_in_graphs(monkeypatch):
     """CI has no GPU, so the capture code (verify and commit graphs per bucket, EAGLE tree expansions per budget)
     would otherwise only run on the device. With stand-ins for the CUDA graph plumbing it runs here: every bucket
-    gets its two graphs, every captured budget its graph, each step replays. (Outputs are not checked: a stand-in
+    gets its two graphs, every captured budget and accept count its graph, each step replays. (Outputs are not checked: a stand-in
     replay computes nothing.)"""
     import contextlib
 
@@ -234,7 +234,9 @@ def test_capture_paths_run_on_cpu_with_stand_in_graphs(monkeypatch):
                          assistant_config=H.AssistantConfig(drafter="eagle", draft_top_k=3, max_draft_tokens=8,
                                                             max_depth=4, compile=True))
     (tree,) = ES._TREES[eagle].values()
-    assert 1 <= tree.captures <= tree.MAX_GRAPHS
+    # Draft budgets and accept counts (the accepts of 1 .. depth + 1 steps) each captured once.
+    assert 1 <= len(tree._graphs) <= tree.MAX_GRAPHS and len(tree._advance_graphs) >= 1
+    assert tree.captures == len(tree._graphs) + len(tree._advance_graphs)
     assert Graph.replays - before >= 2 * out.spec_stats.target_forwards  # plus the draft replays
 
 
@@ -296,3 +298,45 @@ def test_static_commit_matches_the_dynamic_commit(family):
         assert static.get_seq_length() == dynamic.get_seq_length() == length
         for a, b in zip(_committed(dynamic, length), _committed(static, length)):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+class HiddenRecorder(RandomTreeDrafter):
+    """Random trees; keeps the target hidden states it is handed (prompt at begin, accepted path at each accept)."""
+
+    target_hidden_layers = (1, 3)
+
+    def begin(self, input_ids, context=None, hidden=None):
+        self.parts = [hidden.states]
+
+    def accept(self, input_ids, result, hidden=None):
+        if hidden is not None:
+            # Copies: static-path states are views of the runner's history, reused by its next request.
+            self.parts.append(tuple(s.clone() for s in hidden.states))
+
+    def states(self):
+        return [torch.cat([p[j] for p in self.parts], dim=1) for j in range(len(self.target_hidden_layers))]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no GPU"))])
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_drafters_get_the_committed_tokens_hidden_states(family, device):
+    """The hidden states a drafter is handed, eager (gathered from the verify forward) and static (the runner's
+    history, written by the commit; on CUDA inside the captured commit graph), are those of a plain forward over the
+    committed tokens, token for token."""
+    model = tiny_model(family).to(device)
+    ids = ids_of(9, 3).to(device)
+    ref = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    for compile_ in (False, True):
+        drafter = HiddenRecorder(96, reference=ref.cpu(), seed=1)
+        out = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None,
+                             custom_generate=H.speculative_generate, drafter=drafter,
+                             assistant_config=H.AssistantConfig(compile=compile_, compile_buckets=(8, 16)))
+        assert torch.equal(out, ref)
+        got = drafter.states()
+        # Every committed token but the last (the bonus token, not yet run through the target) has its states.
+        n = out.shape[1] - 1
+        with torch.no_grad():
+            full = model(input_ids=out[:, :n], output_hidden_states=True).hidden_states
+        for j, layer in enumerate(drafter.target_hidden_layers):
+            assert got[j].shape == (1, n, model.config.hidden_size), (compile_, got[j].shape)
+            torch.testing.assert_close(got[j], full[layer], atol=1e-4, rtol=1e-4, msg=f"compile={compile_}")
