@@ -91,6 +91,7 @@ class RecipeConfig:
     # 2. train: the drafter
     aux_layers: list[int] | None = field(default=None, metadata={"help": "target hidden_states indices (default: default_aux_layers)"})
     draft_vocab_size: int = field(default=2048, metadata={"help": "tokens the draft head predicts"})
+    tie_target_head: bool = field(default=False, metadata={"help": "draft head = the target's output embedding (frozen, not stored), whole vocabulary; for small-vocabulary targets (--draft_vocab_size is then ignored)"})
     intermediate_size: int | None = field(default=None, metadata={"help": "drafter MLP width (default: the target's)"})
     init_from: str | None = field(default=None, metadata={"help": "start from this EagleDrafter instead of a fresh one"})
     lora_rank: int = field(default=0, metadata={"help": "> 0: train LoRA adapters (PEFT) on --init_from, merged at save"})
@@ -331,13 +332,15 @@ def build_drafter(cfg: RecipeConfig, target, rows: list[dict]) -> EagleDrafter:
         counts += torch.bincount(torch.tensor(r["input_ids"]), minlength=vocab)[:vocab]
     eos = target.generation_config.eos_token_id
     always = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-    size = min(cfg.draft_vocab_size, vocab)
+    size = vocab if cfg.tie_target_head else min(cfg.draft_vocab_size, vocab)
     aux = cfg.aux_layers if cfg.aux_layers is not None else default_aux_layers(target.config)
     torch.manual_seed(cfg.seed)
     drafter = EagleDrafter.from_target(target, aux_layers=aux, draft_vocab_size=size,
-                                       intermediate_size=cfg.intermediate_size, init_head_from_target=False)
-    drafter.set_vocab_maps(draft_vocabulary(counts, size, always=always))
-    drafter.init_head_from(target)
+                                       intermediate_size=cfg.intermediate_size, init_head_from_target=False,
+                                       tie_target_head=cfg.tie_target_head)
+    if not cfg.tie_target_head:
+        drafter.set_vocab_maps(draft_vocabulary(counts, size, always=always))
+        drafter.init_head_from(target)
     covered = float(counts[drafter.t2d.cpu()].sum()) / max(1, int(counts.sum()))
     drafter.config.training["draft_vocab_coverage"] = round(covered, 4)
     logger.warning("draft vocabulary: %d tokens cover %.1f%% of the training tokens", size, 100 * covered)

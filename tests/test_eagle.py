@@ -322,6 +322,49 @@ def test_fixture_greedy_identity(name):
             assert out.spec_stats.mean_accepted_length > 1.2, out.spec_stats.accepted_lengths
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tied_target_head(family, tmp_path):
+    """tie_target_head: the draft head is the target's output embedding over the whole vocabulary, read (not
+    copied, not trained, not saved); drafting stays exact, eager and static, and survives a save/load round trip."""
+    target = tiny_model(family)
+    torch.manual_seed(5)
+    model = EagleDrafter.from_target(target, draft_vocab_size=40, tie_target_head=True)
+    assert model.config.draft_vocab_size == VOCAB and model.lm_head is None and bool(model.t2d.all())
+    assert not any(p is target.get_output_embeddings().weight for p in model.parameters())
+    hidden = torch.randn(2, 3, target.config.get_text_config().hidden_size)
+    expected = model.norm(hidden) @ target.get_output_embeddings().weight.T
+    torch.testing.assert_close(model.logits(hidden), expected)
+
+    # Training reaches the drafter's own weights only.
+    model.logits(hidden.requires_grad_()).sum().backward()
+    assert target.get_output_embeddings().weight.grad is None and model.norm.weight.grad is not None
+    model.zero_grad()
+
+    ids = prompt(7)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=20, eos_token_id=None)
+    cfg = H.AssistantConfig(drafter="eagle", draft_top_k=4, max_draft_tokens=16, max_depth=5)
+    kw = dict(do_sample=False, max_new_tokens=20, eos_token_id=None, custom_generate=H.speculative_generate,
+              return_dict_in_generate=True)
+    eager = target.generate(ids, assistant_config=cfg, draft_model=model, **kw)
+    static = target.generate(ids, assistant_config=cfg.replace(compile=True), draft_model=model, **kw)
+    assert torch.equal(eager.sequences, ref) and torch.equal(static.sequences, ref)
+    assert eager.spec_stats.accepted_lengths == static.spec_stats.accepted_lengths
+
+    model.save_pretrained(tmp_path / "d")
+    with safe_open(tmp_path / "d" / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert "fc.weight" in keys and not any("lm_head" in k or "embed" in k for k in keys)
+    assert "output embedding (frozen, not stored here)" in (tmp_path / "d" / "README.md").read_text()
+    loaded = EagleDrafter.from_pretrained(tmp_path / "d", dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="bind"):
+        loaded.logits(hidden)
+    again = target.generate(ids, assistant_config=cfg, draft_model=loaded, **kw)
+    assert torch.equal(again.sequences, ref) and again.spec_stats.accepted_lengths == eager.spec_stats.accepted_lengths
+
+    with pytest.raises(ValueError, match="draft_vocab_size must equal vocab_size"):
+        EagleConfig(vocab_size=96, draft_vocab_size=40, tie_target_head=True)
+
+
 # ---------------------------------------------------------------------- Hub format
 def test_save_load_round_trip_and_hub_layout(tmp_path, monkeypatch):
     target = tiny_model("qwen3_5_text")
@@ -462,6 +505,20 @@ def test_recipe_runs_end_to_end_and_resumes(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         train_eagle3.main(["--help"])
     assert exc.value.code == 0
+
+
+def test_recipe_with_tied_target_head(tmp_path):
+    train_eagle3, config = _recipe(tmp_path, "num_prompts: 4\nresponse_tokens: 6\nregen_batch_size: 4\n"
+                                   "save_every: 100\nttt_steps: 2\neval_prompts: 1\neval_new_tokens: 5\n"
+                                   "eval_tree_tokens: 6\neval_depth: 3\neval_top_k: 2\n")
+    out = tmp_path / "out"
+    summary = train_eagle3.main(["--config", str(config), "--target", str(tmp_path / "target"), "--output_dir",
+                                 str(out), "--max_steps", "2", "--tie_target_head", "true"])
+    assert summary["training"]["steps"] == 2 and summary["evaluate"]["mean_accepted_length_tree"] >= 1.0
+    hub = EagleDrafter.from_pretrained(out / "hub")
+    assert hub.config.tie_target_head and hub.config.draft_vocab_size == hub.config.vocab_size
+    with safe_open(out / "hub" / "model.safetensors", "pt") as f:
+        assert not any("lm_head" in k for k in f.keys())
 
 
 def test_recipe_shards_the_frozen_target_over_processes(tmp_path, monkeypatch):

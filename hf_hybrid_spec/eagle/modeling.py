@@ -5,6 +5,7 @@
     h      = fused + attn(x)            attention over the drafter's own keys/values (RoPE)
     h      = h + mlp(post_norm(h))      -> the drafter's hidden state, fed back in place of `fused` one step later
     logits = lm_head(norm(h))           over the draft vocabulary; draft id d is target id d + d2t[d]
+                                        (tie_target_head: the target's output embedding over the whole vocabulary)
 
 The token embedding is the target's (shared, never stored in the checkpoint): `bind(target)` checks that the
 target matches and hands the drafter its embedding module. `d2t` ([draft_vocab] int64 offsets) and `t2d`
@@ -81,8 +82,9 @@ class EagleStep:
 
 @dataclass
 class _SharedEmbedding:
-    """The target's token embedding. A plain holder, not a submodule: it is never saved with the drafter,
-    never trained, and never moved by `drafter.to(...)` (it stays wherever the target is)."""
+    """The target's token embedding (or, with `tie_target_head`, its output embedding). A plain holder, not a
+    submodule: it is never saved with the drafter, never trained, and never moved by `drafter.to(...)` (it stays
+    wherever the target is)."""
 
     module: nn.Module
 
@@ -110,13 +112,15 @@ class EagleDrafter(PreTrainedModel):
         self.up_proj = nn.Linear(h, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, h, bias=False)
         self.norm = RMSNorm(h, config.rms_norm_eps)
-        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        # With tie_target_head the head is the bound target's output embedding (`_shared_head`), not a parameter.
+        self.lm_head = None if config.tie_target_head else nn.Linear(h, config.draft_vocab_size, bias=False)
         # Identity maps until `set_vocab_maps`: the draft vocabulary is the first draft_vocab_size target ids.
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
         t2d[: config.draft_vocab_size] = True
         self.register_buffer("t2d", t2d)
         self._shared: _SharedEmbedding | None = None
+        self._shared_head: _SharedEmbedding | None = None
         self.post_init()
 
     def _init_weights(self, module):
@@ -168,7 +172,22 @@ class EagleDrafter(PreTrainedModel):
         """Check `target` (see `check_target`) and share its token embedding. Returns self."""
         self.check_target(target)
         self._shared = _SharedEmbedding(target.get_input_embeddings())
+        if self.config.tie_target_head:
+            head = target.get_output_embeddings()
+            shape = (self.config.vocab_size, self.config.hidden_size)
+            if head is None or tuple(head.weight.shape) != shape:
+                raise ValueError(f"tie_target_head needs the target's output embedding of shape {shape}, got "
+                                 f"{None if head is None else tuple(head.weight.shape)}")
+            self._shared_head = _SharedEmbedding(head)
         return self
+
+    def shared_weight_ptrs(self) -> tuple[int, ...]:
+        """Addresses of the bound target's weights the drafter reads (embedding; output embedding when tied):
+        captured drafting graphs read them, so they key the graphs."""
+        ptrs = (self.embed_table_ptr(),)
+        if self._shared_head is not None:
+            ptrs += (self._shared_head.module.weight.data_ptr(),)
+        return ptrs
 
     def embed_table_ptr(self) -> int:
         """Address of the bound target's embedding weights (identifies what captured drafting graphs read)."""
@@ -233,7 +252,15 @@ class EagleDrafter(PreTrainedModel):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., draft_vocab] of drafter hidden states [..., H]."""
-        return self.lm_head(self.norm(hidden))
+        if self.lm_head is not None:
+            return self.lm_head(self.norm(hidden))
+        if self._shared_head is None:
+            raise RuntimeError("this EagleDrafter reads the target's output embedding (tie_target_head): call "
+                               "drafter.bind(target) first")
+        x = self.norm(hidden)
+        # Detached: the target is frozen, and no gradient should reach (or be stored for) its weights.
+        weight = self._shared_head.module.weight.detach().to(device=x.device, dtype=x.dtype)
+        return F.linear(x, weight)
 
     def forward(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, position_ids: torch.Tensor | None = None):
@@ -280,11 +307,13 @@ class EagleDrafter(PreTrainedModel):
     @classmethod
     def from_target(cls, target: nn.Module, aux_layers: list[int] | None = None, draft_vocab_size: int = 2048,
                     intermediate_size: int | None = None, init_head_from_target: bool = True,
+                    tie_target_head: bool = False,
                     **overrides) -> EagleDrafter:
         """A fresh drafter shaped for `target` (attention heads and widths from its config), bound to it.
 
         With `init_head_from_target`, the draft head starts as the target's output-embedding rows of the draft
         vocabulary (identity maps until `set_vocab_maps`; call `init_head_from(target)` again after it).
+        With `tie_target_head` the head is the target's output embedding itself (whole vocabulary, not stored).
         """
         from .configuration import default_aux_layers
 
@@ -293,7 +322,8 @@ class EagleDrafter(PreTrainedModel):
         config = EagleConfig(
             hidden_size=tc.hidden_size,
             vocab_size=tc.vocab_size,
-            draft_vocab_size=min(draft_vocab_size, tc.vocab_size),
+            draft_vocab_size=tc.vocab_size if tie_target_head else min(draft_vocab_size, tc.vocab_size),
+            tie_target_head=tie_target_head,
             aux_layers=aux_layers if aux_layers is not None else default_aux_layers(tc),
             num_attention_heads=heads,
             num_key_value_heads=getattr(tc, "num_key_value_heads", None) or heads,
@@ -309,14 +339,17 @@ class EagleDrafter(PreTrainedModel):
         )
         drafter = cls(config).to(device=target.device)
         drafter.bind(target)
-        if init_head_from_target:
+        if init_head_from_target and not tie_target_head:
             drafter.init_head_from(target)
         return drafter
 
     @torch.no_grad()
     def init_head_from(self, target: nn.Module) -> None:
         """Copy the target's output-embedding rows of the draft vocabulary into the draft head (a warm start:
-        the drafter then only has to learn hidden states that the target's own head reads well)."""
+        the drafter then only has to learn hidden states that the target's own head reads well). Nothing to do
+        with `tie_target_head` (the head is the target's)."""
+        if self.lm_head is None:
+            return
         weight = target.get_output_embeddings().weight
         rows = weight[self.draft_to_target.to(weight.device)]
         self.lm_head.weight.copy_(rows.to(self.lm_head.weight))
@@ -353,6 +386,12 @@ def write_model_card(config: EagleConfig, path: str | os.PathLike) -> None:
     training = config.training
     data = training.get("data", "not recorded")
     facts = _bullets({k: v for k, v in training.items() if k != "data"})
+    if getattr(config, "tie_target_head", False):
+        head = (f"the target's own output embedding (frozen, not stored here) reads its hidden state over all "
+                f"{config.vocab_size} tokens")
+    else:
+        head = (f"a head predicts {config.draft_vocab_size} of the target's {config.vocab_size} tokens\n(`d2t` / "
+                f"`t2d` maps in the checkpoint)")
     # Hub metadata takes repository ids only, not local paths.
     name = config.target_name_or_path or ""
     is_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~")) and not os.path.exists(name)
@@ -372,8 +411,7 @@ target's, sampling lossless).
 Architecture EAGLE-3: the target's hidden states at {len(config.aux_layers)} depths are fused by
 `fc: {len(config.aux_layers)}H -> H` (H = {config.hidden_size}), one decoder layer ({config.num_attention_heads}
 heads, {config.num_key_value_heads} key/value heads, MLP width {config.intermediate_size}) runs over the drafter's
-own keys and values, and a head predicts {config.draft_vocab_size} of the target's {config.vocab_size} tokens
-(`d2t` / `t2d` maps in the checkpoint). The token embedding is the target's and is not stored here.
+own keys and values, and {head}. The token embedding is the target's and is not stored here.
 
 ## Target
 

@@ -167,8 +167,9 @@ def static_eagle_tree(model: EagleDrafter, top_k: int, capacity: int, owner=None
     """The kept StaticEagleTree for this drafter and top-k, replaced by a larger one when `capacity` exceeds it, and
     leased to `owner` when given. One leased to a request still running (another thread) is never handed out twice:
     that request gets storage of its own, not kept."""
-    # The graphs read the bound target's embedding table too: a drafter rebound to another target gets new ones.
-    key = (top_k, str(model.fc.weight.device), model.embed_table_ptr())
+    # The graphs read the bound target's embedding table (and tied head) too: a drafter rebound to another target
+    # gets new ones.
+    key = (top_k, str(model.fc.weight.device), model.shared_weight_ptrs())
     with _TREES_LOCK:
         trees = _TREES.setdefault(model, {})
         tree = trees.get(key)
