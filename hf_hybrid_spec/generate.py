@@ -246,13 +246,14 @@ def speculative_generate(
         streamer = spec_streamer if spec_streamer is not None else _find_dropped_streamer()
     _check_supported(model, input_ids, generation_config, model_kwargs)
     adapter = get_adapter(model)
-    if drafter is None:
-        drafter = make_drafter(config, model, draft_model)
-        if config.verification != "lossless" and isinstance(drafter, ModelDrafter):
-            drafter.next_probs = True  # lossy verification reads the assistant's distributions (issue #9)
-    elif not isinstance(drafter, Drafter):
+    if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter, got {type(drafter).__name__}")
+    # The drafter is built inside too: HVD profiles draft and verify costs there, with the same attention backends.
     with use_backend(config.kernel_backend), sdpa_without_cudnn():
+        if drafter is None:
+            drafter = make_drafter(config, model, draft_model)
+            if config.verification != "lossless" and isinstance(drafter, ModelDrafter):
+                drafter.next_probs = True  # lossy verification reads the assistant's distributions (issue #9)
         return _run(model, adapter, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
                     config, drafter, model_kwargs)
 
