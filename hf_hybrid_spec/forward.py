@@ -10,29 +10,43 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 
 import torch
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .cache import HybridTreeCache
 from .tree import VerifyTree
 
 __all__ = ["cache_kwarg", "forward_tokens", "forward_tree", "sdpa_without_cudnn"]
 
-# Every SDPA backend but cuDNN's. cuDNN attention builds an execution plan for each new shape it sees (40-60 ms for a
-# small model on the H200, device run 28) and caches it; stock decoding meets one shape per prompt, but a speculative
-# loop meets a new key length at every step (eager tree verification, the drafters' own attention), so on the first
-# request with a given prompt length each step paid that build: EAGLE steps took 20-44 ms instead of ~2.
-_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# cuDNN's SDPA backend builds an execution plan for each new shape it sees (40-60 ms for a small model on the H200,
+# device run 28) and caches it; stock decoding meets one shape per prompt, but a speculative loop meets a new key length
+# at every step (eager tree verification, the drafters' own attention), so on the first request with a given prompt
+# length each step paid that build: EAGLE steps took 20-44 ms instead of ~2. The flag is process-wide, so concurrent
+# calls share one switch-off: the first to enter saves the user's setting, the last to leave restores it.
+_CUDNN_LOCK = threading.Lock()
+_CUDNN_USERS = 0
+_CUDNN_SAVED = True
 
 
+@contextlib.contextmanager
 def sdpa_without_cudnn():
-    """Context in which F.scaled_dot_product_attention never picks the cuDNN backend (see `_SDPA_BACKENDS`).
-    A no-op where cuDNN attention is off anyway (CPU)."""
-    if not torch.backends.cuda.cudnn_sdp_enabled():
-        return contextlib.nullcontext()
-    return sdpa_kernel(_SDPA_BACKENDS)
+    """Context in which F.scaled_dot_product_attention never picks the cuDNN backend (the other backends stay as the
+    user set them); safe to nest and to enter from several threads at once."""
+    global _CUDNN_USERS, _CUDNN_SAVED
+    with _CUDNN_LOCK:
+        if _CUDNN_USERS == 0:
+            _CUDNN_SAVED = torch.backends.cuda.cudnn_sdp_enabled()
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        _CUDNN_USERS += 1
+    try:
+        yield
+    finally:
+        with _CUDNN_LOCK:
+            _CUDNN_USERS -= 1
+            if _CUDNN_USERS == 0:
+                torch.backends.cuda.enable_cudnn_sdp(_CUDNN_SAVED)
 
 
 @functools.cache

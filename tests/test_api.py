@@ -510,3 +510,54 @@ def test_node_depth_host_walk_matches_the_ancestor_mask():
                                for _ in range(3)])
         expected = ancestor_mask(parent, include_self=True).sum(-1) - 1
         assert torch.equal(node_depth(parent), expected)
+
+
+def test_speculative_generate_keeps_sdpa_off_cudnn_and_restores_the_setting():
+    """cuDNN attention builds a plan per new shape (tens of ms each on an H200; a speculative loop sees a new key
+    length every step), so speculative_generate switches it off and puts the user's setting back after, also when
+    calls overlap from several threads."""
+    import threading
+
+    from hf_hybrid_spec.drafters import Drafter
+    from hf_hybrid_spec.forward import sdpa_without_cudnn
+    from hf_hybrid_spec.tree import empty_draft
+
+    seen = []
+
+    class Probe(Drafter):
+        def propose(self, input_ids, budget):
+            seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+            return empty_draft(1, input_ids.device)
+
+    model = tiny_model("qwen3_5_text")
+    ids = torch.randint(2, 96, (1, 6), generator=torch.Generator().manual_seed(0))
+    initial = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        for user_setting in (True, False):
+            torch.backends.cuda.enable_cudnn_sdp(user_setting)
+            seen.clear()
+            model.generate(ids, max_new_tokens=3, do_sample=False, custom_generate=H.speculative_generate,
+                           drafter=Probe())
+            assert seen and not any(seen)
+            assert torch.backends.cuda.cudnn_sdp_enabled() is user_setting
+
+        # Overlapping contexts (two threads): off while either is inside, restored when the last one leaves.
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        entered, release = threading.Event(), threading.Event()
+
+        def other():
+            with sdpa_without_cudnn():
+                entered.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        entered.wait(10)
+        with sdpa_without_cudnn():
+            assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()  # the other thread is still inside
+        release.set()
+        thread.join(10)
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(initial)
