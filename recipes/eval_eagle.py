@@ -58,6 +58,7 @@ class MethodResult:
     mismatches: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    draftable: int = 0  # stock only: new tokens inside the drafter's draft vocabulary (the rest cannot be drafted)
 
     def step_ms(self) -> str:
         """Per target forward, ms drafting / verifying / the rest (prefill, the drafter's accepts, bookkeeping)."""
@@ -103,6 +104,7 @@ def run_set(name, prompts, model, drafter, tok, configs, gen_kwargs, device) -> 
         _sync(device)
         stock.seconds += time.perf_counter() - t
         stock.new_tokens += ref.shape[1] - ids.shape[1]
+        stock.draftable += int(drafter.t2d[ref[0, ids.shape[1]:].to(drafter.t2d.device)].sum())
         for m, cfg in configs.items():
             draft_model = drafter if cfg.drafter == "eagle" else None
             _sync(device)
@@ -217,11 +219,14 @@ def main(argv: list[str] | None = None) -> dict:
         tree_vs_suffix = res[tree].mean_accepted_length / res["suffix"].mean_accepted_length
         tree_vs_chain = res[tree].mean_accepted_length / res[chain].mean_accepted_length
         print(f"tree / suffix accepted length: {tree_vs_suffix:.2f}x; tree / chain: {tree_vs_chain:.2f}x")
+        coverage = stock.draftable / max(1, stock.new_tokens)
+        print(f"the draft vocabulary holds {100 * coverage:.1f}% of the target's greedy tokens")
         summary["sets"][s] = {
             "prompts": len(prompt_sets[s]),
             "stock_tokens_per_s": round(stock.tokens_per_second, 3),
             "tree_over_suffix": round(tree_vs_suffix, 3),
             "tree_over_chain": round(tree_vs_chain, 3),
+            "draft_vocab_coverage": round(coverage, 4),
             "methods": {m: {"mean_accepted_length": round(r.mean_accepted_length, 3),
                             "tokens_per_s": round(r.tokens_per_second, 3),
                             "speedup": round(r.tokens_per_second / stock.tokens_per_second, 3),
