@@ -154,7 +154,7 @@ class StaticTreeRunner(Leased):
         # [layers, 1, max_length, hidden]: the history_layers' hidden states of the committed tokens, by position.
         self.history = None
         if self.history_layers:
-            hidden_size = model.get_input_embeddings().embedding_dim
+            hidden_size = model.config.get_text_config().hidden_size
             self.history = torch.zeros(len(self.history_layers), 1, max_length, hidden_size, dtype=model.dtype,
                                        device=self.device)
         self._pool = None
