@@ -286,7 +286,9 @@ class StaticTreeRunner(Leased):
             # land beyond the committed length, as there).
             states = bucket.out.hidden_states
             for j, i in enumerate(self.history_layers):
-                self.history[j].index_copy_(1, dst, states[i].index_select(1, order))
+                # A model split over devices (eager static path) has its layers' states on their own devices.
+                rows = states[i].index_select(1, order.to(states[i].device)).to(self.history.device)
+                self.history[j].index_copy_(1, dst.to(self.history.device), rows)
 
     def _enter_tree(self, bucket: _Bucket, prefix_length: int) -> None:
         if self.cache.in_tree_mode:
