@@ -184,7 +184,9 @@ class RecordingEagle(EagleTreeDrafter):
     """Keeps its key cache when the request ends, for the in-step check."""
 
     def end(self, input_ids):
-        self.final_keys, self.final_ids = self.keys.clone(), input_ids.clone()
+        # Static storage holds the committed steps in the first `steps` slots of its buffer.
+        keys = self.keys if self._store is None else self._store.keys[:, :, : self.steps]
+        self.final_keys, self.final_ids = keys.clone(), input_ids.clone()
         super().end(input_ids)
 
 
@@ -217,19 +219,21 @@ def test_greedy_identity_random_and_trained_chain_and_tree(family):
     # The trained tree, through a drafter instance that keeps its key cache at the end: it must hold exactly one
     # step per committed token but the root, built from the target's features of the committed tokens (what a
     # from-scratch pass computes).
-    drafter = RecordingEagle(trained, target, top_k=4)
-    out = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None,
-                          custom_generate=H.speculative_generate, drafter=drafter,
-                          assistant_config=H.AssistantConfig(max_draft_tokens=16, max_depth=5),
-                          return_dict_in_generate=True)
-    assert torch.equal(out.sequences, ref) and max(out.spec_stats.accepted_lengths) >= 3
-    final = drafter.final_ids
-    n = final.shape[1] - 1
-    with torch.no_grad():
-        fused = trained.fuse([s[:, :n] for s in aux_hidden(target, final, trained.config.aux_layers)])
-        step = trained.project(fused, trained.embed(final[:, 1:]), torch.arange(n).unsqueeze(0))
-    assert drafter.final_keys.shape == step.key.shape
-    torch.testing.assert_close(drafter.final_keys, step.key, atol=2e-3, rtol=2e-3)
+    # Static storage too (compile=True: the accepts run as fixed-shape passes over the key buffer).
+    for static in (False, True):
+        drafter = RecordingEagle(trained, target, top_k=4, static=static)
+        out = target.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None,
+                              custom_generate=H.speculative_generate, drafter=drafter,
+                              assistant_config=H.AssistantConfig(max_draft_tokens=16, max_depth=5, compile=static),
+                              return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref) and max(out.spec_stats.accepted_lengths) >= 3
+        final = drafter.final_ids
+        n = final.shape[1] - 1
+        with torch.no_grad():
+            fused = trained.fuse([s[:, :n] for s in aux_hidden(target, final, trained.config.aux_layers)])
+            step = trained.project(fused, trained.embed(final[:, 1:]), torch.arange(n).unsqueeze(0))
+        assert drafter.final_keys.shape == step.key.shape, static
+        torch.testing.assert_close(drafter.final_keys, step.key, atol=2e-3, rtol=2e-3, msg=f"static={static}")
 
 
 def test_static_eagle_storage_is_reused_and_grows():
