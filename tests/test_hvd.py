@@ -92,6 +92,8 @@ def test_every_policy_matches_plain_greedy(family, saved_predictor):
     for name, cfg in configs.items():
         out = spec(target, ids, 36, assistant_config=cfg, draft_model=eagle)
         assert torch.equal(out.sequences, ref), name
+        assert torch.equal(spec(target, ids, 36, assistant_config=cfg.replace(compile=True),
+                                draft_model=eagle).sequences, ref), f"{name} compile=True"
         drafter = H.drafters.make_drafter(cfg, target, eagle)
         assert isinstance(drafter, HybridDrafter) and drafter.policy.name == name
     oracle = OraclePolicy(ref[0].tolist())
@@ -107,8 +109,16 @@ def test_every_policy_matches_plain_greedy(family, saved_predictor):
     assert replay.model_runs == sum(d != "cache" for d in oracle.decisions) < drafter.model_runs
     # Label collection verifies every kind of tree; without merging, the learned policy never verifies one.
     collect = hybrid(target, eagle, CollectPolicy(0.5, seed=3))
-    assert torch.equal(spec(target, ids, 36, assistant_config=loop, drafter=collect).sequences, ref)
+    eager = spec(target, ids, 36, assistant_config=loop, drafter=collect)
+    assert torch.equal(eager.sequences, ref)
     assert all(collect.options[o] > 0 for o in ("cache", "model", "merged"))
+    # Static path (compile=True): the model drafter catches up on views of the runner's hidden-state history, held
+    # across the cache-only steps; same decisions, so the same drafts and accepted lengths as eager.
+    collect_static = hybrid(target, eagle, CollectPolicy(0.5, seed=3))
+    static = spec(target, ids, 36, assistant_config=loop.replace(compile=True), drafter=collect_static)
+    assert torch.equal(static.sequences, ref) and static.spec_stats.static
+    assert collect_static.options == collect.options
+    assert static.spec_stats.accepted_lengths == eager.spec_stats.accepted_lengths
     no_merge = hybrid(target, eagle, LearnedPolicy(PayoffPredictor.from_pretrained(saved_predictor)), merge=False)
     assert torch.equal(spec(target, ids, 36, assistant_config=loop, drafter=no_merge).sequences, ref)
     assert no_merge.options["merged"] == 0
