@@ -7,7 +7,7 @@ source scripts/h200_env.sh
 F=${1:-qwen3_5-small}; M=../models/$F
 export CUTC=400
 TAILN=6 run 330 train_tied python3 recipes/train_eagle3.py --config recipes/configs/eagle3_h200.yaml --target $M \
-    --output_dir $OUT/$F-eagle3-tied --stages regenerate train save --tie_target_head true --max_minutes 3
+    --output_dir $OUT/$F-eagle3-tied --stages regenerate train save --tie_target_head true --max_minutes 2.5
 rm -rf $OUT/$F-eagle3-tied/checkpoints $OUT/$F-eagle3-tied/data $OUT/$F-eagle3-tied/drafter
 TAILN=16 run 200 eval_tied python3 recipes/eval_eagle.py --model $M --drafter $OUT/$F-eagle3-tied/hub --num-prompts 8 \
     --max-new-tokens 128 --dtype bfloat16 --compile --allow-mismatch --out $OUT/eval_tied
