@@ -771,8 +771,11 @@ def main(argv=None) -> int:
             rows.append(run_mamba2(args, impls, shapes[1], bsz, n, dtype, device, gen, ceil))
         else:
             rows.append(run_conv(args, impls, shapes[2], bsz, n, dtype, device, gen, ceil))
+        # Row by row, so a run that dies later (a fault in one config poisons the CUDA context) keeps the rest.
+        r = rows[-1]
+        tqdm.write(f"[row] {r.op} B={r.batch} N={r.nodes}: ours {r.ours_us:.1f} us, branch-by-branch "
+                   f"{r.branch_us:.1f} us, speedup {r.speedup:.2f}x", file=sys.stderr)
         if args.out:
-            # Row by row, so a run that dies later (a fault in one config poisons the CUDA context) keeps the rest.
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "rows.jsonl"), "a") as f:
                 f.write(json.dumps(asdict(rows[-1])) + "\n")
