@@ -292,6 +292,10 @@ def bench_us(fn, args) -> float:
     import triton.testing
 
     if args.cuda_graph:
+        # do_bench_cudagraph runs fn on a fresh side stream that does not wait for the default stream, where the
+        # inputs were just written (`leaf = torch.full(...)`, the tree pass whose factors a commit reads): without
+        # this sync the commit could read a half-written leaf index and fault (runs 35-36 on the H200).
+        torch.cuda.synchronize()
         try:
             return triton.testing.do_bench_cudagraph(fn, rep=args.rep, return_mode="median") * 1e3
         except Exception as exc:  # noqa: BLE001 - a function that syncs the host cannot be captured
