@@ -536,3 +536,54 @@ def test_oracle_picks_the_best_realized_rate():
     assert fresh.choose(policy_step(cache, model, cost=slow_begin)) == "cache"
     assert fresh.choose(policy_step(cache, model)) in ("model", "merged")
     assert fresh.choose(policy_step(cache, model, cost=slow_begin)) in ("model", "merged")
+
+
+class CountingPredictor(FixedPredictor):
+    def __init__(self, payoffs):
+        super().__init__(payoffs)
+        self.calls = 0
+
+    def predict(self, features):
+        self.calls += 1
+        return self.payoffs
+
+
+def reference_before_model(step, cache_payoff, cost):
+    """The stage-1 rule with the cache payoff always predicted (no short-circuit), clamped at 0 like the policy."""
+    cache_payoff = max(cache_payoff, 0.0) if step.cache.num_nodes else 0.0
+    begin = 0.0 if step.model_begun else cost.model_begin_seconds_per_token * step.length
+    rate = lambda payoff, seconds: (payoff + 1.0) / seconds  # noqa: E731
+    mp = step.history.model_payoff_ema
+    best = rate(mp, cost.step(step.model_tokens, True) + begin)
+    nodes = min(step.budget.max_nodes, step.cache.num_nodes + step.model_tokens)
+    best = max(best, rate(max(cache_payoff, mp), cost.step(nodes, True) + begin))
+    return "cache" if rate(cache_payoff, cost.step(step.cache.num_nodes, False)) >= best else None
+
+
+def test_learned_policy_skips_the_predictor_only_where_no_prediction_could_change_the_choice():
+    from hf_hybrid_spec.hvd import History
+
+    gen = torch.Generator().manual_seed(0)
+    skipped = predicted = 0
+    for trial in range(400):
+        u = torch.rand(8, generator=gen).tolist()
+        # Verify costs that are not monotone in the tree size either (profiles are measured, so noisy).
+        cost = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.0 + u[0] - 0.3, 1.2 + u[1]],
+                           cache_draft_seconds=0.01, model_draft_seconds=2.0 * u[2],
+                           model_begin_seconds_per_token=0.05 * u[3])
+        n = int(u[4] * 14)
+        cache = chain_tree(torch.arange(5, 5 + n).unsqueeze(0)) if n else empty_draft()
+        step = policy_step(cache, history=History(model_prior=4.0 * u[5]), cost=cost)
+        step.model_begun = u[6] < 0.5
+        payoff = 6.0 * u[7] - 1.0  # a regression may predict below 0
+        features = [0.0] * len(FEATURE_NAMES)
+        step.features, step.feature_fn = None, lambda: features
+        predictor = CountingPredictor([payoff, 0.0, 0.0])
+        choice = LearnedPolicy(predictor, probe_budget=0.0).before_model(step)
+        assert choice == reference_before_model(step, payoff, cost), trial
+        if predictor.calls == 0 and n:
+            skipped += 1
+            assert choice == "cache" and step.features is None  # neither the features nor the prediction was paid
+        elif n:
+            predicted += 1
+    assert skipped > 20 and predicted > 20, (skipped, predicted)

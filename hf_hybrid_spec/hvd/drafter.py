@@ -46,6 +46,8 @@ from .policy import OPTIONS, LearnedPolicy, Policy, Step, ThresholdPolicy
 
 logger = logging.get_logger(__name__)
 
+_NO_MODEL = model_features(None, 0)
+
 __all__ = ["HybridDrafter", "StepRecord", "make_hvd_drafter", "make_model_drafter", "make_cost_profile"]
 
 
@@ -82,7 +84,7 @@ class _Pending:
     model: DraftTree | None
     merged: MergedDraft | None
     option: str
-    features: list[float]
+    features: list[float] | None  # None when the policy decided without them and nothing is recorded
     predicted: list[float] = field(default_factory=lambda: [math.nan] * 3)
     position: int = 0
 
@@ -206,10 +208,15 @@ class HybridDrafter(Drafter):
                 cache = cache.select(torch.arange(cache_budget.max_nodes, device=cache.tokens.device))
             shape = tree_shape(cache)
         position = length - self._prompt_length
-        features = cache_features(cache, self.history, self._prompt_length, position, shape)
-        step = Step(cache=cache, features=features + model_features(None, 0), history=self.history, cost=self.cost,
-                    budget=budget, model_tokens=min(self.model_tokens, budget.max_nodes), length=length,
-                    allow_merge=self.allow_merge, model_begun=self._model_begun)
+        history, prompt_length = self.history, self._prompt_length
+        # Computed on first read (policies that can decide without them never pay for them), or for the record.
+        step = Step(cache=cache, features=None, history=history, cost=self.cost, budget=budget,
+                    model_tokens=min(self.model_tokens, budget.max_nodes), length=length,
+                    allow_merge=self.allow_merge, model_begun=self._model_begun,
+                    feature_fn=lambda: cache_features(cache, history, prompt_length, position, shape)
+                    + model_features(None, 0))
+        if self.record:
+            step.get_features()
         model = merged = None
         option = self.policy.before_model(step)
         if option != "cache":
@@ -221,7 +228,7 @@ class HybridDrafter(Drafter):
             self.model_runs += 1
             merged = merge_drafts(cache, model, budget.max_nodes)
             step.model, step.merged = model, merged
-            step.features = features + model_features(model, merged.shared)
+            step.features = step.get_features()[:-len(_NO_MODEL)] + model_features(model, merged.shared)
             option = self.policy.choose(step)
             if option not in step.options():
                 raise ValueError(f"policy {self.policy.name!r} chose {option!r}, not one of {step.options()}")

@@ -29,8 +29,10 @@ Policies (one instance per request):
 
 from __future__ import annotations
 
+import math
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..drafters.base import DraftBudget
@@ -52,7 +54,9 @@ class Step:
 
     Attributes:
         cache: the cache draft (possibly empty).
-        features: `FEATURE_NAMES` values; the `MODEL_FEATURES` part is 0 until the model drafter has run.
+        features: `FEATURE_NAMES` values; the `MODEL_FEATURES` part is 0 until the model drafter has run. None until
+            first read through `get_features()`, when `feature_fn` is given: a policy that can decide without them
+            (see `LearnedPolicy.before_model`) leaves them uncomputed.
         history: the request's realized payoffs so far.
         cost: the profiled cost model (None when the drafter was given none).
         budget: the verified tree's limits (merged trees are trimmed to `budget.max_nodes`).
@@ -65,7 +69,7 @@ class Step:
     """
 
     cache: DraftTree
-    features: list[float]
+    features: list[float] | None
     history: History
     cost: CostProfile | None
     budget: DraftBudget
@@ -75,6 +79,13 @@ class Step:
     merged: MergedDraft | None = None
     allow_merge: bool = True
     model_begun: bool = True
+    feature_fn: Callable[[], list[float]] | None = None
+
+    def get_features(self) -> list[float]:
+        """`features`, computed by `feature_fn` on first use."""
+        if self.features is None:
+            self.features = self.feature_fn()
+        return self.features
 
     def nodes(self, option: str) -> int:
         """Draft nodes the option verifies."""
@@ -118,7 +129,7 @@ class ThresholdPolicy(Policy):
         self.threshold = threshold
 
     def before_model(self, step: Step) -> str | None:
-        score = step.features[_SCORE]
+        score = step.get_features()[_SCORE]
         return "cache" if step.cache.num_nodes and score >= self.threshold else None
 
     def choose(self, step: Step) -> str:
@@ -171,30 +182,48 @@ class LearnedPolicy(Policy):
         return probe <= self.probe_budget * skipped * cost.step(step.cache.num_nodes, False)
 
     def before_model(self, step: Step) -> str | None:
-        if step.cache.num_nodes:
-            predict = getattr(self.predictor, "predict_cache", None)
-            cache_payoff = float(predict(step.features) if predict is not None
-                                 else self.predictor.predict(as_tensor(step.features))[0])
-        else:
-            cache_payoff = 0.0
-        self.predicted = [cache_payoff, float("nan"), float("nan")]
         cost = _cost(step, self.name)
-        if self._probe_due(step, cost):
-            return None
+        probe = self._probe_due(step, cost)
         # What the model drafter would bring, judged by what it delivered recently.
         model_payoff = float(step.history.model_payoff_ema)
-        cache_rate = _rate(cache_payoff, cost.step(step.cache.num_nodes, False))
         begin = _begin_seconds(step, cost)
-        best = _rate(model_payoff, cost.step(step.model_tokens, True) + begin)
+        cache_seconds = cost.step(step.cache.num_nodes, False)
+        model_rate = _rate(model_payoff, cost.step(step.model_tokens, True) + begin)
+        merged_seconds = math.inf
         if step.allow_merge:
             nodes = min(step.budget.max_nodes, step.cache.num_nodes + step.model_tokens)
-            best = max(best, _rate(max(cache_payoff, model_payoff), cost.step(nodes, True) + begin))
-        return "cache" if cache_rate >= best else None
+            merged_seconds = cost.step(nodes, True) + begin
+        if not probe and _rate(0.0, cache_seconds) >= max(model_rate, _rate(model_payoff, merged_seconds)):
+            # The cache draft wins even at payoff 0, so no prediction (clamped at 0 below) can change the choice:
+            # the cache rate only grows with its payoff, and a merged tree earns (max(cache, model) + 1) / merged
+            # seconds, which is the model-payoff term while the cache payoff is the smaller, and below the cache
+            # draft's own rate once it is the larger (the merged step costs at least (model + 1) x the cache step
+            # here, so more than the cache step). On agentic sessions this is most steps: skipping the predictor
+            # and the features there is HVD's decision cost on the host.
+            self.predicted = [math.nan] * 3
+            return "cache"
+        if step.cache.num_nodes:
+            predict = getattr(self.predictor, "predict_cache", None)
+            features = step.get_features()
+            cache_payoff = float(predict(features) if predict is not None
+                                 else self.predictor.predict(as_tensor(features))[0])
+            # A payoff counts accepted tokens: never below 0, whatever the regression says.
+            cache_payoff = max(cache_payoff, 0.0)
+        else:
+            cache_payoff = 0.0
+        self.predicted = [cache_payoff, math.nan, math.nan]
+        if probe:
+            return None
+        best = model_rate
+        if step.allow_merge:
+            best = max(best, _rate(max(cache_payoff, model_payoff), merged_seconds))
+        return "cache" if _rate(cache_payoff, cache_seconds) >= best else None
 
     def choose(self, step: Step) -> str:
         predict = getattr(self.predictor, "predict_one", None)
-        cache_payoff, model_payoff, merged_payoff = (predict(step.features) if predict is not None
-                                                     else self.predictor.predict(as_tensor(step.features)).tolist())
+        features = step.get_features()
+        cache_payoff, model_payoff, merged_payoff = (predict(features) if predict is not None
+                                                     else self.predictor.predict(as_tensor(features)).tolist())
         # A merged tree accepts at least what either part accepts.
         merged_payoff = max(merged_payoff, cache_payoff, model_payoff)
         self.predicted = [cache_payoff, model_payoff, merged_payoff]
