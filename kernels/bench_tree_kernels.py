@@ -768,6 +768,8 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     configs = [(op, b, n) for op in args.ops for b in args.batch for n in args.nodes]
     rows: list[Row] = []
+    if args.out and os.path.exists(os.path.join(args.out, "rows.jsonl")):
+        os.remove(os.path.join(args.out, "rows.jsonl"))  # this run's rows only
     for op, bsz, n in tqdm(configs, desc="tree kernels", file=sys.stderr):
         if op == "gdn":
             rows.append(run_gdn(args, impls, shapes[0], bsz, n, dtype, device, gen, ceil, fla))

@@ -10,8 +10,9 @@ Policies (one instance per request):
 
 - `ThresholdPolicy`: SuffixDecoding's gate: the cache draft if its score >= a fixed threshold, else the model draft.
 - `LearnedPolicy`: HVD: a `PayoffPredictor` predicts each option's payoff (accepted draft tokens); with the
-  profiled `CostProfile` the option with the most committed tokens per second wins. Stage 1 skips the model drafter
-  when the cache draft (no draft at all counts, with payoff 0) beats what the model drafter has recently delivered
+  profiled `CostProfile` the option with the most committed tokens per second wins (where the cache draft wins even
+  at payoff 0, the prediction and the features are skipped: no prediction could change that). Stage 1 skips the
+  model drafter when the cache draft (no draft at all counts, with payoff 0) beats what the model drafter has recently delivered
   (its payoff EMA) at the model's cost; after `probe_interval` skipped steps the model drafter runs anyway, so that
   its EMA follows the text, but only as often as `probe_budget` allows: a probe may cost at most that share of the
   skipped steps' time (on a GPU an eager EAGLE draft can cost 20 graph-replayed steps: probing every 16 steps there
