@@ -40,13 +40,13 @@ from ..drafters.base import DraftBudget, DraftContext, Drafter, TargetHidden
 from ..tree import DraftTree, empty_draft
 from ..verify import VerifyResult
 from .cost import CostProfile, cached_profile, profile_costs, profile_key
-from .features import History, cache_features, model_features, tree_shape
+from .features import CACHE_FEATURES, History, cache_features, model_features, tree_shape
 from .merge import MergedDraft, merge_drafts, realized_payoff
 from .policy import OPTIONS, LearnedPolicy, Policy, Step, ThresholdPolicy
 
 logger = logging.get_logger(__name__)
 
-_NO_MODEL = model_features(None, 0)
+_NO_MODEL = model_features(None, 0)  # the model part of the features before the model drafter runs
 
 __all__ = ["HybridDrafter", "StepRecord", "make_hvd_drafter", "make_model_drafter", "make_cost_profile"]
 
@@ -213,8 +213,7 @@ class HybridDrafter(Drafter):
         step = Step(cache=cache, features=None, history=history, cost=self.cost, budget=budget,
                     model_tokens=min(self.model_tokens, budget.max_nodes), length=length,
                     allow_merge=self.allow_merge, model_begun=self._model_begun,
-                    feature_fn=lambda: cache_features(cache, history, prompt_length, position, shape)
-                    + model_features(None, 0))
+                    feature_fn=lambda: cache_features(cache, history, prompt_length, position, shape) + _NO_MODEL)
         if self.record:
             step.get_features()
         model = merged = None
@@ -228,7 +227,7 @@ class HybridDrafter(Drafter):
             self.model_runs += 1
             merged = merge_drafts(cache, model, budget.max_nodes)
             step.model, step.merged = model, merged
-            step.features = step.get_features()[:-len(_NO_MODEL)] + model_features(model, merged.shared)
+            step.features = step.get_features()[:len(CACHE_FEATURES)] + model_features(model, merged.shared)
             option = self.policy.choose(step)
             if option not in step.options():
                 raise ValueError(f"policy {self.policy.name!r} chose {option!r}, not one of {step.options()}")
