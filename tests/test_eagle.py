@@ -3,6 +3,7 @@ vs inference, Hub format round trip, bad input, and the training recipe end to e
 
 import json
 import os
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -523,6 +524,29 @@ def test_recipe_with_tied_target_head(tmp_path):
     assert hub.config.tie_target_head and hub.config.draft_vocab_size == hub.config.vocab_size
     with safe_open(out / "hub" / "model.safetensors", "pt") as f:
         assert not any("lm_head" in k for k in f.keys())
+
+
+def test_docstring_prompts_end_right_after_a_function_docstring(tmp_path):
+    sys.path.insert(0, str(REPO / "recipes"))
+    import train_eagle3
+
+    source = ('import os\n\n\ndef f(a,\n      b):\n    """Add.\n\n    More words.\n    """\n    return a + b\n\n\n'
+              "class C:\n    async def g(self) -> int:\n        r\'\'\'One line.\'\'\'\n        return 1\n\n"
+              "    def h(self):\n        return 2  # no docstring\n")
+    lines = source.splitlines(keepends=True)
+    assert [lines[i] for i in train_eagle3.docstring_ends(lines)] == ['    """\n', "        r\'\'\'One line.\'\'\'\n"]
+
+    class CharTokenizer:  # one token per character, so the cut is easy to read
+        def __call__(self, text, add_special_tokens=False):
+            return type("Encoding", (), {"input_ids": [ord(c) for c in text]})()
+
+    rng = random.Random(0)
+    prompts = {"".join(map(chr, train_eagle3.make_docstring_prompt(source, CharTokenizer(), 12, rng)))
+               for _ in range(20)}
+    assert prompts == {'ds.\n    """\n', "ne line.\'\'\'\n"}  # the last 12 characters up to each docstring's end
+    assert train_eagle3.make_docstring_prompt("def f():\n    return 1\n", CharTokenizer(), 4, rng) is None
+    with pytest.raises(ValueError, match="docstring_prompts"):
+        train_eagle3.RecipeConfig(target="t", output_dir=str(tmp_path), docstring_prompts=1.5)
 
 
 def test_recipe_shards_the_frozen_target_over_processes(tmp_path, monkeypatch):
