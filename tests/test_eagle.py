@@ -268,10 +268,38 @@ def test_static_eagle_storage_is_reused_and_grows():
     assert not held.in_use  # a request that died without ending gives its storage back
 
 
+def test_fused_eagle_passes_compile_whole_and_match_the_plain_ones():
+    """What `fuse=True` captures on a GPU: the expansion and the accept pass compiled by Inductor with fullgraph=True
+    (a graph break anywhere fails here), computing what the plain passes compute. On CPU, eagerly."""
+    from hf_hybrid_spec.eagle.static import StaticEagleTree
+
+    target = tiny_model("qwen3_5_text")
+    model = EagleDrafter.from_target(target, draft_vocab_size=32)
+    store = StaticEagleTree(model, top_k=3, capacity=24, use_graphs=False)
+    assert not store.fuse  # fusing is for captured graphs only
+    gen = torch.Generator().manual_seed(0)
+    hidden_size = model.config.hidden_size
+    for count in (1, 3, 5):
+        store.adv_features[:, :count] = torch.randn(1, count, hidden_size, generator=gen)
+        store.adv_tokens[:, :count] = torch.randint(0, 64, (1, count), generator=gen)
+        store.steps.fill_(4 + count)
+        plain = [t.clone() for t in store._advance(count)]
+        fused = store._fused("advance")(count)
+        for a, b in zip(plain, fused):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    store.hidden.copy_(torch.randn(1, hidden_size, generator=gen))
+    store.logp.copy_(torch.log_softmax(torch.randn(32, generator=gen), dim=-1))
+    store.steps.fill_(9)
+    plain, fused = store._expand(8, 4), store._fused("expand")(8, 4)
+    for name in ("tokens", "parents", "keep"):
+        assert torch.equal(getattr(fused, name), getattr(plain, name)), name
+    torch.testing.assert_close(fused.scores, plain.scores, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("family", FAMILIES)
-def test_cuda_graphs_eagle_drafts_match_eager_and_are_reused(family):
-    from hf_hybrid_spec.eagle.static import _TREES
+def test_cuda_graphs_eagle_drafts_match_eager_and_are_reused(family, monkeypatch):
+    from hf_hybrid_spec.eagle.static import _TREES, StaticEagleTree
 
     target = tiny_model(family).cuda()
     ids = prompt(5).cuda()
@@ -281,16 +309,21 @@ def test_cuda_graphs_eagle_drafts_match_eager_and_are_reused(family):
     kw = dict(do_sample=False, max_new_tokens=24, eos_token_id=None, custom_generate=H.speculative_generate,
               draft_model=model, return_dict_in_generate=True)
     eager = target.generate(ids, assistant_config=cfg, **kw)
-    captures = []
-    for _ in range(2):  # the second request reuses the first one's buffers and graphs
-        graphs = target.generate(ids, assistant_config=cfg.replace(compile=True), **kw)
-        assert torch.equal(graphs.sequences, ref) and torch.equal(eager.sequences, ref)
-        assert graphs.spec_stats.accepted_lengths == eager.spec_stats.accepted_lengths
-        (tree,) = _TREES[model].values()
-        captures.append(tree.captures)
-    # Draft budgets (at most MAX_GRAPHS) and accept counts (1 .. depth + 1) captured once, in the first request.
-    assert 2 <= captures[0] <= tree.MAX_GRAPHS + 6 and captures[1] == captures[0]
-    assert len(tree._advance_graphs) >= 1
+    for fuse in (False, True):
+        monkeypatch.setattr(StaticEagleTree, "FUSE", fuse)
+        _TREES.pop(model, None)
+        captures = []
+        for _ in range(2):  # the second request reuses the first one's buffers and graphs
+            graphs = target.generate(ids, assistant_config=cfg.replace(compile=True), **kw)
+            assert torch.equal(graphs.sequences, ref) and torch.equal(eager.sequences, ref)
+            if not fuse:  # the same kernels: the same trees (fused ones may round differently, never commit so)
+                assert graphs.spec_stats.accepted_lengths == eager.spec_stats.accepted_lengths
+            (tree,) = _TREES[model].values()
+            captures.append(tree.captures)
+        # Draft budgets (at most MAX_GRAPHS) and accept counts (1 .. depth + 1) captured once, in the first request.
+        assert 2 <= captures[0] <= tree.MAX_GRAPHS + 6 and captures[1] == captures[0]
+        assert len(tree._advance_graphs) >= 1
+        assert tree.fuse == fuse and (len(tree._fused_budgets) >= 1) == fuse  # no compile fell back
 
 
 def _committed_drafter(name):

@@ -9,6 +9,15 @@ just committed, 1 .. depth + 1 of them) is fixed-shape too, one graph per count:
 per step on the H200 (run 29), the largest part of an EAGLE step. On CPU the same code runs eagerly (what the tests
 exercise).
 
+Graph replay removes the launch cost but not the kernels: one EAGLE-2 expansion is ~780 aten ops (~450 kernels, each a
+few microseconds on the GPU even when replayed), 1.5-2 ms per tree on the H200 (runs 33-38), more than the verify
+forward it feeds. With `fuse=True` (the default with graphs) the expansion and the accept pass are compiled by
+Inductor (`torch.compile(fullgraph=True)`, which fuses the elementwise ops of the small drafter layer, the masks and
+the score arithmetic) before they are captured; the graph then replays the fused kernels. Compiling costs tens of
+seconds once per process and draft budget (the expansion: at most `MAX_FUSED` budgets, the rest replay unfused
+graphs; the accept pass: one compile with the step count dynamic), so it is off for eager drafting and on CPU; any
+compile error falls back to the unfused graph with a warning (drafting never decides what is committed).
+
 One `StaticEagleTree` per (EagleDrafter, top-k, device) is kept and reused by later requests (their graphs point at
 its buffers); a request longer than its capacity replaces it.
 """
@@ -39,18 +48,27 @@ class StaticEagleTree(Leased):
         top_k: children per expanded node (fixed: it sets the shapes).
         capacity: committed drafter steps the buffers hold (the longest request's max_length is enough).
         use_graphs: capture CUDA graphs (default: when the drafter is on CUDA).
+        fuse: compile what the graphs capture with Inductor first (default: when graphs are used).
     """
 
     MAX_GRAPHS = 4  # draft budgets captured; others (a request's last few steps, mostly) run eagerly
+    FUSE = True  # the default of `fuse` with graphs (set False to skip the compiles)
+    MAX_FUSED = 2  # draft budgets whose expansion is compiled before capture (one Inductor compile each)
     MAX_ADVANCE = 16  # steps per accept run with fixed shapes (and a graph per count); longer ones (begin, HVD's
     # buffered accepts) go through `write` and the caller's eager pass
 
-    def __init__(self, model: EagleDrafter, top_k: int, capacity: int, use_graphs: bool | None = None):
+    def __init__(self, model: EagleDrafter, top_k: int, capacity: int, use_graphs: bool | None = None,
+                 fuse: bool | None = None):
         c = model.config
         weight = model.fc.weight
         self.model, self.top_k, self.capacity = model, top_k, capacity
         self.device, self.dtype = weight.device, weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.fuse = self.use_graphs and self.FUSE if fuse is None else fuse
+        # Compiled lazily: int arguments are specialized (the expansion recompiles per budget, guarded), the accept
+        # pass's count is dynamic (one compile serves counts 2 .. MAX_ADVANCE).
+        self._fused_expand = self._fused_advance = None
+        self._fused_budgets: set[tuple[int, int]] = set()
         self.keys = torch.zeros(1, c.num_key_value_heads, capacity, c.head_dim, dtype=self.dtype, device=self.device)
         self.values = torch.zeros_like(self.keys)
         # Inputs of a draft, written before each run / replay.
@@ -96,7 +114,7 @@ class StaticEagleTree(Leased):
                 self._pool = torch.cuda.graph_pool_handle()
             try:
                 # The warm-up calls write the same keys and values the replay below writes: nothing else changes.
-                entry = capture(lambda: self._advance(count), self._pool, self.device)
+                entry = self._capture(lambda fn: (lambda: fn(count)), "advance", self._advance)
             except RuntimeError as err:
                 logger.warning("capturing the EAGLE accept pass failed (%s); drafting eagerly instead", err)
                 self.use_graphs = False
@@ -136,7 +154,10 @@ class StaticEagleTree(Leased):
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             try:
-                entry = capture(lambda: self._expand(*key), self._pool, self.device)
+                fuse = len(self._fused_budgets) < self.MAX_FUSED
+                entry = self._capture(lambda fn: (lambda: fn(*key)), "expand" if fuse else None, self._expand)
+                if fuse and self.fuse:
+                    self._fused_budgets.add(key)
             except RuntimeError as err:
                 # Drafting only decides what gets verified, never what is committed: run it eagerly from now on
                 # rather than fail the request.
@@ -149,6 +170,27 @@ class StaticEagleTree(Leased):
         graph, out = entry
         graph.replay()
         return out
+
+    def _capture(self, bind, which: str | None, plain):
+        """Capture `bind(fn)` (a no-argument call of `fn`), with `fn` the compiled `which` pass ("expand" /
+        "advance") when fusing, else `plain`. A compile that fails warns and captures `plain` instead."""
+        if self.fuse and which is not None:
+            try:
+                return capture(bind(self._fused(which)), self._pool, self.device)
+            except Exception as err:  # noqa: BLE001 - Dynamo / Inductor / Triton raise many types
+                logger.warning("compiling the EAGLE %s pass failed (%s: %s); capturing it unfused", which,
+                               type(err).__name__, err)
+                self.fuse = False
+        return capture(bind(plain), self._pool, self.device)
+
+    def _fused(self, which: str):
+        if which == "expand":
+            if self._fused_expand is None:
+                self._fused_expand = torch.compile(self._expand, fullgraph=True, dynamic=False)
+            return self._fused_expand
+        if self._fused_advance is None:
+            self._fused_advance = torch.compile(self._advance, fullgraph=True, dynamic=True)
+        return self._fused_advance
 
     def _expand(self, max_nodes: int, max_depth: int) -> TreeCandidates:
         positions = self.steps + torch.arange(max(max_depth - 1, 0), device=self.device)
