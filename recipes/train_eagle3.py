@@ -12,8 +12,9 @@ Stages (`--stages`, default all four; each reuses what an earlier run left in `o
    sorted order and split train / held-out by a hash of their path (`--heldout_percent`); each prompt is
    `--prompt_tokens` tokens starting at a line (a `def` / `class` line when the window has one), or, for a
    `--docstring_prompts` share of them, ending right after a function's docstring (the shape of HumanEval's prompts:
-   the target writes the body), so batches need no padding. The target writes a response to each (greedy by default, as at test time); prompt + response are
-   saved as a `datasets` DatasetDict under `output_dir/data` (JSON lines when `datasets` is not installed).
+   the target writes the body), so batches need no padding. The target writes a response to each (greedy by default,
+   as at test time); prompt + response are saved as a `datasets` DatasetDict under `output_dir/data` (JSON lines
+   when `datasets` is not installed).
 2. train: online target features. Per batch the frozen target runs under no_grad (hidden states at the drafter's
    aux layers + logits), and the drafter trains with EAGLE-3's training-time test: 7 unrolled steps feeding its
    own outputs back, loss weights 0.8^i, soft targets = the target's distribution over the draft vocabulary

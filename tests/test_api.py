@@ -37,6 +37,7 @@ def test_config_round_trip(tmp_path):
         (dict(verification="yolo"), "verification"),
         (dict(kernel_backend="cuda"), "kernel_backend"),
         (dict(tree="yes"), "tree"),
+        (dict(compile_drafter=1), "compile_drafter"),
         (dict(ngram_size=2.5), "ngram_size"),
     ],
 )

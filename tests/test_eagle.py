@@ -275,7 +275,7 @@ def test_fused_eagle_passes_compile_whole_and_match_the_plain_ones():
 
     target = tiny_model("qwen3_5_text")
     model = EagleDrafter.from_target(target, draft_vocab_size=32)
-    store = StaticEagleTree(model, top_k=3, capacity=24, use_graphs=False)
+    store = StaticEagleTree(model, top_k=3, capacity=24, use_graphs=False, fuse=True)
     assert not store.fuse  # fusing is for captured graphs only
     gen = torch.Generator().manual_seed(0)
     hidden_size = model.config.hidden_size
@@ -298,8 +298,8 @@ def test_fused_eagle_passes_compile_whole_and_match_the_plain_ones():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("family", FAMILIES)
-def test_cuda_graphs_eagle_drafts_match_eager_and_are_reused(family, monkeypatch):
-    from hf_hybrid_spec.eagle.static import _TREES, StaticEagleTree
+def test_cuda_graphs_eagle_drafts_match_eager_and_are_reused(family):
+    from hf_hybrid_spec.eagle.static import _TREES
 
     target = tiny_model(family).cuda()
     ids = prompt(5).cuda()
@@ -309,12 +309,11 @@ def test_cuda_graphs_eagle_drafts_match_eager_and_are_reused(family, monkeypatch
     kw = dict(do_sample=False, max_new_tokens=24, eos_token_id=None, custom_generate=H.speculative_generate,
               draft_model=model, return_dict_in_generate=True)
     eager = target.generate(ids, assistant_config=cfg, **kw)
-    for fuse in (False, True):
-        monkeypatch.setattr(StaticEagleTree, "FUSE", fuse)
+    for fuse in (False, True):  # compile_drafter: the passes compiled by Inductor before capture
         _TREES.pop(model, None)
         captures = []
         for _ in range(2):  # the second request reuses the first one's buffers and graphs
-            graphs = target.generate(ids, assistant_config=cfg.replace(compile=True), **kw)
+            graphs = target.generate(ids, assistant_config=cfg.replace(compile=True, compile_drafter=fuse), **kw)
             assert torch.equal(graphs.sequences, ref) and torch.equal(eager.sequences, ref)
             if not fuse:  # the same kernels: the same trees (fused ones may round differently, never commit so)
                 assert graphs.spec_stats.accepted_lengths == eager.spec_stats.accepted_lengths

@@ -47,7 +47,8 @@ class EagleTreeDrafter(Drafter):
 
     name = "eagle"
 
-    def __init__(self, model: EagleDrafter, target: nn.Module, top_k: int = 10, static: bool = False):
+    def __init__(self, model: EagleDrafter, target: nn.Module, top_k: int = 10, static: bool = False,
+                 fuse: bool = False):
         if not isinstance(model, EagleDrafter):
             raise TypeError(f"the 'eagle' drafter needs an EagleDrafter as draft_model, got {type(model).__name__}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -56,6 +57,7 @@ class EagleTreeDrafter(Drafter):
         self.top_k = min(top_k, model.config.draft_vocab_size)
         self.target_hidden_layers = tuple(model.config.aux_layers)
         self.static = static
+        self.fuse = fuse
         self._store: StaticEagleTree | None = None  # this request's static storage (static=True)
         self._reset()
 
@@ -74,7 +76,7 @@ class EagleTreeDrafter(Drafter):
         self._release_store()
         max_length = getattr(getattr(context, "generation_config", None), "max_length", None)
         if self.static and max_length is not None:
-            self._store = static_eagle_tree(self.model, self.top_k, max_length, owner=self)
+            self._store = static_eagle_tree(self.model, self.top_k, max_length, owner=self, fuse=self.fuse)
         self._take(hidden, "begin")
         self._advance(input_ids)
 
@@ -169,4 +171,5 @@ def make_eagle_drafter(config, target: nn.Module, draft_model: nn.Module | None)
     """The drafter `AssistantConfig(drafter="eagle")` names: `draft_model` must be an `EagleDrafter`."""
     if draft_model is None:
         raise ValueError("the 'eagle' drafter needs draft_model=EagleDrafter.from_pretrained(...)")
-    return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k, static=config.compile)
+    return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k, static=config.compile,
+                            fuse=config.compile and config.compile_drafter)

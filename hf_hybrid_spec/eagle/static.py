@@ -10,12 +10,13 @@ per step on the H200 (run 29), the largest part of an EAGLE step. On CPU the sam
 exercise).
 
 Graph replay removes the launch cost but not the kernels: one EAGLE-2 expansion is ~780 aten ops (~450 kernels, each a
-few microseconds on the GPU even when replayed), 1.5-2 ms per tree on the H200 (runs 33-38), more than the verify
-forward it feeds. With `fuse=True` (the default with graphs) the expansion and the accept pass are compiled by
-Inductor (`torch.compile(fullgraph=True)`, which fuses the elementwise ops of the small drafter layer, the masks and
-the score arithmetic) before they are captured; the graph then replays the fused kernels. Compiling costs tens of
-seconds once per process and draft budget (the expansion: at most `MAX_FUSED` budgets, the rest replay unfused
-graphs; the accept pass: one compile with the step count dynamic), so it is off for eager drafting and on CPU; any
+few microseconds on the GPU even when replayed), 1.5-2 ms per tree on the H200 (runs 33-39), more than the verify
+forward it feeds. With `fuse=True` (`AssistantConfig(compile=True, compile_drafter=True)`) the expansion and the
+accept pass are compiled by Inductor (`torch.compile(fullgraph=True)`, which fuses the elementwise ops of the small
+drafter layer, the masks and the score arithmetic) before they are captured, and the graphs replay the fused kernels
+(run 40: 2.02 -> 1.25 ms per 60-node tree, 1.54 -> 0.86 ms per 6-token chain). Each compile costs ~20 s on the
+H200's host, once per process: the expansion is compiled for the first draft budget only (a request's full budget;
+the shorter ones of its last steps replay unfused graphs), the accept pass twice (one step, and a dynamic count). Any
 compile error falls back to the unfused graph with a warning (drafting never decides what is committed).
 
 One `StaticEagleTree` per (EagleDrafter, top-k, device) is kept and reused by later requests (their graphs point at
@@ -48,23 +49,22 @@ class StaticEagleTree(Leased):
         top_k: children per expanded node (fixed: it sets the shapes).
         capacity: committed drafter steps the buffers hold (the longest request's max_length is enough).
         use_graphs: capture CUDA graphs (default: when the drafter is on CUDA).
-        fuse: compile what the graphs capture with Inductor first (default: when graphs are used).
+        fuse: compile what the graphs capture with Inductor first (only with graphs).
     """
 
     MAX_GRAPHS = 4  # draft budgets captured; others (a request's last few steps, mostly) run eagerly
-    FUSE = True  # the default of `fuse` with graphs (set False to skip the compiles)
-    MAX_FUSED = 2  # draft budgets whose expansion is compiled before capture (one Inductor compile each)
+    MAX_FUSED = 1  # draft budgets whose expansion is compiled before capture (one Inductor compile each)
     MAX_ADVANCE = 16  # steps per accept run with fixed shapes (and a graph per count); longer ones (begin, HVD's
     # buffered accepts) go through `write` and the caller's eager pass
 
     def __init__(self, model: EagleDrafter, top_k: int, capacity: int, use_graphs: bool | None = None,
-                 fuse: bool | None = None):
+                 fuse: bool = False):
         c = model.config
         weight = model.fc.weight
         self.model, self.top_k, self.capacity = model, top_k, capacity
         self.device, self.dtype = weight.device, weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
-        self.fuse = self.use_graphs and self.FUSE if fuse is None else fuse
+        self.fuse = fuse and self.use_graphs
         # Compiled lazily: int arguments are specialized (the expansion recompiles per budget, guarded), the accept
         # pass's count is dynamic (one compile serves counts 2 .. MAX_ADVANCE).
         self._fused_expand = self._fused_advance = None
@@ -205,21 +205,22 @@ _TREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _TREES_LOCK = threading.Lock()
 
 
-def static_eagle_tree(model: EagleDrafter, top_k: int, capacity: int, owner=None) -> StaticEagleTree:
+def static_eagle_tree(model: EagleDrafter, top_k: int, capacity: int, owner=None,
+                      fuse: bool = False) -> StaticEagleTree:
     """The kept StaticEagleTree for this drafter and top-k, replaced by a larger one when `capacity` exceeds it, and
     leased to `owner` when given. One leased to a request still running (another thread) is never handed out twice:
     that request gets storage of its own, not kept."""
     # The graphs read the bound target's embedding table (and tied head) too: a drafter rebound to another target
     # gets new ones.
-    key = (top_k, str(model.fc.weight.device), model.shared_weight_ptrs())
+    key = (top_k, str(model.fc.weight.device), model.shared_weight_ptrs(), fuse)
     with _TREES_LOCK:
         trees = _TREES.setdefault(model, {})
         tree = trees.get(key)
         if tree is not None and tree.in_use:
-            tree = StaticEagleTree(model, top_k, capacity)
+            tree = StaticEagleTree(model, top_k, capacity, fuse=fuse)
         elif tree is None or tree.capacity < capacity:
             trees.pop(key, None)  # drop the short one (and its graphs) before allocating
-            tree = trees[key] = StaticEagleTree(model, top_k, capacity)
+            tree = trees[key] = StaticEagleTree(model, top_k, capacity, fuse=fuse)
         if owner is not None:
             tree.lease(owner)
     return tree

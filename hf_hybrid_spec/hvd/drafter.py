@@ -281,7 +281,8 @@ def make_model_drafter(config, target: nn.Module, draft_model) -> Drafter:
     if isinstance(draft_model, Drafter):
         return draft_model
     if isinstance(draft_model, EagleDrafter):
-        return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k, static=config.compile)
+        return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k, static=config.compile,
+                                fuse=config.compile and config.compile_drafter)
     if not isinstance(draft_model, nn.Module):
         raise TypeError("draft_model must be an EagleDrafter, a causal LM or a Drafter, got "
                         f"{type(draft_model).__name__}")
