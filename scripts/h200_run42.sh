@@ -2,6 +2,7 @@
 # Device run 42 (falcon_h1-small carried): run 41 died regenerating (falcon's torch Mamba-2 prefill at 1,024 prompts per
 # batch asked for 128 GiB). The same at the config's 512 per batch, fitted to the 350 s of device time left: 4,096
 # prompts (half docstring-ended), 300 more steps on the committed tied drafter. Training only; fp32 eval on the CPU.
+source scripts/h200_env.sh
 F=falcon_h1-small; M=../models/$F
 export CUTC=400
 TAILN=8 run 290 train_more python3 recipes/train_eagle3.py --config recipes/configs/eagle3_h200.yaml --target $M \
