@@ -245,6 +245,12 @@ def speculative_generate(
     if streamer is None:
         streamer = spec_streamer if spec_streamer is not None else _find_dropped_streamer()
     _check_supported(model, input_ids, generation_config, model_kwargs)
+    if generation_config.cache_implementation == "static" and not config.compile:
+        # Implied by the static cache, for the drafters too (EAGLE's static storage and graphs), not just the verify.
+        config = config.replace(compile=True)
+    if config.compile_drafter and not config.compile:
+        raise ValueError("compile_drafter=True compiles the EAGLE drafter's captured passes: it needs compile=True "
+                         "(or generate(..., cache_implementation='static'))")
     adapter = get_adapter(model)
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter, got {type(drafter).__name__}")

@@ -268,6 +268,22 @@ def test_static_eagle_storage_is_reused_and_grows():
     assert not held.in_use  # a request that died without ending gives its storage back
 
 
+def test_static_cache_implies_static_eagle_drafting_and_compile_drafter_needs_it():
+    from hf_hybrid_spec.eagle.static import _TREES
+
+    target = tiny_model("qwen3_5_text")
+    model = EagleDrafter.from_target(target, draft_vocab_size=32)
+    ids = prompt(6)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=8, eos_token_id=None)
+    cfg = H.AssistantConfig(drafter="eagle", draft_top_k=3, max_draft_tokens=8, max_depth=4)
+    kw = dict(do_sample=False, max_new_tokens=8, eos_token_id=None, custom_generate=H.speculative_generate,
+              draft_model=model)
+    out = target.generate(ids, assistant_config=cfg, cache_implementation="static", **kw)
+    assert torch.equal(out, ref) and len(_TREES.get(model, {})) == 1  # the drafter's static storage was used
+    with pytest.raises(ValueError, match="compile_drafter=True .* needs compile=True"):
+        target.generate(ids, assistant_config=cfg.replace(compile_drafter=True), **kw)
+
+
 def test_fused_eagle_passes_compile_whole_and_match_the_plain_ones():
     """What `fuse=True` captures on a GPU: the expansion and the accept pass compiled by Inductor with fullgraph=True
     (a graph break anywhere fails here), computing what the plain passes compute. On CPU, eagerly."""
