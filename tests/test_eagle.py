@@ -597,6 +597,17 @@ def test_docstring_prompts_end_right_after_a_function_docstring(tmp_path):
         train_eagle3.RecipeConfig(target="t", output_dir=str(tmp_path), docstring_prompts=1.5)
 
 
+def test_every_eagle_recipe_config_parses(tmp_path):
+    sys.path.insert(0, str(REPO / "recipes"))
+    import train_eagle3
+
+    configs = sorted((REPO / "recipes" / "configs").glob("eagle3_*.yaml"))
+    assert len(configs) >= 3
+    for path in configs:
+        cfg = train_eagle3.parse_config(["--config", str(path), "--target", "t", "--output_dir", str(tmp_path)])
+        assert cfg.max_steps >= 1 and 0.0 <= cfg.docstring_prompts <= 1.0, path.name
+
+
 def test_recipe_shards_the_frozen_target_over_processes(tmp_path, monkeypatch):
     """Two gloo processes (torchrun), DDP over the drafter, with and without --shard_target (FSDP2 over the
     target's layers): the all-gathers are exact, so both runs log the same losses; and --shard_target refuses

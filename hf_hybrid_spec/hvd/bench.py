@@ -129,6 +129,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="report but do not stop on outputs that differ from stock greedy (low precision)")
     p.add_argument("--compile", action="store_true",
                    help="every method verifies on the static cache (AssistantConfig(compile=True): CUDA graphs on a GPU)")
+    p.add_argument("--compile-drafter", action="store_true",
+                   help="with --compile: the EAGLE passes compiled by Inductor before capture (compile_drafter=True)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -141,6 +143,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.compile_drafter and not args.compile:
+        p.error("--compile-drafter needs --compile")
     return args
 
 
@@ -158,10 +162,12 @@ class Methods:
 
     def __init__(self, args, model, eagle, predictor_path: str, profile_path: str):
         self.model, self.eagle = model, eagle
-        budget = dict(max_draft_tokens=args.max_draft_tokens, max_depth=args.max_depth, compile=args.compile)
+        budget = dict(max_draft_tokens=args.max_draft_tokens, max_depth=args.max_depth, compile=args.compile,
+                      compile_drafter=args.compile_drafter)
         self.suffix = AssistantConfig(drafter="suffix", **budget)
         self.eagle_cfg = AssistantConfig(drafter="eagle", max_draft_tokens=args.tree_tokens, max_depth=args.tree_depth,
-                                         draft_top_k=args.top_k, compile=args.compile)
+                                         draft_top_k=args.top_k, compile=args.compile,
+                                         compile_drafter=args.compile_drafter)
         hvd = dict(drafter="hvd", draft_top_k=args.top_k, hvd_model_tokens=args.tree_tokens,
                    hvd_model_depth=args.tree_depth, hvd_cost_profile=profile_path, **budget)
         self.threshold = AssistantConfig(hvd_policy="threshold", hvd_threshold=args.threshold, **hvd)
@@ -447,7 +453,7 @@ def main(argv=None) -> dict:
                              f"payoff predictor on held-out sessions ({Path(args.model.rstrip('/')).name})")
     summary = {
         "model": args.model, "eagle": eagle_path, "predictor": predictor_path, "device": device_name,
-        "dtype": args.dtype, "compile": args.compile, "split": args.split, "sessions": timed_sessions,
+        "dtype": args.dtype, "compile": args.compile, "compile_drafter": args.compile_drafter, "split": args.split, "sessions": timed_sessions,
         "max_new_tokens": args.max_new_tokens,
         "budgets": {"max_draft_tokens": args.max_draft_tokens, "max_depth": args.max_depth,
                     "tree_tokens": args.tree_tokens, "tree_depth": args.tree_depth, "top_k": args.top_k,
