@@ -91,7 +91,7 @@ class RecipeConfig:
         "share of prompts that END right after a function's docstring (HumanEval's shape: the target then writes "
         "a function body); the others start at a line")})
     response_tokens: int = field(default=128, metadata={"help": "new tokens the target writes per prompt"})
-    regen_batch_size: int = field(default=32, metadata={"help": "prompts per generate call"})
+    regen_batch_size: int = field(default=32, metadata={"help": "prompts per generate call (halved on out-of-memory)"})
     regen_temperature: float = field(default=0.0, metadata={"help": "0: greedy responses; > 0: sampled"})
     # 2. train: the drafter
     aux_layers: list[int] | None = field(default=None, metadata={"help": "target hidden_states indices (default: default_aux_layers)"})
@@ -290,20 +290,36 @@ def regenerate(cfg: RecipeConfig, target, tokenizer, device) -> list[dict]:
     eos = target.generation_config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
     pad = target.generation_config.pad_token_id
-    rows = []
-    for start in tqdm(range(0, len(prompts), cfg.regen_batch_size), desc="regenerate"):
-        batch = prompts[start : start + cfg.regen_batch_size]
+    rows, start, size = [], 0, cfg.regen_batch_size
+    bar = tqdm(total=len(prompts), desc="regenerate")
+    while start < len(prompts):
+        batch = prompts[start : start + size]
         ids = torch.tensor([p["input_ids"] for p in batch], device=device)
         sample = cfg.regen_temperature > 0
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=cfg.response_tokens,
-                              do_sample=sample, temperature=cfg.regen_temperature if sample else None,
-                              top_k=None, top_p=None, eos_token_id=eos, pad_token_id=pad if pad is not None else eos)
+        try:
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=cfg.response_tokens,
+                                  do_sample=sample, temperature=cfg.regen_temperature if sample else None, top_k=None,
+                                  top_p=None, eos_token_id=eos, pad_token_id=pad if pad is not None else eos)
+        except torch.OutOfMemoryError:
+            # Targets without fused kernels can need far more memory in the prefill than the batch suggests
+            # (falcon_h1-small's PyTorch Mamba-2 scan asked for 128 GiB at 1,024 prompts): halve and carry on.
+            if size == 1:
+                raise
+            del ids
+            size //= 2
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            logger.warning("regenerate: out of memory at %d prompts per batch, continuing with %d", len(batch), size)
+            continue
         for p, seq in zip(batch, out.tolist()):
             response = seq[len(p["input_ids"]) :]
             if eos is not None and eos in response:
                 response = response[: response.index(eos) + 1]
             rows.append({"input_ids": p["input_ids"] + response, "prompt_length": len(p["input_ids"]),
                          "source": p["source"]})
+        start += len(batch)
+        bar.update(len(batch))
+    bar.close()
     return rows, heldout
 
 

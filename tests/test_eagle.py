@@ -597,6 +597,30 @@ def test_docstring_prompts_end_right_after_a_function_docstring(tmp_path):
         train_eagle3.RecipeConfig(target="t", output_dir=str(tmp_path), docstring_prompts=1.5)
 
 
+def test_regenerate_halves_the_batch_on_out_of_memory(tmp_path, monkeypatch):
+    import transformers
+
+    train_eagle3, config = _recipe(tmp_path, "num_prompts: 5\nresponse_tokens: 4\nregen_batch_size: 4\n")
+    real = transformers.GenerationMixin.generate
+    sizes = []
+
+    def generate(self, input_ids, **kwargs):
+        sizes.append(input_ids.shape[0])
+        if input_ids.shape[0] > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(self, input_ids, **kwargs)
+
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", generate)
+    out = tmp_path / "out"
+    train_eagle3.main(["--config", str(config), "--target", str(tmp_path / "target"), "--output_dir", str(out),
+                       "--stages", "regenerate"])
+    assert sizes == [4, 2, 1, 1, 1, 1, 1]  # 4 and 2 fail, then every prompt alone
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(out / "data"))["train"]
+    assert len(data) == 5 and all(len(r["input_ids"]) == 20 + 4 for r in data)
+
+
 def test_every_eagle_recipe_config_parses(tmp_path):
     sys.path.insert(0, str(REPO / "recipes"))
     import train_eagle3
