@@ -488,6 +488,13 @@ def test_learned_policy_weighs_predicted_payoff_against_cost():
     assert thrifty.before_model(policy_step(cache, history=stale)) == "cache"
     stale.steps_since_model = 8  # 0.4 s <= 5% of 8 x ~1.07 s
     assert thrifty.before_model(policy_step(cache, history=stale)) is None
+    # ...and only where the model drafter could win at all: a cache draft predicted at 8 tokens per ~1.07 s step
+    # beats even a model draft accepted to its full depth (8 + 1 tokens in 1.1 + 0.4 s) or a full-depth merged tree.
+    confident = LearnedPolicy(FixedPredictor([8.0, 0, 0]), probe_interval=4, probe_budget=1.0)
+    assert confident.before_model(policy_step(cache, history=stale)) == "cache"
+    assert stale.steps_since_model == 8  # still due: the next weak cache draft gets the probe
+    assert LearnedPolicy(FixedPredictor([4.0, 0, 0]), probe_interval=4,
+                         probe_budget=1.0).before_model(policy_step(cache, history=stale)) is None
     # A first probe in a request also pays the model drafter's begin over the context (10 tokens x 0.1 s here).
     with_begin = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.1, 1.6], cache_draft_seconds=0.01,
                              model_draft_seconds=0.4, model_begin_seconds_per_token=0.1)

@@ -16,7 +16,8 @@ Policies (one instance per request):
   (its payoff EMA) at the model's cost; after `probe_interval` skipped steps the model drafter runs anyway, so that
   its EMA follows the text, but only as often as `probe_budget` allows: a probe may cost at most that share of the
   skipped steps' time (on a GPU an eager EAGLE draft can cost 20 graph-replayed steps: probing every 16 steps there
-  would spend more time probing than decoding).
+  would spend more time probing than decoding), and only where a model draft accepted to its full depth could beat
+  the cache draft's predicted rate (elsewhere the probe could not change a choice).
 - `OraclePolicy` (benchmarks only): knows the target's greedy continuation, so it knows each option's realized
   payoff before verification (`realized_payoff` against the reference); it drafts both every step and picks the
   option with the most realized tokens per profiled second of that option (model drafting is charged only to the
@@ -161,7 +162,8 @@ class LearnedPolicy(Policy):
         predictor: a `PayoffPredictor`.
         probe_interval: run the model drafter after at least this many steps without it, whatever the prediction...
         probe_budget: ...and only once the skipped steps' profiled time is at least the model draft's cost divided
-            by this share (0 never probes).
+            by this share (0 never probes), and never while the cache draft's predicted rate beats what even a
+            full-depth model draft or merged tree could reach.
     """
 
     name = "learned"
@@ -189,7 +191,8 @@ class LearnedPolicy(Policy):
         model_payoff = float(step.history.model_payoff_ema)
         begin = _begin_seconds(step, cost)
         cache_seconds = cost.step(step.cache.num_nodes, False)
-        model_rate = _rate(model_payoff, cost.step(step.model_tokens, True) + begin)
+        model_seconds = cost.step(step.model_tokens, True) + begin
+        model_rate = _rate(model_payoff, model_seconds)
         merged_seconds = math.inf
         if step.allow_merge:
             nodes = min(step.budget.max_nodes, step.cache.num_nodes + step.model_tokens)
@@ -213,12 +216,20 @@ class LearnedPolicy(Policy):
         else:
             cache_payoff = 0.0
         self.predicted = [cache_payoff, math.nan, math.nan]
+        cache_rate = _rate(cache_payoff, cache_seconds)
         if probe:
-            return None
+            # A probe refreshes what the model drafter is worth, which only matters where it could win. Skip it
+            # while even a model draft (or merged tree) accepted to its full depth would lose to the cache draft's
+            # predicted rate: the probe stays due, and runs on the first step where the cache draft looks weak.
+            # (Without this, on sessions the cache draft serves well, every probe was pure cost: 2-3% on the CPU.)
+            ceiling = _rate(float(min(step.model_tokens, step.budget.max_depth)), model_seconds)
+            if step.allow_merge:
+                ceiling = max(ceiling, _rate(float(step.budget.max_depth), merged_seconds))
+            return "cache" if cache_rate >= ceiling else None
         best = model_rate
         if step.allow_merge:
             best = max(best, _rate(max(cache_payoff, model_payoff), merged_seconds))
-        return "cache" if _rate(cache_payoff, cache_seconds) >= best else None
+        return "cache" if cache_rate >= best else None
 
     def choose(self, step: Step) -> str:
         predict = getattr(self.predictor, "predict_one", None)
