@@ -453,7 +453,8 @@ def main(argv=None) -> dict:
                              f"payoff predictor on held-out sessions ({Path(args.model.rstrip('/')).name})")
     summary = {
         "model": args.model, "eagle": eagle_path, "predictor": predictor_path, "device": device_name,
-        "dtype": args.dtype, "compile": args.compile, "compile_drafter": args.compile_drafter, "split": args.split, "sessions": timed_sessions,
+        "dtype": args.dtype, "compile": args.compile, "compile_drafter": args.compile_drafter, "split": args.split,
+        "sessions": timed_sessions,
         "max_new_tokens": args.max_new_tokens,
         "budgets": {"max_draft_tokens": args.max_draft_tokens, "max_depth": args.max_depth,
                     "tree_tokens": args.tree_tokens, "tree_depth": args.tree_depth, "top_k": args.top_k,
