@@ -284,6 +284,26 @@ def test_static_cache_implies_static_eagle_drafting_and_compile_drafter_needs_it
         target.generate(ids, assistant_config=cfg.replace(compile_drafter=True), **kw)
 
 
+def test_compile_drafter_on_cpu_drafts_the_same_trees():
+    """compile_drafter=True without graphs (CPU): the Inductor-compiled passes run as they are; same output, same
+    accepted length at every step as the plain static drafting."""
+    from hf_hybrid_spec.eagle.static import _TREES
+
+    target = tiny_model("qwen3_5_text")
+    model = EagleDrafter.from_target(target, draft_vocab_size=32)
+    ids = prompt(6)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=None)
+    cfg = H.AssistantConfig(drafter="eagle", draft_top_k=3, max_draft_tokens=8, max_depth=4, compile=True)
+    kw = dict(do_sample=False, max_new_tokens=12, eos_token_id=None, custom_generate=H.speculative_generate,
+              draft_model=model, return_dict_in_generate=True)
+    plain = target.generate(ids, assistant_config=cfg, **kw)
+    fused = target.generate(ids, assistant_config=cfg.replace(compile_drafter=True), **kw)
+    assert torch.equal(plain.sequences, ref) and torch.equal(fused.sequences, ref)
+    assert fused.spec_stats.accepted_lengths == plain.spec_stats.accepted_lengths
+    store = next(t for t in _TREES[model].values() if t.fuse)
+    assert store._fused_budgets and store._fused_advance is not None  # the compiled passes ran, none fell back
+
+
 def test_fused_eagle_passes_compile_whole_and_match_the_plain_ones():
     """What `fuse=True` captures on a GPU: the expansion and the accept pass compiled by Inductor with fullgraph=True
     (a graph break anywhere fails here), computing what the plain passes compute. On CPU, eagerly."""
@@ -292,17 +312,22 @@ def test_fused_eagle_passes_compile_whole_and_match_the_plain_ones():
     target = tiny_model("qwen3_5_text")
     model = EagleDrafter.from_target(target, draft_vocab_size=32)
     store = StaticEagleTree(model, top_k=3, capacity=24, use_graphs=False, fuse=True)
-    assert not store.fuse  # fusing is for captured graphs only
     gen = torch.Generator().manual_seed(0)
     hidden_size = model.config.hidden_size
     for count in (1, 3, 5):
         store.adv_features[:, :count] = torch.randn(1, count, hidden_size, generator=gen)
         store.adv_tokens[:, :count] = torch.randint(0, 64, (1, count), generator=gen)
         store.steps.fill_(4 + count)
+        store.keys.zero_()
         plain = [t.clone() for t in store._advance(count)]
+        plain_keys = store.keys.clone()
+        store.keys.zero_()
         fused = store._fused("advance")(count)
         for a, b in zip(plain, fused):
             torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        # The accept pass writes its steps' keys into the static storage: the compiled one must too.
+        assert store.keys.abs().sum() > 0
+        torch.testing.assert_close(store.keys, plain_keys, atol=1e-5, rtol=1e-5)
     store.hidden.copy_(torch.randn(1, hidden_size, generator=gen))
     store.logp.copy_(torch.log_softmax(torch.randn(32, generator=gen), dim=-1))
     store.steps.fill_(9)
