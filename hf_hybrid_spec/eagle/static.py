@@ -110,14 +110,14 @@ class StaticEagleTree(Leased):
         self.adv_tokens[:, :count].copy_(tokens)
         self.steps.fill_(steps)
         if not self.use_graphs:
-            return self._eager("advance", (count,), self._advance)
+            return self._run_pass("advance", (count,), graph=False)
         entry = self._advance_graphs.get(count)
         if entry is None:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             try:
                 # The warm-up calls write the same keys and values the replay below writes: nothing else changes.
-                entry = self._capture(lambda fn: (lambda: fn(count)), "advance", self._advance)
+                entry = self._run_pass("advance", (count,), graph=True)
             except RuntimeError as err:
                 logger.warning("capturing the EAGLE accept pass failed (%s); drafting eagerly instead", err)
                 self.use_graphs = False
@@ -149,7 +149,7 @@ class StaticEagleTree(Leased):
         self.steps.fill_(steps)
         key = (budget.max_nodes, budget.max_depth)
         if not self.use_graphs:
-            return self._eager("expand", key, self._expand)
+            return self._run_pass("expand", key, graph=False)
         entry = self._graphs.get(key)
         if entry is None:
             if len(self._graphs) >= self.MAX_GRAPHS:
@@ -157,10 +157,7 @@ class StaticEagleTree(Leased):
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             try:
-                fuse = len(self._fused_budgets) < self.MAX_FUSED
-                entry = self._capture(lambda fn: (lambda: fn(*key)), "expand" if fuse else None, self._expand)
-                if fuse and self.fuse:
-                    self._fused_budgets.add(key)
+                entry = self._run_pass("expand", key, graph=True)
             except RuntimeError as err:
                 # Drafting only decides what gets verified, never what is committed: run it eagerly from now on
                 # rather than fail the request.
@@ -174,35 +171,28 @@ class StaticEagleTree(Leased):
         graph.replay()
         return out
 
-    def _capture(self, bind, which: str | None, plain):
-        """Capture `bind(fn)` (a no-argument call of `fn`), with `fn` the compiled `which` pass ("expand" /
-        "advance") when fusing, else `plain`. A compile that fails warns and captures `plain` instead."""
-        if self.fuse and which is not None:
-            try:
-                return capture(bind(self._fused(which)), self._pool, self.device)
-            except Exception as err:  # noqa: BLE001 - Dynamo / Inductor / Triton raise many types
-                logger.warning("compiling the EAGLE %s pass failed (%s: %s); capturing it unfused", which,
-                               type(err).__name__, err)
-                self.fuse = False
-        return capture(bind(plain), self._pool, self.device)
+    def _run_pass(self, which: str, args: tuple, graph: bool):
+        """Run the `which` pass ("expand" / "advance") on `args`, or with `graph` capture it and return (graph,
+        output). The compiled pass when fusing (the expansion for its first `MAX_FUSED` budgets), else the plain
+        one; a compile that fails warns and falls back to the plain pass from then on."""
+        plain = self._expand if which == "expand" else self._advance
 
-    def _eager(self, which: str, args: tuple, plain):
-        """Without graphs: the compiled `which` pass when fusing (the expansion for its first `MAX_FUSED` budgets),
-        else `plain`; a compile that fails warns and runs `plain` from then on."""
-        fused = self.fuse and (which == "advance" or args in self._fused_budgets
-                               or len(self._fused_budgets) < self.MAX_FUSED)
-        if fused:
+        def run(fn):
+            return capture(lambda: fn(*args), self._pool, self.device) if graph else fn(*args)
+
+        if self.fuse and (which == "advance" or args in self._fused_budgets
+                          or len(self._fused_budgets) < self.MAX_FUSED):
             try:
-                out = self._fused(which)(*args)
-            except Exception as err:  # noqa: BLE001 - Dynamo / Inductor raise many types
+                out = run(self._fused(which))
+            except Exception as err:  # noqa: BLE001 - Dynamo / Inductor / Triton raise many types
                 logger.warning("compiling the EAGLE %s pass failed (%s: %s); running it unfused", which,
                                type(err).__name__, err)
                 self.fuse = False
-                return plain(*args)
-            if which == "expand":
-                self._fused_budgets.add(args)
-            return out
-        return plain(*args)
+            else:
+                if which == "expand":
+                    self._fused_budgets.add(args)
+                return out
+        return run(plain)
 
     def _fused(self, which: str):
         if which == "expand":
