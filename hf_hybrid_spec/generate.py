@@ -290,8 +290,9 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
     # Lossy, opt-in verification (issue #9); None keeps the lossless path as it is.
     lossy = make_lossy_verifier(config, do_sample, drafter)
     arbiter_hidden = lossy is not None and lossy.uses_target_hidden
-    # Static shapes and CUDA graphs (issue #8): asked for, or implied by cache_implementation="static".
-    static = config.compile or generation_config.cache_implementation == "static"
+    # Static shapes and CUDA graphs (issue #8): asked for, or implied by cache_implementation="static" (resolved into
+    # config.compile by speculative_generate, before the drafter was built).
+    static = config.compile
     if static:
         # Leased to this call (`rec` lives exactly as long): a concurrent call never gets the same runner.
         # Drafters that read hidden states get the committed tokens' from the runner's history (written by the

@@ -272,7 +272,8 @@ def make_model_drafter(config, target: nn.Module, draft_model) -> Drafter:
     """The model drafter for `drafter="hvd"`: an `EagleTreeDrafter` for an `EagleDrafter`, a `ModelDrafter` for any
     other causal LM with the target's vocabulary, or a `Drafter` instance as it is."""
     from ..drafters.model import ModelDrafter, check_same_vocabulary
-    from ..eagle import EagleDrafter, EagleTreeDrafter
+    from ..eagle import EagleDrafter
+    from ..eagle.drafter import make_eagle_drafter
 
     if draft_model is None:
         raise ValueError("drafter='hvd' needs a model drafter: pass draft_model= an EagleDrafter "
@@ -281,8 +282,7 @@ def make_model_drafter(config, target: nn.Module, draft_model) -> Drafter:
     if isinstance(draft_model, Drafter):
         return draft_model
     if isinstance(draft_model, EagleDrafter):
-        return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k, static=config.compile,
-                                fuse=config.compile and config.compile_drafter)
+        return make_eagle_drafter(config, target, draft_model)
     if not isinstance(draft_model, nn.Module):
         raise TypeError("draft_model must be an EagleDrafter, a causal LM or a Drafter, got "
                         f"{type(draft_model).__name__}")

@@ -12,8 +12,8 @@ Policies (one instance per request):
 - `LearnedPolicy`: HVD: a `PayoffPredictor` predicts each option's payoff (accepted draft tokens); with the
   profiled `CostProfile` the option with the most committed tokens per second wins (where the cache draft wins even
   at payoff 0, the prediction and the features are skipped: no prediction could change that). Stage 1 skips the
-  model drafter when the cache draft (no draft at all counts, with payoff 0) beats what the model drafter has recently delivered
-  (its payoff EMA) at the model's cost; after `probe_interval` skipped steps the model drafter runs anyway, so that
+  model drafter when the cache draft (no draft at all counts, with payoff 0) beats what the model drafter has
+  recently delivered (its payoff EMA) at the model's cost; after `probe_interval` skipped steps the model drafter runs anyway, so that
   its EMA follows the text, but only as often as `probe_budget` allows: a probe may cost at most that share of the
   skipped steps' time (on a GPU an eager EAGLE draft can cost 20 graph-replayed steps: probing every 16 steps there
   would spend more time probing than decoding), and only where a model draft accepted to its full depth could beat
