@@ -13,11 +13,11 @@ Policies (one instance per request):
   profiled `CostProfile` the option with the most committed tokens per second wins (where the cache draft wins even
   at payoff 0, the prediction and the features are skipped: no prediction could change that). Stage 1 skips the
   model drafter when the cache draft (no draft at all counts, with payoff 0) beats what the model drafter has
-  recently delivered (its payoff EMA) at the model's cost; after `probe_interval` skipped steps the model drafter runs anyway, so that
-  its EMA follows the text, but only as often as `probe_budget` allows: a probe may cost at most that share of the
-  skipped steps' time (on a GPU an eager EAGLE draft can cost 20 graph-replayed steps: probing every 16 steps there
-  would spend more time probing than decoding), and only where a model draft accepted to its full depth could beat
-  the cache draft's predicted rate (elsewhere the probe could not change a choice).
+  recently delivered (its payoff EMA) at the model's cost; after `probe_interval` skipped steps the model drafter
+  runs anyway, so that its EMA follows the text, but only as often as `probe_budget` allows: a probe may cost at most
+  that share of the skipped steps' time (on a GPU an eager EAGLE draft can cost 20 graph-replayed steps: probing
+  every 16 steps there would spend more time probing than decoding), and only where a model draft accepted to its
+  full depth could beat the cache draft's predicted rate (elsewhere the probe could not change a choice).
 - `OraclePolicy` (benchmarks only): knows the target's greedy continuation, so it knows each option's realized
   payoff before verification (`realized_payoff` against the reference); it drafts both every step and picks the
   option with the most realized tokens per profiled second of that option (model drafting is charged only to the
