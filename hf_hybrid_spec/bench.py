@@ -254,14 +254,14 @@ def warm_up_tree_sizes(model, ids, cfg, sizes=(1, 7, 15, 16, 31, 32, 63)):
                    custom_generate=speculative_generate, assistant_config=cfg, drafter=_SizeSweep(sizes))
 
 
-def time_verify_buckets(model, prefix_length: int, reps: int = 30) -> dict[int, float]:
+def time_verify_buckets(model, prefix_length: int, reps: int = 30, fuse: bool = False) -> dict[int, float]:
     """Milliseconds per graph-replayed verify forward, per tree-size bucket of the model's most recently used
-    static runner ({} without one or without CUDA graphs). Chains of n nodes over `prefix_length` committed
-    tokens; each forward is aborted, so the cache is left as it was."""
-    runners = static._RUNNERS.get(model)
+    static runner built with `fuse` (compile_verify) ({} without one or without CUDA graphs). Chains of n nodes
+    over `prefix_length` committed tokens; each forward is aborted, so the cache is left as it was."""
+    runners = [r for r in static._RUNNERS.get(model, {}).values() if r.fuse == fuse]
     if not runners:
         return {}
-    runner = list(runners.values())[-1]
+    runner = runners[-1]
     if not runner.use_graphs:
         return {}
     device = runner.device
@@ -307,7 +307,8 @@ class SuffixStores:
         self.stores[name] = snapshot
 
 
-def build_methods(names: list[str], dtype, device, compiled: bool = False, compiled_only: bool = False):
+def build_methods(names: list[str], dtype, device, compiled: bool = False, compiled_only: bool = False,
+                  fused: bool = False):
     methods = []
     for name in names:
         if name in PRESETS:
@@ -337,6 +338,8 @@ def build_methods(names: list[str], dtype, device, compiled: bool = False, compi
         else:
             raise ValueError(f"unknown drafter {name!r}: use {sorted(PRESETS)}, model:<path> or config:<dir>")
     graphs = [(f"{name}+graphs", cfg.replace(compile=True), draft) for name, cfg, draft in methods]
+    if fused:  # the same graphs with the target's pure regions compiled (compile_verify), side by side
+        graphs += [(f"{name}+fused", cfg.replace(compile_verify=True), draft) for name, cfg, draft in graphs]
     if compiled_only:
         return graphs
     return methods + graphs if compiled else methods
@@ -410,6 +413,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also time each drafter with AssistantConfig(compile=True) (static cache, CUDA graphs)")
     parser.add_argument("--compiled-only", action="store_true",
                         help="time only the compile=True variants of the drafters (implies --compiled)")
+    parser.add_argument("--compile-verify", action="store_true",
+                        help="with --compiled / --compiled-only, also time each compiled drafter with "
+                             "AssistantConfig(compile_verify=True) (the target's norms, MLPs and gates fused by "
+                             "Inductor inside the verify graphs; '+graphs+fused' rows)")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer for the code prompts of a random: model (its ids must fit the vocabulary)")
     parser.add_argument("--bucket-sweep", action="store_true",
@@ -427,8 +434,10 @@ def main(argv: list[str] | None = None) -> dict:
         tok = AutoTokenizer.from_pretrained(args.tokenizer)
         if len(tok) > model.config.get_text_config().vocab_size:
             raise ValueError(f"--tokenizer {args.tokenizer} has {len(tok)} tokens, more than the model's vocabulary")
+    if args.compile_verify and not (args.compiled or args.compiled_only):
+        parser.error("--compile-verify needs --compiled or --compiled-only")
     methods = build_methods(args.drafters, dtype, args.device, compiled=args.compiled or args.compiled_only,
-                            compiled_only=args.compiled_only)
+                            compiled_only=args.compiled_only, fused=args.compile_verify)
     vocab = model.config.get_text_config().vocab_size
     prompts = encode_prompts(tok, args.num_prompts, args.device, vocab, args.prompt_tokens)
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens)
@@ -525,14 +534,16 @@ def main(argv: list[str] | None = None) -> dict:
               f"{draft_ms:>9}{xfloor:>9}{stock.ms_per_token / r.ms_per_token:>9.2f}x"
               f"{best_stock.ms_per_token / r.ms_per_token:>8.2f}x{r.mismatches:>10}"
               f"{r.compiles if r.kind == 'stock_static' else r.graph_captures:>10}")
-    buckets = {}
+    buckets, fused_buckets = {}, {}
     if args.bucket_sweep:
         buckets = time_verify_buckets(model, prompts[0].shape[1])
+        fused_buckets = time_verify_buckets(model, prompts[0].shape[1], fuse=True)
         ar = stock_static.ms_per_token if stock_static else None
-        for n, ms in buckets.items():
-            print(f"verify forward, {n:>3}-node bucket (graph replay): {ms:.3f} ms"
-                  + (f" = {ms / ar:.2f}x stock static+compile ms/token" if ar else "")
-                  + (f" = {ms / floor:.1f}x weight floor" if floor else ""))
+        for label, sweep in (("", buckets), (", fused", fused_buckets)):
+            for n, ms in sweep.items():
+                print(f"verify forward{label}, {n:>3}-node bucket (graph replay): {ms:.3f} ms"
+                      + (f" = {ms / ar:.2f}x stock static+compile ms/token" if ar else "")
+                      + (f" = {ms / floor:.1f}x weight floor" if floor else ""))
     summary = {
         "model": args.model,
         "device": args.device,
@@ -551,6 +562,7 @@ def main(argv: list[str] | None = None) -> dict:
         "copy_bandwidth_gbps": round(bandwidth, 1) if bandwidth else None,
         "weight_floor_ms": round(floor, 4) if floor else None,
         "verify_ms_by_bucket": {str(n): round(ms, 4) for n, ms in buckets.items()},
+        "fused_verify_ms_by_bucket": {str(n): round(ms, 4) for n, ms in fused_buckets.items()},
         "methods": {
             r.name: {
                 "tokens_per_s": round(r.tokens_per_second, 3),

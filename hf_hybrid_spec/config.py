@@ -88,6 +88,12 @@ class AssistantConfig:
             passes run as they are, ~20-30% less drafting time). Costs ~20 s of compiling per pass (the tree
             expansion for the request's full budget, the accept pass) once per process and drafter, so it is off by
             default: turn it on for a server that keeps the process.
+        compile_verify: with `compile`, also compile the target's pure regions inside the verify forward with
+            Inductor (`hf_hybrid_spec.fusion`: the RMSNorms, gated norms, MLPs and the mixers' gate math become
+            fused kernels before the forward is captured; ~1,000 -> ~300 kernels per forward on a 2B Qwen3.5
+            shape). Numerics are a compiled model's (the fused reductions round differently in the last bits, as
+            stock static+compile's do), and it costs a few Inductor compiles per process (one per module class,
+            all tree sizes): opt-in.
 
     Lossy verification (opt-in, greedy only; `hf_hybrid_spec.cospec`): where the draft's own choice differs from
     the target's, an arbiter decides which token is kept (`spec_stats.arbiter_overrides` counts the draft's):
@@ -142,6 +148,7 @@ class AssistantConfig:
     compile: bool = False
     compile_buckets: tuple[int, ...] = (8, 16, 32, 64)
     compile_drafter: bool = False
+    compile_verify: bool = False
     # lossy verification (issue #9): read only when verification != "lossless"
     arbiter: object = None  # "cospec": a saved CoSpecArbiter (directory or Hub id) or an Arbiter instance
     fly_entropy_threshold: float = 0.3  # FLy's gate (top-3 entropy of the target, nats)
@@ -180,7 +187,7 @@ class AssistantConfig:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.extra, dict):
             raise ValueError("extra must be a dict")
-        for name in ("compile", "compile_drafter"):
+        for name in ("compile", "compile_drafter", "compile_verify"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         buckets = tuple(self.compile_buckets)

@@ -251,6 +251,9 @@ def speculative_generate(
     if config.compile_drafter and not config.compile:
         raise ValueError("compile_drafter=True compiles the EAGLE drafter's captured passes: it needs compile=True "
                          "(or generate(..., cache_implementation='static'))")
+    if config.compile_verify and not config.compile:
+        raise ValueError("compile_verify=True compiles regions of the captured verify forward: it needs compile=True "
+                         "(or generate(..., cache_implementation='static'))")
     adapter = get_adapter(model)
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter, got {type(drafter).__name__}")
@@ -299,7 +302,7 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         # commit graph); the lossy arbiter reads every tree node's, returned by the forward.
         runner = static_runner(model, generation_config.max_length + max(config.compile_buckets),
                                config.compile_buckets, arbiter_hidden, owner=rec,
-                               history_layers=tuple(drafter.target_hidden_layers))
+                               history_layers=tuple(drafter.target_hidden_layers), fuse=config.compile_verify)
         cache = runner.cache
     else:
         cache = HybridTreeCache(model.config)

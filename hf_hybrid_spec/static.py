@@ -19,11 +19,14 @@ same to win. `StaticTreeRunner` runs the verify forward over a `HybridTreeCache(
   commit graph copies the accepted path's rows of the requested layers into a per-token history buffer, like the
   keys and values, so a step needs no gather launched from the host and the hidden states of every committed token
   stay readable for the rest of the request (HVD hands them to its model drafter only when it next drafts with it);
+- with `fuse=True` (`AssistantConfig(compile_verify=True)`) the model's pure regions (norms, MLPs, gate math) run
+  Inductor-compiled inside the forward, so the captured graph replays fused kernels (`hf_hybrid_spec.fusion`);
 - on CPU the same buffers and code run eagerly (no capture), which is what the CPU tests exercise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ from transformers.utils import logging
 
 from .cache import HybridTreeCache, StaticKVMixin, TreeState, _TreeBook
 from .forward import forward_tokens
+from .fusion import fusable_modules, fused_regions
 from .graphs import Leased, capture
 from .kernels.backend import resolve
 from .kernels.tree import ancestor_mask
@@ -124,6 +128,7 @@ class StaticTreeRunner(Leased):
             the runner keeps (`committed_hidden`), written by the commit; for drafters that read the target's
             hidden states.
         use_graphs: capture CUDA graphs (default: when the model is on CUDA).
+        fuse: run the model's pure regions Inductor-compiled in the verify forward (`hf_hybrid_spec.fusion`).
     """
 
     def __init__(
@@ -134,6 +139,7 @@ class StaticTreeRunner(Leased):
         output_hidden_states: bool = False,
         history_layers: tuple[int, ...] = (),
         use_graphs: bool | None = None,
+        fuse: bool = False,
     ):
         if not cache.is_static:
             raise ValueError("StaticTreeRunner needs a HybridTreeCache built with static_length")
@@ -149,6 +155,8 @@ class StaticTreeRunner(Leased):
             devices = {p.device for p in model.parameters()}
             use_graphs = self.device.type == "cuda" and len(devices) == 1
         self.use_graphs = use_graphs
+        self.fuse = fuse
+        self._fused_modules = fusable_modules(model) if fuse else None
         max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
         self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype) for n in self.buckets}
         # [layers, 1, max_length, hidden]: the history_layers' hidden states of the committed tokens, by position.
@@ -305,11 +313,13 @@ class StaticTreeRunner(Leased):
         mask, positions = bucket.prepare()
         cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
         self.cache._book.pending = {}
+        fused = fused_regions(self.model, self._fused_modules) if self.fuse else contextlib.nullcontext()
         try:
-            out = forward_tokens(
-                self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
-                logits_to_keep=0, output_hidden_states=self.output_hidden_states or bool(self.history_layers),
-            )
+            with fused:
+                out = forward_tokens(
+                    self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
+                    logits_to_keep=0, output_hidden_states=self.output_hidden_states or bool(self.history_layers),
+                )
         finally:
             cursor.tree_mode = False
         bucket.pending = self.cache._book.pending
@@ -355,18 +365,19 @@ MAX_RUNNERS_PER_MODEL = 4
 
 def static_runner(
     model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool, owner=None,
-    history_layers: tuple[int, ...] = (),
+    history_layers: tuple[int, ...] = (), fuse: bool = False,
 ) -> StaticTreeRunner:
     """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits),
     leased to `owner` (`graphs.Leased`) when given.
 
-    Runners are kept per (buckets, output_hidden_states, history_layers, device); one that is too short for a request is
+    Runners are kept per (buckets, output_hidden_states, history_layers, fuse, device); one that is too short for a request is
     replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is dropped. A
     runner leased to a call still running (another thread) is never handed out twice: that request gets a runner of
     its own, not kept (correct, but it captures its own graphs).
     """
     history_layers = tuple(int(i) for i in history_layers)
-    key = (tuple(sorted({int(b) for b in buckets})), bool(output_hidden_states), history_layers, str(model.device))
+    key = (tuple(sorted({int(b) for b in buckets})), bool(output_hidden_states), history_layers, bool(fuse),
+           str(model.device))
     with _RUNNERS_LOCK:
         runners = _RUNNERS.setdefault(model, {})
         runner = runners.get(key)
@@ -374,7 +385,8 @@ def static_runner(
             logger.warning_once("a static runner of this model is in use by another generate call: this call builds "
                                 "its own (concurrent calls with compile=True each capture their own graphs)")
             runner = StaticTreeRunner(model, HybridTreeCache(model.config, static_length=static_length), buckets,
-                                      output_hidden_states=output_hidden_states, history_layers=history_layers)
+                                      output_hidden_states=output_hidden_states, history_layers=history_layers,
+                                      fuse=fuse)
         else:
             runners.pop(key, None)
             if runner is not None and runner.static_length >= static_length:
@@ -383,7 +395,7 @@ def static_runner(
                 runner = None  # drop the short one before allocating the new cache
                 cache = HybridTreeCache(model.config, static_length=static_length)
                 runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states,
-                                          history_layers=history_layers)
+                                          history_layers=history_layers, fuse=fuse)
             runners[key] = runner  # most recently used last
             while len(runners) > MAX_RUNNERS_PER_MODEL:
                 runners.pop(next(iter(runners)))

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import HybridTreeCache, PendingRecurrent
+from ..fusion import fusable
 from ..kernels import tree_causal_conv1d, tree_gated_delta_rule
 
 
@@ -40,6 +41,16 @@ def conv_activation(name: str | None) -> str | None:
     raise NotImplementedError(f"tree verification supports silu convs only, this layer uses {name!r}")
 
 
+@fusable
+def gated_delta_gates(b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
+    """Write strengths beta = sigmoid(b) and log-decays g = -exp(A_log) * softplus(a + dt_bias), both [B, N, HV].
+
+    g in fp32, as the stock layer computes it (else A might overflow to -inf in fp16). One fused kernel under
+    `compile_verify` instead of ~8 small ones.
+    """
+    return b.sigmoid(), -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+
+
 def make_gated_delta_tree_forward(project: Callable[[nn.Module, torch.Tensor], GatedDeltaProjection]):
     def tree_forward(mod: nn.Module, hidden_states: torch.Tensor, cache: HybridTreeCache) -> torch.Tensor:
         bsz, n, _ = hidden_states.shape
@@ -58,9 +69,7 @@ def make_gated_delta_tree_forward(project: Callable[[nn.Module, torch.Tensor], G
         q = q.reshape(bsz, n, -1, mod.head_k_dim)
         k = k.reshape(bsz, n, -1, mod.head_k_dim)
         v = v.reshape(bsz, n, -1, mod.head_v_dim)
-        beta = proj.b.sigmoid()
-        # As the stock layer: in fp32, else A might overflow to -inf in fp16.
-        g = -mod.A_log.float().exp() * F.softplus(proj.a.float() + mod.dt_bias)
+        beta, g = gated_delta_gates(proj.b, proj.a, mod.A_log, mod.dt_bias)
         out = tree_gated_delta_rule(
             q, k, v, g, beta, tree.parent_on(hidden_states.device), recurrent_state, use_qk_l2norm=True,
             num_nodes=tree.num_nodes,

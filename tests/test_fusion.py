@@ -1,0 +1,117 @@
+"""compile_verify: the target's pure regions Inductor-compiled inside the static verify forward (hf_hybrid_spec.fusion)."""
+
+import pytest
+import torch
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec import fusion
+from hf_hybrid_spec.testing import tiny_model
+
+from drafting import RandomTreeDrafter
+
+CUDA = torch.cuda.is_available()
+
+
+def ids_of(n=12, seed=0, vocab=96):
+    return torch.randint(2, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_fused_regions_swap_the_pure_modules_and_put_them_back():
+    model = tiny_model("qwen3_5_text")
+    modules = fusion.fusable_modules(model)
+    names = {type(m).__name__ for m in modules}
+    # Every decoder layer's norms and MLP, the mixers' gated norm; never a mixer or attention module.
+    assert names == {"Qwen3_5RMSNorm", "Qwen3_5RMSNormGated", "Qwen3_5MLP"}
+    assert len([m for m in modules if type(m).__name__ == "Qwen3_5MLP"]) == model.config.num_hidden_layers
+    with pytest.raises(RuntimeError, match="boom"), fusion.fused_regions(model, modules):
+        assert all("forward" in m.__dict__ for m in modules)
+        raise RuntimeError("boom")
+    assert not any("forward" in m.__dict__ for m in modules)  # restored even when the block raised
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_compile_verify_matches_plain_greedy(family):
+    """fp32 on the CPU: the fused regions round within ~1e-7 of eager, far below any margin between these tiny
+    models' top two logits, so the output is stock greedy's (the static path and every bucket exercised)."""
+    model = tiny_model(family)
+    ids = ids_of()
+    ref = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None)
+    cfg = H.AssistantConfig(compile=True, compile_verify=True, compile_buckets=(4, 8, 16), max_draft_tokens=15)
+    out = model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None, return_dict_in_generate=True,
+                         custom_generate=H.speculative_generate, assistant_config=cfg,
+                         drafter=RandomTreeDrafter(96, reference=ref, max_nodes=14))
+    assert torch.equal(out.sequences, ref)
+    assert out.spec_stats.static
+    # The runner was built to fuse, and its forwards left no compiled forward behind on the modules.
+    from hf_hybrid_spec.static import _RUNNERS
+
+    assert any(r.fuse for r in _RUNNERS[model].values())
+    assert not any("forward" in m.__dict__ for m in fusion.fusable_modules(model))
+
+
+def test_fusable_functions_run_compiled_only_inside_fused_regions(monkeypatch):
+    calls = []
+    real_compile = torch.compile
+
+    def counting_compile(fn, **kwargs):
+        calls.append(fn.__name__)
+        return real_compile(fn, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", counting_compile)
+
+    @fusion.fusable
+    def gate(x):
+        return x.sigmoid() * 2
+
+    x = torch.randn(3, 5)
+    assert torch.equal(gate(x), x.sigmoid() * 2) and calls == []  # outside: as written, nothing compiled
+    model = torch.nn.Linear(2, 2)
+    with fusion.fused_regions(model):
+        for n in (3, 7):  # one compile serves every size (dynamic shapes)
+            y = torch.randn(n, 5)
+            torch.testing.assert_close(gate(y), y.sigmoid() * 2)
+    assert calls == ["gate"]
+
+
+def test_a_region_whose_compile_fails_runs_eagerly_with_a_warning(monkeypatch, caplog):
+    def broken_compile(fn, **kwargs):
+        def run(*args, **kw):
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+
+    @fusion.fusable
+    def gate(x):
+        return x * 3
+
+    x = torch.randn(4)
+    with fusion.fused_regions(torch.nn.Linear(2, 2)):
+        assert torch.equal(gate(x), x * 3)
+        assert torch.equal(gate(x), x * 3)  # stays eager, warned once
+    assert sum("compiling" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_compile_verify_needs_compile():
+    model = tiny_model("qwen3_5_text")
+    with pytest.raises(ValueError, match="compile_verify=True .* needs compile=True"):
+        model.generate(ids_of(), max_new_tokens=4, custom_generate=H.speculative_generate,
+                       assistant_config=H.AssistantConfig(compile_verify=True))
+    with pytest.raises(ValueError, match="compile_verify must be a bool"):
+        H.AssistantConfig(compile_verify="yes")
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_compile_verify_under_cuda_graphs_matches_plain_greedy(family):
+    """The compiled regions captured in the verify graphs (fp32, so bits of rounding cannot flip a token of these
+    tiny models): stock greedy's output, and no graph captured twice."""
+    model = tiny_model(family).cuda()
+    ids = ids_of().cuda()
+    ref = model.generate(ids, max_new_tokens=48, do_sample=False, eos_token_id=None)
+    out = model.generate(ids, max_new_tokens=48, do_sample=False, eos_token_id=None, return_dict_in_generate=True,
+                         custom_generate=H.speculative_generate,
+                         drafter=RandomTreeDrafter(96, reference=ref.cpu(), max_nodes=30),
+                         assistant_config=H.AssistantConfig(compile=True, compile_verify=True, max_draft_tokens=31))
+    assert torch.equal(out.sequences, ref)
+    assert 1 <= out.spec_stats.graph_captures <= 4 < out.spec_stats.target_forwards
