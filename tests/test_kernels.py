@@ -242,6 +242,31 @@ def test_gated_delta_rule_commit_nothing_is_a_copy(backend):
     assert torch.equal(new, h0) and torch.equal(new.view(torch.int32), h0.view(torch.int32))
 
 
+@pytest.mark.parametrize("use_qk_l2norm", [True, False])
+def test_gated_delta_rule_reads_views_of_one_projection(use_qk_l2norm):
+    """The mixers hand the kernel q, k and v split out of one [B, N, 2*H*K + HV*V] conv output: the Triton launcher
+    reads those views through their node stride instead of copying them; same outputs and factors as contiguous
+    inputs (and the commit, which reads the returned k, still works when k is returned as is)."""
+    bsz, n, h, hv, kdim, vdim = 2, 19, 2, 4, 32, 24
+    q, k, v, g, beta, h0 = gdn_inputs(bsz, n, h, hv, kdim, vdim, use_qk_l2norm, seed=7)
+    packed = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)  # [B, N, C]
+    qs, ks, vs = torch.split(packed, [h * kdim, h * kdim, hv * vdim], dim=-1)
+    qs, ks, vs = qs.view(bsz, n, h, kdim), ks.view(bsz, n, h, kdim), vs.view(bsz, n, hv, vdim)
+    assert not qs.is_contiguous() and not vs.is_contiguous()
+    assert gdn_triton._node_strided(qs) is qs and gdn_triton._node_strided(vs) is vs
+    parent = random_tree(bsz, n, 5, seed=7)
+    fn = gdn_triton.triton_tree_gated_delta_rule
+    ref = run("triton", fn, q, k, v, g, beta, parent, h0, use_qk_l2norm=use_qk_l2norm)
+    out = run("triton", fn, qs, ks, vs, g, beta, parent, h0, use_qk_l2norm=use_qk_l2norm)
+    for name in ("o", "u", "k", "g_cum"):
+        assert torch.equal(getattr(ref, name), getattr(out, name)), name
+    leaf = random_leaf(bsz, n, seed=7)
+    commit = gdn_triton.triton_commit_gated_delta_rule
+    assert torch.equal(run("triton", commit, h0, ref, parent, leaf), run("triton", commit, h0, out, parent, leaf))
+    # Layouts the kernel cannot read through one node stride are copied.
+    assert gdn_triton._node_strided(q.transpose(0, 1).contiguous().transpose(0, 1)).is_contiguous()
+
+
 def test_gated_delta_rule_fp16_inputs():
     bsz, n, h, hv, kdim, vdim = 2, 21, 1, 2, 32, 16
     q, k, v, g, beta, h0 = gdn_inputs(bsz, n, h, hv, kdim, vdim, True, dtype=torch.float16, seed=4)

@@ -131,6 +131,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="every method verifies on the static cache (AssistantConfig(compile=True): CUDA graphs on a GPU)")
     p.add_argument("--compile-drafter", action="store_true",
                    help="with --compile: the EAGLE passes compiled by Inductor before capture (compile_drafter=True)")
+    p.add_argument("--compile-verify", action="store_true",
+                   help="with --compile: the target's norms, MLPs and gate math fused by Inductor inside the verify "
+                        "graphs, for every method (compile_verify=True)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -143,8 +146,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
-    if args.compile_drafter and not args.compile:
-        p.error("--compile-drafter needs --compile")
+    if (args.compile_drafter or args.compile_verify) and not args.compile:
+        p.error("--compile-drafter and --compile-verify need --compile")
     return args
 
 
@@ -162,12 +165,11 @@ class Methods:
 
     def __init__(self, args, model, eagle, predictor_path: str, profile_path: str):
         self.model, self.eagle = model, eagle
-        budget = dict(max_draft_tokens=args.max_draft_tokens, max_depth=args.max_depth, compile=args.compile,
-                      compile_drafter=args.compile_drafter)
+        compiled = dict(compile=args.compile, compile_drafter=args.compile_drafter, compile_verify=args.compile_verify)
+        budget = dict(max_draft_tokens=args.max_draft_tokens, max_depth=args.max_depth, **compiled)
         self.suffix = AssistantConfig(drafter="suffix", **budget)
         self.eagle_cfg = AssistantConfig(drafter="eagle", max_draft_tokens=args.tree_tokens, max_depth=args.tree_depth,
-                                         draft_top_k=args.top_k, compile=args.compile,
-                                         compile_drafter=args.compile_drafter)
+                                         draft_top_k=args.top_k, **compiled)
         hvd = dict(drafter="hvd", draft_top_k=args.top_k, hvd_model_tokens=args.tree_tokens,
                    hvd_model_depth=args.tree_depth, hvd_cost_profile=profile_path, **budget)
         self.threshold = AssistantConfig(hvd_policy="threshold", hvd_threshold=args.threshold, **hvd)
@@ -453,7 +455,8 @@ def main(argv=None) -> dict:
                              f"payoff predictor on held-out sessions ({Path(args.model.rstrip('/')).name})")
     summary = {
         "model": args.model, "eagle": eagle_path, "predictor": predictor_path, "device": device_name,
-        "dtype": args.dtype, "compile": args.compile, "compile_drafter": args.compile_drafter, "split": args.split,
+        "dtype": args.dtype, "compile": args.compile, "compile_drafter": args.compile_drafter,
+        "compile_verify": args.compile_verify, "split": args.split,
         "sessions": timed_sessions,
         "max_new_tokens": args.max_new_tokens,
         "budgets": {"max_draft_tokens": args.max_draft_tokens, "max_depth": args.max_depth,

@@ -185,6 +185,7 @@ def profile_costs(
     context_tokens: int = 256,
     repeats: int = 3,
     compile: bool = False,
+    compile_verify: bool = False,
 ) -> CostProfile:
     """Time the parts of a step on this machine, in one `speculative_generate` call (see `_ProfileDrafter`).
 
@@ -199,6 +200,7 @@ def profile_costs(
             are then made non-decreasing in N (a larger tree never costs less; noise can say otherwise).
         compile: time the static-cache path (`AssistantConfig(compile=True)`: CUDA-graph replays on a GPU), the one
             HVD will run with; its graphs are captured in the warm-up round.
+        compile_verify: with `compile`, the verify forward's pure regions fused by Inductor (as HVD will run them).
     """
     from ..config import AssistantConfig
     from ..generate import speculative_generate
@@ -211,7 +213,8 @@ def profile_costs(
     steps = len(sizes) * (repeats + 1)
     drafter = _ProfileDrafter(cache_drafter, model_drafter, sizes, steps, DraftBudget(model_tokens, model_depth),
                               vocab, sync)
-    config = AssistantConfig(max_draft_tokens=max(max(sizes) - 1, 1), max_depth=max_depth, compile=compile)
+    config = AssistantConfig(max_draft_tokens=max(max(sizes) - 1, 1), max_depth=max_depth, compile=compile,
+                             compile_verify=compile and compile_verify)
     # The budget's depth shrinks in the last steps of a request: leave room so every timed tree has its full shape.
     target.generate(prompt, do_sample=False, max_new_tokens=steps + max_depth + 1, eos_token_id=None,
                     pad_token_id=1, custom_generate=speculative_generate, drafter=drafter, assistant_config=config)

@@ -91,6 +91,9 @@ def tree_gated_delta_rule_fwd_kernel(
     g_cum,
     scale,
     N,
+    stride_qn,
+    stride_kn,
+    stride_vn,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -105,8 +108,8 @@ def tree_gated_delta_rule_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     USE_NUM_NODES: tl.constexpr,
 ):
-    """q, k [B, N, H, K]; v [B, N, HV, V]; g, beta [B, N, HV]; parent [B, N]; h0 [B, HV, K, V] fp32;
-    num_nodes [B] | None -> o [B, N, HV, V], u [B, N, HV, V] fp32, k_out [B, N, H, K] fp32, g_cum [B, N, HV] fp32.
+    """q, k [B, N, H, K]; v [B, N, HV, V] (each with its node stride, stride_qn / stride_kn / stride_vn elements, and
+    the rest contiguous); g, beta [B, N, HV]; parent [B, N]; h0 [B, HV, K, V] fp32; num_nodes [B] | None -> o [B, N, HV, V], u [B, N, HV, V] fp32, k_out [B, N, H, K] fp32, g_cum [B, N, HV] fp32.
     Grid: (cdiv(V, BV), B * HV)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -120,8 +123,9 @@ def tree_gated_delta_rule_fwd_kernel(
 
     # Per-node scalars of this head; token t of head hv sits at ((b * N + t) * HV + hv).
     o_th = (i_b64 * N + o_t) * HV + i_hv
-    p_q = q + ((i_b64 * N + o_t[:, None]) * H + i_h) * K
-    p_k = k + ((i_b64 * N + o_t[:, None]) * H + i_h) * K
+    # q, k, v may be views into one [B, N, C] projection (node stride C): heads and features are contiguous.
+    p_q = q + (i_b64 * N + o_t[:, None]) * stride_qn + i_h * K
+    p_k = k + (i_b64 * N + o_t[:, None]) * stride_kn + i_h * K
     p_h0 = h0 + (i_b64 * HV + i_hv) * K * V + o_v[None, :]
 
     # Phase 1: K K^T, K S0 and Q S0 in one pass over K, so the committed state is read once.
@@ -168,7 +172,7 @@ def tree_gated_delta_rule_fwd_kernel(
     m_strict = b_anc & (o_t[:, None] != o_t[None, :])
     b_P = -b_beta[:, None] * tl.exp(tl.where(m_strict, b_G[:, None] - b_G[None, :], float("-inf"))) * b_kk
 
-    p_v = v + ((i_b64 * N + o_t[:, None]) * HV + i_hv) * V + o_v[None, :]
+    p_v = v + (i_b64 * N + o_t[:, None]) * stride_vn + i_hv * V + o_v[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
     b_v = tl.load(p_v, mask=m_tv, other=0.0).to(tl.float32)
     b_expG = tl.exp(b_G)
@@ -270,6 +274,16 @@ def commit_gated_delta_rule_kernel(
     tl.store(h_out + o_h, b_h, mask=m_kv)
 
 
+def _node_strided(x: torch.Tensor) -> torch.Tensor:
+    """`x` [B, N, H, D] as is when its nodes are evenly strided (batch stride N x node stride) with heads and features
+    contiguous, as the kernel reads it (e.g. a slice of a [B, N, C] projection); else a contiguous copy."""
+    b, n, h, d = x.shape
+    s = x.stride()
+    if s[3] == 1 and s[2] == d and s[1] >= h * d and (b == 1 or s[0] == n * s[1]):
+        return x
+    return x.contiguous()
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     # Triton's "ieee" fp32 dot runs on FMA units and holds whole operand rows in registers: at BT = 64 it
     # spills kilobytes per thread. "tf32x3" (three TF32 tensor-core products, hi*hi + hi*lo + lo*hi) keeps
@@ -300,7 +314,12 @@ def tree_gated_delta_rule_fwd(
     hv, vdim = v.shape[2:]
     if n > 128:
         raise ValueError(f"the tree kernel holds the whole tree in one program: N <= 128, got {n}")
-    q, k, v, g, beta, parent = (t.contiguous() for t in (q, k, v, g, beta, parent))
+    store_k = use_qk_l2norm or k.dtype != torch.float32
+    # q, k and v are read through a node stride, so the views a mixer splits out of its projection go in as they are
+    # (no copy: that was 3 launches per layer). k is copied when it is returned as the factor the commit reads.
+    q, v = _node_strided(q), _node_strided(v)
+    k = _node_strided(k) if store_k else k.contiguous()
+    g, beta, parent = (t.contiguous() for t in (g, beta, parent))
     h0 = initial_state.float().contiguous()
     # At least 16 on every dot dimension: the tensor-core minimum on NVIDIA GPUs.
     bt = max(16, triton.next_power_of_2(n))
@@ -308,7 +327,6 @@ def tree_gated_delta_rule_fwd(
     # BT = 128): K chunks of 32, and narrower V tiles at BT = 128 to make room for the [BT, BT] matrices.
     bk = min(32, max(16, triton.next_power_of_2(kdim)))
     bv = block_v or min(64 if bt <= 64 else 32, max(16, triton.next_power_of_2(vdim)))
-    store_k = use_qk_l2norm or k.dtype != torch.float32
     o = torch.empty(bsz, n, hv, vdim, dtype=q.dtype, device=q.device)
     u = torch.empty(bsz, n, hv, vdim, dtype=torch.float32, device=q.device)
     g_cum = torch.empty(bsz, n, hv, dtype=torch.float32, device=q.device)
@@ -320,6 +338,7 @@ def tree_gated_delta_rule_fwd(
         o, u, k_out, g_cum,
         scale,
         n,
+        q.stride(1), k.stride(1), v.stride(1),
         H=h, HV=hv, K=kdim, V=vdim,
         BT=bt, LOG2_BT=bt.bit_length() - 1, BK=bk, BV=bv,
         USE_QK_L2NORM=use_qk_l2norm,
