@@ -326,7 +326,10 @@ def tree_gated_delta_rule_fwd(
     # Sizes chosen from ptxas' reports for sm_90 (no spills up to BT = 64 in bf16; about 1 KB per thread at
     # BT = 128): K chunks of 32, and narrower V tiles at BT = 128 to make room for the [BT, BT] matrices.
     bk = min(32, max(16, triton.next_power_of_2(kdim)))
-    bv = block_v or min(64 if bt <= 64 else 32, max(16, triton.next_power_of_2(vdim)))
+    # V tiles of at least 32, as the Mamba-2 launcher's P tiles: with fp32 inputs (TF32x3 dots) at BT = 64 a 16-wide
+    # tile faulted with an illegal address on the H200 under Triton 3.6 (run 48: B1-N64-HV2-K32-V16 in fp32, the
+    # first run of tests/test_kernels.py compiled on a GPU); real layers (V = 128) never had 16-wide tiles.
+    bv = block_v or min(64 if bt <= 64 else 32, max(32, triton.next_power_of_2(vdim)))
     o = torch.empty(bsz, n, hv, vdim, dtype=q.dtype, device=q.device)
     u = torch.empty(bsz, n, hv, vdim, dtype=torch.float32, device=q.device)
     g_cum = torch.empty(bsz, n, hv, dtype=torch.float32, device=q.device)
