@@ -112,6 +112,8 @@ def fused_regions(model: nn.Module, modules: list[nn.Module] | None = None) -> I
     _state.depth = getattr(_state, "depth", 0) + 1
     try:
         for m in modules:
+            if "forward" in m.__dict__:  # wrapped since the list was made (a hook, another tool): leave it be
+                continue
             m.forward = functools.partial(_class_forward(type(m)), m)
             swapped.append(m)
         yield

@@ -370,10 +370,10 @@ def static_runner(
     """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits),
     leased to `owner` (`graphs.Leased`) when given.
 
-    Runners are kept per (buckets, output_hidden_states, history_layers, fuse, device); one that is too short for a request is
-    replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is dropped. A
-    runner leased to a call still running (another thread) is never handed out twice: that request gets a runner of
-    its own, not kept (correct, but it captures its own graphs).
+    Runners are kept per (buckets, output_hidden_states, history_layers, fuse, device); one that is too short for a
+    request is replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is
+    dropped. A runner leased to a call still running (another thread) is never handed out twice: that request gets a
+    runner of its own, not kept (correct, but it captures its own graphs).
     """
     history_layers = tuple(int(i) for i in history_layers)
     key = (tuple(sorted({int(b) for b in buckets})), bool(output_hidden_states), history_layers, bool(fuse),

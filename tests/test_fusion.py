@@ -1,4 +1,4 @@
-"""compile_verify: the target's pure regions Inductor-compiled inside the static verify forward (hf_hybrid_spec.fusion)."""
+"""compile_verify: the target's pure regions Inductor-compiled inside the static verify forward (`fusion`)."""
 
 import pytest
 import torch
@@ -27,6 +27,14 @@ def test_fused_regions_swap_the_pure_modules_and_put_them_back():
         assert all("forward" in m.__dict__ for m in modules)
         raise RuntimeError("boom")
     assert not any("forward" in m.__dict__ for m in modules)  # restored even when the block raised
+    # A module wrapped after the list was made (a hook, another tool) keeps its wrapper, in and after the block.
+    def wrapper(*args, **kwargs):
+        return type(modules[0]).forward(modules[0], *args, **kwargs)
+
+    modules[0].forward = wrapper
+    with fusion.fused_regions(model, modules):
+        assert modules[0].forward is wrapper and "forward" in modules[1].__dict__
+    assert modules[0].forward is wrapper and "forward" not in modules[1].__dict__
 
 
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])

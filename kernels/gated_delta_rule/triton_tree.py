@@ -108,8 +108,9 @@ def tree_gated_delta_rule_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     USE_NUM_NODES: tl.constexpr,
 ):
-    """q, k [B, N, H, K]; v [B, N, HV, V] (each with its node stride, stride_qn / stride_kn / stride_vn elements, and
-    the rest contiguous); g, beta [B, N, HV]; parent [B, N]; h0 [B, HV, K, V] fp32; num_nodes [B] | None -> o [B, N, HV, V], u [B, N, HV, V] fp32, k_out [B, N, H, K] fp32, g_cum [B, N, HV] fp32.
+    """q, k [B, N, H, K]; v [B, N, HV, V] (each read through its node stride, stride_qn / stride_kn / stride_vn
+    elements, heads and features contiguous); g, beta [B, N, HV]; parent [B, N]; h0 [B, HV, K, V] fp32;
+    num_nodes [B] | None -> o [B, N, HV, V], u [B, N, HV, V] fp32, k_out [B, N, H, K] fp32, g_cum [B, N, HV] fp32.
     Grid: (cdiv(V, BV), B * HV)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
