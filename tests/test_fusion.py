@@ -57,6 +57,21 @@ def test_compile_verify_matches_plain_greedy(family):
     assert not any("forward" in m.__dict__ for m in fusion.fusable_modules(model))
 
 
+def test_compile_verify_with_an_eagle_drafter_matches_plain_greedy():
+    """A drafter that reads the target's hidden states (the runner keeps their history, written by the commit)."""
+    from hf_hybrid_spec.eagle import EagleDrafter
+
+    model = tiny_model("qwen3_5_text")
+    ids = ids_of(10, 3)
+    ref = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    eagle = EagleDrafter.from_target(model, draft_vocab_size=32)
+    cfg = H.AssistantConfig(drafter="eagle", draft_top_k=3, max_draft_tokens=8, max_depth=4, compile=True,
+                            compile_verify=True)
+    out = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None,
+                         custom_generate=H.speculative_generate, draft_model=eagle, assistant_config=cfg)
+    assert torch.equal(out, ref)
+
+
 def test_fusable_functions_run_compiled_only_inside_fused_regions(monkeypatch):
     calls = []
     real_compile = torch.compile
