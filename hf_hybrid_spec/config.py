@@ -93,7 +93,8 @@ class AssistantConfig:
             fused kernels before the forward is captured: the 8-node verify of a 2B Qwen3.5 shape went from 4.9 to
             3.1 ms on an H200, qwen3_5-small's from 1.25 to 0.68). Numerics are a compiled model's (the fused
             reductions round differently in the last bits, as stock static+compile's do), and it costs a few
-            Inductor compiles per process (one per module class, all tree sizes): opt-in.
+            Inductor compiles per process (one per module class, all tree sizes): opt-in. It pays on a GPU; on a
+            CPU (no graphs) the compiled regions are not faster at these sizes (dynamo's guards run every step).
 
     Lossy verification (opt-in, greedy only; `hf_hybrid_spec.cospec`): where the draft's own choice differs from
     the target's, an arbiter decides which token is kept (`spec_stats.arbiter_overrides` counts the draft's):
