@@ -445,6 +445,21 @@ def test_metrics():
     assert m.count == 2 and m.mae == pytest.approx(0.5) and m.mae_constant == pytest.approx(1.0)
 
 
+def test_paired_speed_ratio_separates_a_real_difference_from_noise():
+    from hf_hybrid_spec.hvd.metrics import paired_speed_ratio
+
+    g = torch.Generator().manual_seed(0)
+    lengths = (torch.rand(40, generator=g) * 3 + 0.5).tolist()  # calls of very different lengths
+    noisy = [x * (1 + 0.05 * float(torch.randn(1, generator=g))) for x in lengths]
+    same = paired_speed_ratio(noisy, lengths)  # identical work, 5% noise per call
+    assert same.low < 1.0 < same.high and same.calls == 40
+    faster = paired_speed_ratio([x / 1.10 for x in noisy], lengths)  # 10% faster on every call
+    assert 1.0 < faster.low < faster.ratio < faster.high and faster.ratio == pytest.approx(1.10 * same.ratio)
+    assert str(faster).startswith(f"{faster.ratio:.3f} (")
+    with pytest.raises(ValueError, match="same"):
+        paired_speed_ratio([1.0], [1.0, 2.0])
+
+
 
 # ---------------------------------------------------------------------- policy decisions
 class FixedPredictor:
