@@ -401,6 +401,11 @@ def test_profile_costs_through_the_loop():
     assert profile.tree_sizes == [1, 4, 12]
     assert all(s > 0 for s in profile.verify_seconds) and profile.verify_seconds == sorted(profile.verify_seconds)
     assert profile.model_draft_seconds > 0 and profile.cache_draft_seconds >= 0
+    # The begin, timed over two context lengths: a fixed part and a per-token part, together the measured begin.
+    assert profile.model_begin_seconds >= 0 and profile.model_begin_seconds_per_token >= 0
+    assert profile.model_begin(24) > 0 and profile.model_begin(240) >= profile.model_begin(24)
+    old = CostProfile.from_dict({k: v for k, v in profile.to_dict().items() if k != "model_begin_seconds"})
+    assert old.model_begin_seconds == 0.0  # a profile saved before the fixed part was measured still loads
 
 
 # ---------------------------------------------------------------------- workloads and metrics
@@ -573,7 +578,7 @@ class CountingPredictor(FixedPredictor):
 def reference_before_model(step, cache_payoff, cost):
     """The stage-1 rule with the cache payoff always predicted (no short-circuit), clamped at 0 like the policy."""
     cache_payoff = max(cache_payoff, 0.0) if step.cache.num_nodes else 0.0
-    begin = 0.0 if step.model_begun else cost.model_begin_seconds_per_token * step.length
+    begin = 0.0 if step.model_begun else cost.model_begin_seconds + cost.model_begin_seconds_per_token * step.length
     rate = lambda payoff, seconds: (payoff + 1.0) / seconds  # noqa: E731
     mp = step.history.model_payoff_ema
     best = rate(mp, cost.step(step.model_tokens, True) + begin)
@@ -592,7 +597,7 @@ def test_learned_policy_skips_the_predictor_only_where_no_prediction_could_chang
         # Verify costs that are not monotone in the tree size either (profiles are measured, so noisy).
         cost = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.0 + u[0] - 0.3, 1.2 + u[1]],
                            cache_draft_seconds=0.01, model_draft_seconds=2.0 * u[2],
-                           model_begin_seconds_per_token=0.05 * u[3])
+                           model_begin_seconds_per_token=0.05 * u[3], model_begin_seconds=u[3])
         n = int(u[4] * 14)
         cache = chain_tree(torch.arange(5, 5 + n).unsqueeze(0)) if n else empty_draft()
         step = policy_step(cache, history=History(model_prior=4.0 * u[5]), cost=cost)

@@ -313,7 +313,8 @@ def main(argv=None) -> dict:
     verify = ", ".join(f"N={n}: {s * 1e3:.2f}ms" for n, s in zip(profile.tree_sizes, profile.verify_seconds))
     print(f"cost profile: verify {verify}; cache draft {profile.cache_draft_seconds * 1e3:.2f}ms; "
           f"model draft {profile.model_draft_seconds * 1e3:.2f}ms; "
-          f"model begin {profile.model_begin_seconds_per_token * 1e3:.3f}ms per prompt token")
+          f"model begin {profile.model_begin_seconds * 1e3:.2f}ms + "
+          f"{profile.model_begin_seconds_per_token * 1e3:.4f}ms per context token")
     if predictor_path is not None:
         load_predictor(predictor_path)
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from ..drafters.base import DraftBudget, Drafter
+from ..drafters.base import DraftBudget, Drafter, TargetHidden
 from ..tree import DraftTree, empty_draft
 
 logger = logging.get_logger(__name__)
@@ -45,8 +45,11 @@ class CostProfile:
         cache_draft_seconds: one proposal of the cache (suffix) drafter.
         model_draft_seconds: one proposal of the model drafter at its HVD budget.
         key: what was measured (target, device, dtype, drafter); informational.
-        model_begin_seconds_per_token: the model drafter's begin (EAGLE: its pass over the prompt) per prompt token,
-            paid by its first draft in a request (0 in profiles saved before it was measured).
+        model_begin_seconds_per_token / model_begin_seconds: the model drafter's begin (EAGLE: its pass over the
+            prompt), paid by its first draft in a request: `model_begin_seconds + per_token x context tokens`
+            (`model_begin`). Both 0 in profiles saved before they were measured; the fixed part is 0 in profiles
+            saved before it was (their per-token figure was the whole begin divided by a 256-token context, which
+            overstates a long context's begin on a GPU, where most of it is fixed).
     """
 
     tree_sizes: list[int]
@@ -56,6 +59,7 @@ class CostProfile:
     key: str = ""
     extra: dict = field(default_factory=dict)
     model_begin_seconds_per_token: float = 0.0
+    model_begin_seconds: float = 0.0
 
     def __post_init__(self):
         sizes = [int(n) for n in self.tree_sizes]
@@ -64,7 +68,7 @@ class CostProfile:
         if sizes != sorted(set(sizes)) or sizes[0] < 1:
             raise ValueError(f"tree_sizes must be distinct, ascending and >= 1, got {self.tree_sizes}")
         if any(not s > 0 for s in self.verify_seconds) or self.cache_draft_seconds < 0 or self.model_draft_seconds < 0 \
-                or self.model_begin_seconds_per_token < 0:
+                or self.model_begin_seconds_per_token < 0 or self.model_begin_seconds < 0:
             raise ValueError("profiled seconds must be positive (verify) and >= 0 (drafting)")
         self.tree_sizes = sizes
         self.verify_seconds = [float(s) for s in self.verify_seconds]
@@ -78,6 +82,10 @@ class CostProfile:
         i = min(max(bisect.bisect_left(sizes, num_nodes), 1), len(sizes) - 1)
         n0, n1, s0, s1 = sizes[i - 1], sizes[i], secs[i - 1], secs[i]
         return max(secs[0], s0 + (s1 - s0) * (num_nodes - n0) / (n1 - n0))
+
+    def model_begin(self, context_tokens: int) -> float:
+        """Seconds of the model drafter's begin over `context_tokens` committed tokens."""
+        return self.model_begin_seconds + self.model_begin_seconds_per_token * context_tokens
 
     def step(self, draft_nodes: int, model_ran: bool) -> float:
         """Seconds of a step that verifies `draft_nodes` draft nodes (plus the root); the cache drafter always
@@ -129,15 +137,29 @@ class _ProfileDrafter(Drafter):
         self._step = 0
         self._started: float | None = None
         self.begin_seconds_per_token = 0.0
+        self.begin_seconds = 0.0
 
     def begin(self, input_ids, context=None, hidden=None):
         self.cache_drafter.begin(input_ids, context, None)
-        self.model_drafter.begin(input_ids, context, hidden)  # once untimed: first-call costs (allocator, kernels)
-        self.sync()
-        start = time.perf_counter()
-        self.model_drafter.begin(input_ids, context, hidden)
-        self.sync()
-        self.begin_seconds_per_token = (time.perf_counter() - start) / input_ids.shape[1]
+        # The begin timed over the whole context and over its first quarter: a line through the two gives its
+        # fixed part (launches, setup) and its per-token part, so a longer context in use is priced right.
+        full = input_ids.shape[1]
+        short = max(1, full // 4)
+        short_hidden = hidden
+        if hidden is not None:
+            short_hidden = TargetHidden(layers=hidden.layers, states=tuple(h[:, :short] for h in hidden.states))
+        seconds = {}
+        for length, ids, states in ((short, input_ids[:, :short], short_hidden), (full, input_ids, hidden)):
+            self.model_drafter.begin(ids, context, states)  # once untimed: first-call costs (allocator, kernels)
+            self.sync()
+            start = time.perf_counter()
+            self.model_drafter.begin(ids, context, states)
+            self.sync()
+            seconds[length] = time.perf_counter() - start
+        # The drafter ends up begun over the whole context, as the profile's steps need.
+        per_token = (seconds[full] - seconds[short]) / (full - short) if full > short else 0.0
+        self.begin_seconds_per_token = max(per_token, 0.0)
+        self.begin_seconds = max(seconds[full] - self.begin_seconds_per_token * full, 0.0)
 
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
         if self._step >= self.steps:
@@ -229,10 +251,12 @@ def profile_costs(
         model_draft_seconds=statistics.median(drafter.model_seconds[warm:]),
         key=profile_key(target, model_drafter),
         model_begin_seconds_per_token=drafter.begin_seconds_per_token,
+        model_begin_seconds=drafter.begin_seconds,
     )
-    logger.info("HVD cost profile %s: verify %s s, cache draft %.2e s, model draft %.2e s, model begin %.2e s/token",
-                profile.key, dict(zip(profile.tree_sizes, [round(s, 5) for s in profile.verify_seconds])),
-                profile.cache_draft_seconds, profile.model_draft_seconds, profile.model_begin_seconds_per_token)
+    verify = dict(zip(profile.tree_sizes, [round(s, 5) for s in profile.verify_seconds]))
+    logger.info("HVD cost profile %s: verify %s s, cache draft %.2e s, model draft %.2e s, model begin %.2e s + "
+                "%.2e s/token", profile.key, verify, profile.cache_draft_seconds, profile.model_draft_seconds, profile.model_begin_seconds,
+                profile.model_begin_seconds_per_token)
     return profile
 
 

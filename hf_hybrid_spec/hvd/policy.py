@@ -146,7 +146,7 @@ def _rate(payoff: float, seconds: float) -> float:
 def _begin_seconds(step: Step, cost: CostProfile) -> float:
     """What running the model drafter this step adds for its begin (EAGLE: a pass over the whole context), 0 once it
     has begun."""
-    return 0.0 if step.model_begun else cost.model_begin_seconds_per_token * step.length
+    return 0.0 if step.model_begun else cost.model_begin(step.length)
 
 
 def _cost(step: Step, policy: str) -> CostProfile:
@@ -272,7 +272,7 @@ class OraclePolicy(Policy):
         # Knowing the payoffs, it would not have run the model drafter (nor begun it) for a cache-only step. Its
         # recording pass runs the model drafter every step, so whether the replay will have begun it is its own count.
         cost = _cost(step, self.name)
-        begin = 0.0 if self._model_used else cost.model_begin_seconds_per_token * step.length
+        begin = 0.0 if self._model_used else cost.model_begin(step.length)
         rates = {o: _rate(realized[o], cost.step(step.nodes(o), o != "cache") + (begin if o != "cache" else 0.0))
                  for o in step.options()}
         choice = max(rates, key=lambda o: (rates[o], -OPTIONS.index(o)))
