@@ -7,7 +7,7 @@ ordinary children of the committed state (parent -1) that nobody descends from, 
 result of a real node.
 
 Everything here is plain PyTorch on any device; the kernels and the cache use these to build masks,
-paths and conv windows.
+paths and conv windows. `node_strided` is the layout rule the Triton launchers read per-node inputs with.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ __all__ = [
     "path_mask",
     "ancestors_at_distance",
     "path_nodes",
+    "node_strided",
 ]
 
 
@@ -135,3 +136,23 @@ def ancestors_at_distance(parent: torch.Tensor, width: int) -> torch.Tensor:
         nxt = par.gather(1, cur.clamp(min=0))
         cur = torch.where(inside, nxt, cur - 1)
     return out
+
+
+def node_strided(x: torch.Tensor) -> torch.Tensor:
+    """`x` [B, N, ...] as it is when a kernel can read it through one node stride: the trailing dims contiguous
+    within a node, nodes evenly spaced (batch stride = N x node stride); else a contiguous copy.
+
+    The views a mixer splits out of one [B, N, C] projection (q / k / v, or x / B / C / dt) are of that kind, so the
+    tree kernels read them in place instead of paying a copy launch per input and layer.
+    """
+    b, n = x.shape[:2]
+    inner = x.shape[2:]
+    expected, step = [], 1
+    for size in reversed(inner):
+        expected.append(step)
+        step *= size
+    strides = x.stride()
+    contiguous_inner = all(st == e or size == 1 for st, e, size in zip(strides[2:], reversed(expected), inner))
+    if contiguous_inner and strides[1] >= step and (b == 1 or strides[0] == n * strides[1]):
+        return x
+    return x.contiguous()

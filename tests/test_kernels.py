@@ -257,7 +257,7 @@ def test_gated_delta_rule_reads_views_of_one_projection(use_qk_l2norm):
     qs, ks, vs = torch.split(packed, [h * kdim, h * kdim, hv * vdim], dim=-1)
     qs, ks, vs = qs.view(bsz, n, h, kdim), ks.view(bsz, n, h, kdim), vs.view(bsz, n, hv, vdim)
     assert not qs.is_contiguous() and not vs.is_contiguous()
-    assert gdn_triton._node_strided(qs) is qs and gdn_triton._node_strided(vs) is vs
+    assert tree.node_strided(qs) is qs and tree.node_strided(vs) is vs
     parent = random_tree(bsz, n, 5, seed=7)
     fn = gdn_triton.triton_tree_gated_delta_rule
     ref = run("triton", fn, q, k, v, g, beta, parent, h0, use_qk_l2norm=use_qk_l2norm)
@@ -268,7 +268,7 @@ def test_gated_delta_rule_reads_views_of_one_projection(use_qk_l2norm):
     commit = gdn_triton.triton_commit_gated_delta_rule
     assert torch.equal(run("triton", commit, h0, ref, parent, leaf), run("triton", commit, h0, out, parent, leaf))
     # Layouts the kernel cannot read through one node stride are copied.
-    assert gdn_triton._node_strided(q.transpose(0, 1).contiguous().transpose(0, 1)).is_contiguous()
+    assert tree.node_strided(q.transpose(0, 1).contiguous().transpose(0, 1)).is_contiguous()
 
 
 def test_gated_delta_rule_fp16_inputs():
@@ -437,6 +437,46 @@ def test_mamba2_chain_is_the_chunked_scan(backend):
     assert_close("y", y_ref, out.y)
     leaf = torch.full((bsz,), n - 1, device=DEVICE)
     assert_close("final state", s_ref, run(backend, commit_fn, h0, out, parent, leaf))
+
+
+def test_node_strided_keeps_only_layouts_one_node_stride_can_read():
+    base = torch.randn(3, 5, 24)
+    assert tree.node_strided(base) is base
+    view = base[..., 4:20].view(3, 5, 2, 8)  # a slice of the channels, split into heads
+    assert tree.node_strided(view) is view
+    for bad in (base.transpose(0, 1), base[:, :, ::2], base[:, ::2]):  # batch-major broken, gaps inside a node...
+        fixed = tree.node_strided(bad)
+        assert fixed is not bad and fixed.is_contiguous() and torch.equal(fixed, bad)
+    one = base[:1, :, 4:20]  # one row: its batch stride is never used
+    assert tree.node_strided(one) is one
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_mamba2_reads_views_of_one_projection(dtype):
+    """A Mamba-2 mixer splits x, B, C out of its conv output and dt out of its projection: the Triton launcher reads
+    those views through their node strides instead of copying them (16-bit inputs: the commit reads the fp32 copies
+    the kernel stores; fp32 inputs are returned as the factors, so x and B are copied then). Same outputs, factors and
+    committed states as contiguous inputs."""
+    bsz, n, h, g, p, s = 2, 21, 4, 2, 16, 24
+    (x, dt, a, b, c, h0), kwargs = mamba2_inputs(bsz, n, h, g, p, s, True, seed=5)
+    x, dt, b, c = (t.to(dtype) for t in (x, dt, b, c))
+    kwargs["z"] = kwargs["z"].to(dtype)
+    xbc = torch.cat([x.flatten(2), b.flatten(2), c.flatten(2)], dim=-1)  # [B, N, conv_dim]
+    xs, bs, cs = torch.split(xbc, [h * p, g * s, g * s], dim=-1)
+    xs, bs, cs = xs.view(bsz, n, h, p), bs.view(bsz, n, g, s), cs.view(bsz, n, g, s)
+    proj = torch.cat([torch.randn(bsz, n, 5).to(DEVICE, dtype), dt], dim=-1)  # dt as the projection's last slice
+    dts = proj[..., 5:]
+    assert not xs.is_contiguous() and not dts.is_contiguous()
+    assert all(tree.node_strided(t) is t for t in (xs, bs, cs, dts))
+    parent = random_tree(bsz, n, 5, seed=5)
+    fn = mamba2_triton.triton_tree_mamba2
+    ref = run("triton", fn, x, dt, a, b, c, parent, h0, **kwargs)
+    out = run("triton", fn, xs, dts, a, bs, cs, parent, h0, **kwargs)
+    for name in ("y", "x", "b", "dt", "a_cum"):
+        assert torch.equal(getattr(ref, name), getattr(out, name)), name
+    leaf = random_leaf(bsz, n, seed=5)
+    commit = mamba2_triton.triton_commit_mamba2
+    assert torch.equal(run("triton", commit, h0, ref, parent, leaf), run("triton", commit, h0, out, parent, leaf))
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch", "naive"])

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tree import validate_parent
+from ..tree import node_strided, validate_parent
 from .common import TreeGatedDeltaOutput, check_shapes
 
 
@@ -275,16 +275,6 @@ def commit_gated_delta_rule_kernel(
     tl.store(h_out + o_h, b_h, mask=m_kv)
 
 
-def _node_strided(x: torch.Tensor) -> torch.Tensor:
-    """`x` [B, N, H, D] as is when its nodes are evenly strided (batch stride N x node stride) with heads and features
-    contiguous, as the kernel reads it (e.g. a slice of a [B, N, C] projection); else a contiguous copy."""
-    b, n, h, d = x.shape
-    s = x.stride()
-    if s[3] == 1 and s[2] == d and s[1] >= h * d and (b == 1 or s[0] == n * s[1]):
-        return x
-    return x.contiguous()
-
-
 def _dot_precision(dtype: torch.dtype) -> str:
     # Triton's "ieee" fp32 dot runs on FMA units and holds whole operand rows in registers: at BT = 64 it
     # spills kilobytes per thread. "tf32x3" (three TF32 tensor-core products, hi*hi + hi*lo + lo*hi) keeps
@@ -318,8 +308,8 @@ def tree_gated_delta_rule_fwd(
     store_k = use_qk_l2norm or k.dtype != torch.float32
     # q, k and v are read through a node stride, so the views a mixer splits out of its projection go in as they are
     # (no copy: that was 3 launches per layer). k is copied when it is returned as the factor the commit reads.
-    q, v = _node_strided(q), _node_strided(v)
-    k = _node_strided(k) if store_k else k.contiguous()
+    q, v = node_strided(q), node_strided(v)
+    k = node_strided(k) if store_k else k.contiguous()
     g, beta, parent = (t.contiguous() for t in (g, beta, parent))
     h0 = initial_state.float().contiguous()
     # At least 16 on every dot dimension: the tensor-core minimum on NVIDIA GPUs.

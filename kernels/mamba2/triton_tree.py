@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..gated_delta_rule.triton_tree import _ancestor_mask
-from ..tree import validate_parent
+from ..tree import node_strided, validate_parent
 from .common import TreeMamba2Output
 
 
@@ -87,6 +87,10 @@ def tree_mamba2_fwd_kernel(
     dt_min,
     dt_max,
     N,
+    stride_xn,
+    stride_dtn,
+    stride_bn,
+    stride_cn,
     H: tl.constexpr,
     G: tl.constexpr,
     P: tl.constexpr,
@@ -107,7 +111,9 @@ def tree_mamba2_fwd_kernel(
 ):
     """x, z [B, N, H, P]; dt [B, N, H]; A, D, dt_bias [H]; Bm, Cm [B, N, G, S]; parent [B, N];
     h0 [B, H, P, S] fp32; num_nodes [B] | None -> y [B, N, H, P], x_out [B, N, H, P] fp32,
-    b_out [B, N, G, S] fp32, dt_out, a_cum [B, N, H] fp32. Grid: (cdiv(P, BP), B * H)."""
+    b_out [B, N, G, S] fp32, dt_out, a_cum [B, N, H] fp32. Grid: (cdiv(P, BP), B * H).
+    x, dt, Bm and Cm are read through their node strides (stride_xn, ...; the rest contiguous), so a mixer's split
+    views of one projection go in without copies; z and the outputs are contiguous."""
     i_p, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // (H // G)
@@ -121,14 +127,16 @@ def tree_mamba2_fwd_kernel(
     # One pass over the state size: C B^T and C h0^T, so h0 is read once.
     b_cb = tl.zeros([BT, BT], dtype=tl.float32)
     b_ch = tl.zeros([BT, BP], dtype=tl.float32)
-    p_bc = (i_b64 * N + o_t[:, None]) * G * S + i_g * S
+    p_bc = (i_b64 * N + o_t[:, None]) * G * S + i_g * S  # b_out
+    p_b = Bm + (i_b64 * N + o_t[:, None]) * stride_bn + i_g * S
+    p_c = Cm + (i_b64 * N + o_t[:, None]) * stride_cn + i_g * S
     p_h0 = h0 + (i_b64 * H + i_h) * P * S + o_p[:, None] * S
     for i_s in range(tl.cdiv(S, BS)):
         o_s = i_s * BS + tl.arange(0, BS)
         m_s = o_s < S
         m_ts = m_t[:, None] & m_s[None, :]
-        b_b = tl.load(Bm + p_bc + o_s[None, :], mask=m_ts, other=0.0)
-        b_c = tl.load(Cm + p_bc + o_s[None, :], mask=m_ts, other=0.0)
+        b_b = tl.load(p_b + o_s[None, :], mask=m_ts, other=0.0)
+        b_c = tl.load(p_c + o_s[None, :], mask=m_ts, other=0.0)
         b_h = tl.load(p_h0 + o_s[None, :], mask=m_p[:, None] & m_s[None, :], other=0.0)
         b_bf = b_b.to(tl.float32)
         b_cf = b_c.to(tl.float32)
@@ -146,7 +154,8 @@ def tree_mamba2_fwd_kernel(
     # The tree enters only now, so the ancestor mask is not live during the loop over S.
     b_anc = _ancestor_mask(parent + i_b64 * N, o_t, m_t)
     o_th = (i_b64 * N + o_t) * H + i_h
-    b_dt = _process_dt(tl.load(dt + o_th, mask=m_t, other=0.0), dt_bias, i_h, dt_min, dt_max,
+    b_dt = _process_dt(tl.load(dt + (i_b64 * N + o_t) * stride_dtn + i_h, mask=m_t, other=0.0), dt_bias, i_h,
+                       dt_min, dt_max,
                        HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT)
     # Rows past N get dt = 0 (softplus of the 0 they loaded is not 0); nothing descends from them anyway.
     b_dt = tl.where(m_t, b_dt, 0.0)
@@ -157,7 +166,8 @@ def tree_mamba2_fwd_kernel(
 
     o_tp = (i_b64 * N + o_t[:, None]) * H * P + i_h * P + o_p[None, :]
     m_tp = m_t[:, None] & m_p[None, :]
-    b_x = tl.load(x + o_tp, mask=m_tp, other=0.0).to(tl.float32)
+    b_x = tl.load(x + (i_b64 * N + o_t[:, None]) * stride_xn + i_h * P + o_p[None, :], mask=m_tp,
+                  other=0.0).to(tl.float32)
     b_y = tl.exp(b_L)[:, None] * b_ch
     b_y += tl.dot(b_m, b_x, input_precision=DOT_PRECISION)
     if HAS_D:
@@ -237,7 +247,14 @@ def tree_mamba2_fwd(
     g, s = B.shape[2:]
     if n > 128:
         raise ValueError(f"the tree kernel holds the whole tree in one program: N <= 128, got {n}")
-    x, dt, A, B, C, parent = (t.contiguous() for t in (x, dt, A, B, C, parent))
+    store_x, store_b = x.dtype != torch.float32, B.dtype != torch.float32
+    # x, dt, B and C are read through a node stride: the views the mixer splits out of its projection and conv output
+    # go in as they are (4 copy launches per layer before). x and B are copied when they are returned as the
+    # factors the commit reads (fp32 inputs: no fp32 copy is stored).
+    x = node_strided(x) if store_x else x.contiguous()
+    B = node_strided(B) if store_b else B.contiguous()
+    dt, C = node_strided(dt), node_strided(C)
+    A, parent = A.contiguous(), parent.contiguous()
     h0 = initial_state.float().contiguous()
     bt = max(16, triton.next_power_of_2(n))
     # Sizes chosen from ptxas' reports for sm_90: no spills up to BT = 64 with S chunks of 32; narrower P tiles
@@ -246,7 +263,6 @@ def tree_mamba2_fwd(
     # builds a kernel that faults with an illegal address (a tiny Falcon-H1 with head dim 16); 32 wide runs clean.
     bp = block_p or min(64 if bt <= 64 else 32, max(32, triton.next_power_of_2(p)))
     bs = min(32, max(16, triton.next_power_of_2(s)))
-    store_x, store_b = x.dtype != torch.float32, B.dtype != torch.float32
     dev = x.device
     y = torch.empty(bsz, n, h, p, dtype=x.dtype, device=dev)
     dt_out = torch.empty(bsz, n, h, dtype=torch.float32, device=dev)
@@ -263,6 +279,7 @@ def tree_mamba2_fwd(
         None if num_nodes is None else num_nodes.to(device=dev, dtype=torch.int32).contiguous(),
         y, x_out, b_out, dt_out, a_cum,
         float(lo), float(hi), n,
+        x.stride(1), dt.stride(1), B.stride(1), C.stride(1),
         H=h, G=g, P=p, S=s, BT=bt, BP=bp, BS=bs,
         DT_SOFTPLUS=bool(dt_softplus),
         # Same condition as common.process_dt: the default (0, inf) is no clamp at all.
