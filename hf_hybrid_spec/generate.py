@@ -248,12 +248,11 @@ def speculative_generate(
     if generation_config.cache_implementation == "static" and not config.compile:
         # Implied by the static cache, for the drafters too (EAGLE's static storage and graphs), not just the verify.
         config = config.replace(compile=True)
-    if config.compile_drafter and not config.compile:
-        raise ValueError("compile_drafter=True compiles the EAGLE drafter's captured passes: it needs compile=True "
-                         "(or generate(..., cache_implementation='static'))")
-    if config.compile_verify and not config.compile:
-        raise ValueError("compile_verify=True compiles regions of the captured verify forward: it needs compile=True "
-                         "(or generate(..., cache_implementation='static'))")
+    for name, what in (("compile_drafter", "the EAGLE drafter's captured passes"),
+                       ("compile_verify", "regions of the captured verify forward")):
+        if getattr(config, name) and not config.compile:
+            raise ValueError(f"{name}=True compiles {what}: it needs compile=True "
+                             "(or generate(..., cache_implementation='static'))")
     adapter = get_adapter(model)
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter, got {type(drafter).__name__}")
