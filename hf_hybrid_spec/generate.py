@@ -301,7 +301,8 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         # commit graph); the lossy arbiter reads every tree node's, returned by the forward.
         runner = static_runner(model, generation_config.max_length + max(config.compile_buckets),
                                config.compile_buckets, arbiter_hidden, owner=rec,
-                               history_layers=tuple(drafter.target_hidden_layers), fuse=config.compile_verify)
+                               history_layers=tuple(drafter.target_hidden_layers), fuse=config.compile_verify,
+                               fuse_gemm=config.compile_verify_gemm)
         cache = runner.cache
     else:
         cache = HybridTreeCache(model.config)
