@@ -12,13 +12,11 @@ import argparse
 import itertools
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from kernels.gemm.triton_skinny import SkinnyConfig, triton_skinny_linear  # noqa: E402
+from hf_hybrid_spec.kernels.gemm.triton_skinny import SkinnyConfig, triton_skinny_linear
 
 # (name, N, K): count per verify forward of the 2B Qwen3.5 shape / the 1.4B Falcon-H1 shape of hf_hybrid_spec.bench.
 SHAPES = {
