@@ -12,11 +12,13 @@ import argparse
 import itertools
 import json
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
-from hf_hybrid_spec.kernels.gemm.triton_skinny import SkinnyConfig, triton_skinny_linear
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kernels.gemm.triton_skinny import SkinnyConfig, triton_skinny_linear  # noqa: E402
 
 # (name, N, K): count per verify forward of the 2B Qwen3.5 shape / the 1.4B Falcon-H1 shape of hf_hybrid_spec.bench.
 SHAPES = {
