@@ -254,13 +254,11 @@ def warm_up_tree_sizes(model, ids, cfg, sizes=(1, 7, 15, 16, 31, 32, 63)):
                    custom_generate=speculative_generate, assistant_config=cfg, drafter=_SizeSweep(sizes))
 
 
-def time_verify_buckets(model, prefix_length: int, reps: int = 30, fuse: bool = False,
-                        fuse_gemm: bool = False) -> dict[int, float]:
+def time_verify_buckets(model, prefix_length: int, reps: int = 30, fuse: bool = False) -> dict[int, float]:
     """Milliseconds per graph-replayed verify forward, per tree-size bucket of the model's most recently used
-    static runner built with `fuse` (compile_verify) and `fuse_gemm` (compile_verify_gemm) ({} without one or
-    without CUDA graphs). Chains of n nodes over `prefix_length` committed tokens; each forward is aborted, so the
-    cache is left as it was."""
-    runners = [r for r in static._RUNNERS.get(model, {}).values() if r.fuse == fuse and r.fuse_gemm == fuse_gemm]
+    static runner built with `fuse` (compile_verify) ({} without one or without CUDA graphs). Chains of n nodes
+    over `prefix_length` committed tokens; each forward is aborted, so the cache is left as it was."""
+    runners = [r for r in static._RUNNERS.get(model, {}).values() if r.fuse == fuse]
     if not runners:
         return {}
     runner = runners[-1]
@@ -340,13 +338,8 @@ def build_methods(names: list[str], dtype, device, compiled: bool = False, compi
         else:
             raise ValueError(f"unknown drafter {name!r}: use {sorted(PRESETS)}, model:<path> or config:<dir>")
     graphs = [(f"{name}+graphs", cfg.replace(compile=True), draft) for name, cfg, draft in methods]
-    if fused:  # the same graphs with the target's pure regions compiled (compile_verify), side by side; on a GPU
-        # with the linear layers on the skinny GEMM (the default) and on cuBLAS (elsewhere the two are one path)
-        fused_rows = [(f"{name}+fused", cfg.replace(compile_verify=True), draft) for name, cfg, draft in graphs]
-        if torch.device(device).type == "cuda":
-            fused_rows += [(f"{name}+fused-cublas", cfg.replace(compile_verify=True, compile_verify_gemm=False),
-                            draft) for name, cfg, draft in graphs]
-        graphs += fused_rows
+    if fused:  # the same graphs with the target's pure regions compiled (compile_verify), side by side
+        graphs += [(f"{name}+fused", cfg.replace(compile_verify=True), draft) for name, cfg, draft in graphs]
     if compiled_only:
         return graphs
     return methods + graphs if compiled else methods
@@ -541,13 +534,12 @@ def main(argv: list[str] | None = None) -> dict:
               f"{draft_ms:>9}{xfloor:>9}{stock.ms_per_token / r.ms_per_token:>9.2f}x"
               f"{best_stock.ms_per_token / r.ms_per_token:>8.2f}x{r.mismatches:>10}"
               f"{r.compiles if r.kind == 'stock_static' else r.graph_captures:>10}")
-    buckets, fused_buckets, cublas_buckets = {}, {}, {}
+    buckets, fused_buckets = {}, {}
     if args.bucket_sweep:
         buckets = time_verify_buckets(model, prompts[0].shape[1])
-        fused_buckets = time_verify_buckets(model, prompts[0].shape[1], fuse=True, fuse_gemm=True)
-        cublas_buckets = time_verify_buckets(model, prompts[0].shape[1], fuse=True)
+        fused_buckets = time_verify_buckets(model, prompts[0].shape[1], fuse=True)
         ar = stock_static.ms_per_token if stock_static else None
-        for label, sweep in (("", buckets), (", fused", fused_buckets), (", fused-cublas", cublas_buckets)):
+        for label, sweep in (("", buckets), (", fused", fused_buckets)):
             for n, ms in sweep.items():
                 print(f"verify forward{label}, {n:>3}-node bucket (graph replay): {ms:.3f} ms"
                       + (f" = {ms / ar:.2f}x stock static+compile ms/token" if ar else "")
@@ -571,7 +563,6 @@ def main(argv: list[str] | None = None) -> dict:
         "weight_floor_ms": round(floor, 4) if floor else None,
         "verify_ms_by_bucket": {str(n): round(ms, 4) for n, ms in buckets.items()},
         "fused_verify_ms_by_bucket": {str(n): round(ms, 4) for n, ms in fused_buckets.items()},
-        "fused_cublas_verify_ms_by_bucket": {str(n): round(ms, 4) for n, ms in cublas_buckets.items()},
         "methods": {
             r.name: {
                 "tokens_per_s": round(r.tokens_per_second, 3),

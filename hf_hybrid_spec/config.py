@@ -95,10 +95,6 @@ class AssistantConfig:
             reductions round differently in the last bits, as stock static+compile's do), and it costs a few
             Inductor compiles per process (one per module class, all tree sizes): opt-in. It pays on a GPU; on a
             CPU (no graphs) the compiled regions are not faster at these sizes (dynamo's guards run every step).
-        compile_verify_gemm: with `compile_verify` on a GPU in fp16 / bf16, the verify forward's linear layers (at
-            most 64 tree nodes) run our Triton skinny GEMM (`hf_hybrid_spec.kernels.gemm`, tuned per weight shape at
-            warm-up) instead of cuBLAS, whose kernels read the weights at these few rows well below the bandwidth.
-            False keeps cuBLAS.
 
     Lossy verification (opt-in, greedy only; `hf_hybrid_spec.cospec`): where the draft's own choice differs from
     the target's, an arbiter decides which token is kept (`spec_stats.arbiter_overrides` counts the draft's):
@@ -154,7 +150,6 @@ class AssistantConfig:
     compile_buckets: tuple[int, ...] = (8, 16, 32, 64)
     compile_drafter: bool = False
     compile_verify: bool = False
-    compile_verify_gemm: bool = True
     # lossy verification (issue #9): read only when verification != "lossless"
     arbiter: object = None  # "cospec": a saved CoSpecArbiter (directory or Hub id) or an Arbiter instance
     fly_entropy_threshold: float = 0.3  # FLy's gate (top-3 entropy of the target, nats)
@@ -193,7 +188,7 @@ class AssistantConfig:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.extra, dict):
             raise ValueError("extra must be a dict")
-        for name in ("compile", "compile_drafter", "compile_verify", "compile_verify_gemm"):
+        for name in ("compile", "compile_drafter", "compile_verify"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         buckets = tuple(self.compile_buckets)

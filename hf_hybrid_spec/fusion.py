@@ -11,10 +11,7 @@ cache's bookkeeping and our Triton kernels sit inside it), so we compile the pur
   classes: functions of their inputs and weights only), one compile per class for every instance and every tree
   size (`dynamic=True`; parameters are graph inputs), swapped in on the instances only while `fused_regions` is
   active (the runner's warm-up and capture, or its eager CPU forward);
-- functions of ours marked with `@fusable` (the mixers' gate math), compiled on first use under `fused_regions`;
-- optionally the model's `nn.Linear` layers (`linear_modules`): at verify shapes (a few rows) on a GPU they run our
-  Triton skinny GEMM (`hf_hybrid_spec.kernels.gemm`) instead of cuBLAS, inside the compiled regions too (it is a
-  custom op), since at 8-64 rows a linear layer is a weight read that cuBLAS does at ~55% of the bandwidth.
+- functions of ours marked with `@fusable` (the mixers' gate math), compiled on first use under `fused_regions`.
 
 Numerics are those of a compiled model (the fused reductions round differently in the last bits, as stock
 static+compile does), which is why this is opt-in. A region whose compile fails warns once and runs eagerly from
@@ -34,7 +31,7 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["FUSABLE_SUFFIXES", "fusable", "fused_regions", "fusable_modules", "linear_modules"]
+__all__ = ["FUSABLE_SUFFIXES", "fusable", "fused_regions", "fusable_modules"]
 
 # Class-name endings of modules that are pure functions of (inputs, own weights) in every supported family.
 FUSABLE_SUFFIXES = ("RMSNorm", "RMSNormGated", "MLP")
@@ -98,20 +95,6 @@ def fusable_modules(model: nn.Module) -> list[nn.Module]:
             and getattr(m, "_hf_hook", None) is None]
 
 
-def linear_modules(model: nn.Module) -> list[nn.Linear]:
-    """The linear layers `fused_regions(..., linears=...)` may route to the skinny GEMM: plain `nn.Linear` (not a
-    subclass: quantized or adapter layers keep their own forward) on a GPU in fp16 / bf16, not hooked or wrapped."""
-    return [m for m in model.modules()
-            if type(m) is nn.Linear and "forward" not in m.__dict__ and getattr(m, "_hf_hook", None) is None
-            and m.weight.device.type == "cuda" and m.weight.dtype in (torch.float16, torch.bfloat16)]
-
-
-def _skinny_forward(module: nn.Linear, input: torch.Tensor) -> torch.Tensor:
-    from .kernels.gemm import skinny_linear
-
-    return skinny_linear(input, module.weight, module.bias)
-
-
 def _class_forward(cls: type) -> Callable:
     with _lock:
         if cls not in _compiled_classes:
@@ -120,12 +103,10 @@ def _class_forward(cls: type) -> Callable:
 
 
 @contextlib.contextmanager
-def fused_regions(model: nn.Module, modules: list[nn.Module] | None = None,
-                  linears: list[nn.Linear] = ()) -> Iterator[None]:
+def fused_regions(model: nn.Module, modules: list[nn.Module] | None = None) -> Iterator[None]:
     """Within the block, `model`'s fusable modules (`fusable_modules`, or the given list) and the `@fusable`
-    functions run compiled, and the given `linears` (see `linear_modules`) call the skinny GEMM. Instance forwards
-    are put back on exit, whatever happens. Not for concurrent use on one model (as
-    `ModelAdapter.suppress_attention`): the static runner that uses it is leased to one call."""
+    functions run compiled. Instance forwards are put back on exit, whatever happens. Not for concurrent use on
+    one model (as `ModelAdapter.suppress_attention`): the static runner that uses it is leased to one call."""
     modules = fusable_modules(model) if modules is None else modules
     swapped = []
     _state.depth = getattr(_state, "depth", 0) + 1
@@ -134,11 +115,6 @@ def fused_regions(model: nn.Module, modules: list[nn.Module] | None = None,
             if "forward" in m.__dict__:  # wrapped since the list was made (a hook, another tool): leave it be
                 continue
             m.forward = functools.partial(_class_forward(type(m)), m)
-            swapped.append(m)
-        for m in linears:
-            if "forward" in m.__dict__:
-                continue
-            m.forward = functools.partial(_skinny_forward, m)
             swapped.append(m)
         yield
     finally:

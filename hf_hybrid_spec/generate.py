@@ -301,8 +301,7 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         # commit graph); the lossy arbiter reads every tree node's, returned by the forward.
         runner = static_runner(model, generation_config.max_length + max(config.compile_buckets),
                                config.compile_buckets, arbiter_hidden, owner=rec,
-                               history_layers=tuple(drafter.target_hidden_layers), fuse=config.compile_verify,
-                               fuse_gemm=config.compile_verify_gemm)
+                               history_layers=tuple(drafter.target_hidden_layers), fuse=config.compile_verify)
         cache = runner.cache
     else:
         cache = HybridTreeCache(model.config)

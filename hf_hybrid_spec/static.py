@@ -37,7 +37,7 @@ from transformers.utils import logging
 
 from .cache import HybridTreeCache, StaticKVMixin, TreeState, _TreeBook
 from .forward import forward_tokens
-from .fusion import fusable_modules, fused_regions, linear_modules
+from .fusion import fusable_modules, fused_regions
 from .graphs import Leased, capture
 from .kernels.backend import resolve
 from .kernels.tree import ancestor_mask
@@ -129,8 +129,6 @@ class StaticTreeRunner(Leased):
             hidden states.
         use_graphs: capture CUDA graphs (default: when the model is on CUDA).
         fuse: run the model's pure regions Inductor-compiled in the verify forward (`hf_hybrid_spec.fusion`).
-        fuse_gemm: with `fuse`, also run its linear layers on the skinny GEMM (`fusion.linear_modules`; a GPU in
-            fp16 / bf16 only, else nothing changes).
     """
 
     def __init__(
@@ -142,7 +140,6 @@ class StaticTreeRunner(Leased):
         history_layers: tuple[int, ...] = (),
         use_graphs: bool | None = None,
         fuse: bool = False,
-        fuse_gemm: bool = False,
     ):
         if not cache.is_static:
             raise ValueError("StaticTreeRunner needs a HybridTreeCache built with static_length")
@@ -160,8 +157,6 @@ class StaticTreeRunner(Leased):
         self.use_graphs = use_graphs
         self.fuse = fuse
         self._fused_modules = fusable_modules(model) if fuse else None
-        self.fuse_gemm = fuse and fuse_gemm
-        self._fused_linears = linear_modules(model) if self.fuse_gemm else []
         max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
         self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype) for n in self.buckets}
         # [layers, 1, max_length, hidden]: the history_layers' hidden states of the committed tokens, by position.
@@ -318,8 +313,7 @@ class StaticTreeRunner(Leased):
         mask, positions = bucket.prepare()
         cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
         self.cache._book.pending = {}
-        fused = (fused_regions(self.model, self._fused_modules, self._fused_linears) if self.fuse
-                 else contextlib.nullcontext())
+        fused = fused_regions(self.model, self._fused_modules) if self.fuse else contextlib.nullcontext()
         try:
             with fused:
                 out = forward_tokens(
@@ -371,19 +365,19 @@ MAX_RUNNERS_PER_MODEL = 4
 
 def static_runner(
     model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool, owner=None,
-    history_layers: tuple[int, ...] = (), fuse: bool = False, fuse_gemm: bool = False,
+    history_layers: tuple[int, ...] = (), fuse: bool = False,
 ) -> StaticTreeRunner:
     """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits),
     leased to `owner` (`graphs.Leased`) when given.
 
-    Runners are kept per (buckets, output_hidden_states, history_layers, fuse, fuse_gemm, device); one that is too
-    short for a request is replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently
-    used is dropped. A runner leased to a call still running (another thread) is never handed out twice: that request
-    gets a runner of its own, not kept (correct, but it captures its own graphs).
+    Runners are kept per (buckets, output_hidden_states, history_layers, fuse, device); one that is too short for a
+    request is replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is
+    dropped. A runner leased to a call still running (another thread) is never handed out twice: that request gets a
+    runner of its own, not kept (correct, but it captures its own graphs).
     """
     history_layers = tuple(int(i) for i in history_layers)
     key = (tuple(sorted({int(b) for b in buckets})), bool(output_hidden_states), history_layers, bool(fuse),
-           bool(fuse and fuse_gemm), str(model.device))
+           str(model.device))
     with _RUNNERS_LOCK:
         runners = _RUNNERS.setdefault(model, {})
         runner = runners.get(key)
@@ -392,7 +386,7 @@ def static_runner(
                                 "its own (concurrent calls with compile=True each capture their own graphs)")
             runner = StaticTreeRunner(model, HybridTreeCache(model.config, static_length=static_length), buckets,
                                       output_hidden_states=output_hidden_states, history_layers=history_layers,
-                                      fuse=fuse, fuse_gemm=fuse_gemm)
+                                      fuse=fuse)
         else:
             runners.pop(key, None)
             if runner is not None and runner.static_length >= static_length:
@@ -401,7 +395,7 @@ def static_runner(
                 runner = None  # drop the short one before allocating the new cache
                 cache = HybridTreeCache(model.config, static_length=static_length)
                 runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states,
-                                          history_layers=history_layers, fuse=fuse, fuse_gemm=fuse_gemm)
+                                          history_layers=history_layers, fuse=fuse)
             runners[key] = runner  # most recently used last
             while len(runners) > MAX_RUNNERS_PER_MODEL:
                 runners.pop(next(iter(runners)))

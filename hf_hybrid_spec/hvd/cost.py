@@ -208,7 +208,6 @@ def profile_costs(
     repeats: int = 3,
     compile: bool = False,
     compile_verify: bool = False,
-    compile_verify_gemm: bool = True,
 ) -> CostProfile:
     """Time the parts of a step on this machine, in one `speculative_generate` call (see `_ProfileDrafter`).
 
@@ -224,7 +223,6 @@ def profile_costs(
         compile: time the static-cache path (`AssistantConfig(compile=True)`: CUDA-graph replays on a GPU), the one
             HVD will run with; its graphs are captured in the warm-up round.
         compile_verify: with `compile`, the verify forward's pure regions fused by Inductor (as HVD will run them).
-        compile_verify_gemm: with `compile_verify`, its linear layers on the skinny GEMM (`AssistantConfig`).
     """
     from ..config import AssistantConfig
     from ..generate import speculative_generate
@@ -238,7 +236,7 @@ def profile_costs(
     drafter = _ProfileDrafter(cache_drafter, model_drafter, sizes, steps, DraftBudget(model_tokens, model_depth),
                               vocab, sync)
     config = AssistantConfig(max_draft_tokens=max(max(sizes) - 1, 1), max_depth=max_depth, compile=compile,
-                             compile_verify=compile and compile_verify, compile_verify_gemm=compile_verify_gemm)
+                             compile_verify=compile and compile_verify)
     # The budget's depth shrinks in the last steps of a request: leave room so every timed tree has its full shape.
     target.generate(prompt, do_sample=False, max_new_tokens=steps + max_depth + 1, eos_token_id=None,
                     pad_token_id=1, custom_generate=speculative_generate, drafter=drafter, assistant_config=config)
@@ -257,8 +255,8 @@ def profile_costs(
     )
     verify = dict(zip(profile.tree_sizes, [round(s, 5) for s in profile.verify_seconds]))
     logger.info("HVD cost profile %s: verify %s s, cache draft %.2e s, model draft %.2e s, model begin %.2e s + "
-                "%.2e s/token", profile.key, verify, profile.cache_draft_seconds, profile.model_draft_seconds,
-                profile.model_begin_seconds, profile.model_begin_seconds_per_token)
+                "%.2e s/token", profile.key, verify, profile.cache_draft_seconds, profile.model_draft_seconds, profile.model_begin_seconds,
+                profile.model_begin_seconds_per_token)
     return profile
 
 

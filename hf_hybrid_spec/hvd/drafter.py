@@ -300,7 +300,7 @@ def make_cost_profile(config, target: nn.Module, draft_model) -> CostProfile:
         return CostProfile.load(path)
     probe = make_model_drafter(config, target, draft_model)
     key = (profile_key(target, probe), config.hvd_model_tokens, config.hvd_model_depth, config.max_depth,
-           config.max_draft_tokens, config.compile, config.compile_verify, config.compile_verify_gemm)
+           config.max_draft_tokens, config.compile, config.compile_verify)
 
     def measure() -> CostProfile:
         logger.info("HVD: profiling draft and verify costs on this machine (once per process)")
@@ -308,8 +308,7 @@ def make_cost_profile(config, target: nn.Module, draft_model) -> CostProfile:
         return profile_costs(target, cache, probe, model_tokens=config.hvd_model_tokens,
                              model_depth=min(config.hvd_model_depth, config.max_depth), max_depth=config.max_depth,
                              tree_sizes=tuple(sorted({1, 2, 4, 8, 16, 32, 64, config.max_draft_tokens + 1})),
-                             compile=config.compile, compile_verify=config.compile_verify,
-                             compile_verify_gemm=config.compile_verify_gemm)
+                             compile=config.compile, compile_verify=config.compile_verify)
 
     profile = cached_profile(key, measure)
     if path is not None:
