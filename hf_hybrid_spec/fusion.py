@@ -11,7 +11,13 @@ cache's bookkeeping and our Triton kernels sit inside it), so we compile the pur
   classes: functions of their inputs and weights only), one compile per class for every instance and every tree
   size (`dynamic=True`; parameters are graph inputs), swapped in on the instances only while `fused_regions` is
   active (the runner's warm-up and capture, or its eager CPU forward);
-- functions of ours marked with `@fusable` (the mixers' gate math), compiled on first use under `fused_regions`.
+- functions of ours marked with `@fusable` (the mixers' gate math), compiled on first use under `fused_regions`;
+- `parallel_linears`: independent projections of one input (a gated-delta mixer's qkv / z / b / a, an MLP's gate
+  and up) run on side streams next to the largest one, so in the captured graph they are parallel branches. At a
+  few rows a linear layer is a weight read of a few microseconds, and cuBLAS reaches the bandwidth only on the
+  large ones (H200, 9 rows: 8192x2048 at 10.7 us, 2048x2048 at 6.3 us, 32x2048 at 4.9 us; run 50): run one after
+  the other, the small ones cost their latency in full. Model adapters give MLP forwards that use it
+  (`ModelAdapter.mlps`); they replace the compiled class forward of those modules within the regions.
 
 Numerics are those of a compiled model (the fused reductions round differently in the last bits, as stock
 static+compile does), which is why this is opt-in. A region whose compile fails warns once and runs eagerly from
@@ -31,7 +37,8 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["FUSABLE_SUFFIXES", "fusable", "fused_regions", "fusable_modules"]
+__all__ = ["FUSABLE_SUFFIXES", "fusable", "fused_regions", "fusable_modules", "parallel_linears", "set_parallel",
+           "parallel_enabled"]
 
 # Class-name endings of modules that are pure functions of (inputs, own weights) in every supported family.
 FUSABLE_SUFFIXES = ("RMSNorm", "RMSNormGated", "MLP")
@@ -39,6 +46,20 @@ FUSABLE_SUFFIXES = ("RMSNorm", "RMSNormGated", "MLP")
 _state = threading.local()
 _compiled_classes: dict[type, Callable] = {}  # class -> its compiled forward (as an unbound function)
 _lock = threading.Lock()
+_side_streams: dict[torch.device, list[torch.cuda.Stream]] = {}
+_parallel = True
+
+
+def set_parallel(enabled: bool) -> None:
+    """Turn the parallel projections on (the default) or off, process-wide, for runners built and graphs captured
+    afterwards (`parallel_enabled`); off is the fused forward as it was before them, for A/B measurements
+    (`scripts/ab_parallel_linears.py`)."""
+    global _parallel
+    _parallel = bool(enabled)
+
+
+def parallel_enabled() -> bool:
+    return _parallel
 
 
 def _active() -> bool:
@@ -84,6 +105,38 @@ def fusable(fn: Callable) -> Callable:
     return wrapper
 
 
+def _streams(device: torch.device, count: int) -> list[torch.cuda.Stream]:
+    with _lock:
+        streams = _side_streams.setdefault(device, [])
+        while len(streams) < count:
+            streams.append(torch.cuda.Stream(device))
+        return streams[:count]
+
+
+def parallel_linears(x: torch.Tensor, *linears: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """`tuple(linear(x) for linear in linears)`. Inside `fused_regions` on a GPU the first (give the largest first)
+    runs on the current stream and each other one on a side stream that waits for the current stream's work before
+    it and is waited for after it: eagerly they overlap, and in a captured graph they are parallel branches
+    (CUDA-graph capture follows the fork and the join). Elsewhere they run in order.
+
+    Memory is safe without `record_stream`: a side stream's output is freed only after its readers were enqueued
+    on the current stream, and the side stream's next work (the next fork) waits for everything enqueued there.
+    """
+    if len(linears) < 2 or not (_parallel and _active()) or x.device.type != "cuda" or torch.compiler.is_compiling():
+        return tuple(linear(x) for linear in linears)
+    main = torch.cuda.current_stream(x.device)
+    sides = _streams(x.device, len(linears) - 1)
+    outputs: list[torch.Tensor | None] = [None] * len(linears)
+    for i, (linear, side) in enumerate(zip(linears[1:], sides), start=1):
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            outputs[i] = linear(x)
+    outputs[0] = linears[0](x)
+    for side in sides:
+        main.wait_stream(side)
+    return tuple(outputs)
+
+
 def fusable_modules(model: nn.Module) -> list[nn.Module]:
     """The modules of `model` whose forward `fused_regions` swaps for the compiled one.
 
@@ -103,18 +156,22 @@ def _class_forward(cls: type) -> Callable:
 
 
 @contextlib.contextmanager
-def fused_regions(model: nn.Module, modules: list[nn.Module] | None = None) -> Iterator[None]:
+def fused_regions(model: nn.Module, modules: list[nn.Module] | None = None,
+                  forwards: dict[nn.Module, Callable] | None = None) -> Iterator[None]:
     """Within the block, `model`'s fusable modules (`fusable_modules`, or the given list) and the `@fusable`
-    functions run compiled. Instance forwards are put back on exit, whatever happens. Not for concurrent use on
-    one model (as `ModelAdapter.suppress_attention`): the static runner that uses it is leased to one call."""
+    functions run compiled; a module in `forwards` (module -> function(module, *args)) runs that function instead
+    (`ModelAdapter.fused_forwards`). Instance forwards are put back on exit, whatever happens. Not for concurrent
+    use on one model (as `ModelAdapter.suppress_attention`): the static runner that uses it is leased to one call."""
     modules = fusable_modules(model) if modules is None else modules
+    forwards = forwards or {}
     swapped = []
     _state.depth = getattr(_state, "depth", 0) + 1
     try:
         for m in modules:
             if "forward" in m.__dict__:  # wrapped since the list was made (a hook, another tool): leave it be
                 continue
-            m.forward = functools.partial(_class_forward(type(m)), m)
+            forward = forwards.get(m)
+            m.forward = functools.partial(forward if forward is not None else _class_forward(type(m)), m)
             swapped.append(m)
         yield
     finally:

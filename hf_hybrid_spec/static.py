@@ -37,7 +37,7 @@ from transformers.utils import logging
 
 from .cache import HybridTreeCache, StaticKVMixin, TreeState, _TreeBook
 from .forward import forward_tokens
-from .fusion import fusable_modules, fused_regions
+from .fusion import fusable_modules, fused_regions, parallel_enabled
 from .graphs import Leased, capture
 from .kernels.backend import resolve
 from .kernels.tree import ancestor_mask
@@ -143,7 +143,7 @@ class StaticTreeRunner(Leased):
     ):
         if not cache.is_static:
             raise ValueError("StaticTreeRunner needs a HybridTreeCache built with static_length")
-        get_adapter(model)  # route the recurrent mixers (else a tree forward would run the stock, stateful one)
+        adapter = get_adapter(model)  # route the recurrent mixers (else a tree forward would run the stock one)
         self.model = model
         self.cache = cache
         self.device = model.device
@@ -157,6 +157,7 @@ class StaticTreeRunner(Leased):
         self.use_graphs = use_graphs
         self.fuse = fuse
         self._fused_modules = fusable_modules(model) if fuse else None
+        self._fused_forwards = adapter.fused_forwards(model) if fuse and parallel_enabled() else {}
         max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
         self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype) for n in self.buckets}
         # [layers, 1, max_length, hidden]: the history_layers' hidden states of the committed tokens, by position.
@@ -313,7 +314,8 @@ class StaticTreeRunner(Leased):
         mask, positions = bucket.prepare()
         cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
         self.cache._book.pending = {}
-        fused = fused_regions(self.model, self._fused_modules) if self.fuse else contextlib.nullcontext()
+        fused = (fused_regions(self.model, self._fused_modules, self._fused_forwards) if self.fuse
+                 else contextlib.nullcontext())
         try:
             with fused:
                 out = forward_tokens(

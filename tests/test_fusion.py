@@ -138,3 +138,57 @@ def test_compile_verify_under_cuda_graphs_matches_plain_greedy(family):
                          assistant_config=H.AssistantConfig(compile=True, compile_verify=True, max_draft_tokens=31))
     assert torch.equal(out.sequences, ref)
     assert 1 <= out.spec_stats.graph_captures <= 4 < out.spec_stats.target_forwards
+
+
+def test_parallel_linears_are_the_projections_in_order():
+    linears = [torch.nn.Linear(16, n) for n in (32, 8, 4)]
+    x = torch.randn(2, 5, 16)
+    expected = [lin(x) for lin in linears]
+    for out in (fusion.parallel_linears(x, *linears), _in_regions(lambda: fusion.parallel_linears(x, *linears))):
+        assert len(out) == 3 and all(torch.equal(a, b) for a, b in zip(out, expected))
+
+
+def _in_regions(fn):
+    with fusion.fused_regions(torch.nn.Linear(1, 1)):
+        return fn()
+
+
+@pytest.mark.parametrize("family,mlp,forward", [("qwen3_5_text", "Qwen3_5MLP", "gated_silu_mlp"),
+                                                ("falcon_h1", "FalconH1MLP", "multiplied_gated_silu_mlp")])
+def test_adapters_run_their_mlps_with_parallel_projections_in_fused_regions(family, mlp, forward):
+    from hf_hybrid_spec.models import get_adapter, mlp as mlps
+
+    model = tiny_model(family)
+    forwards = get_adapter(model).fused_forwards(model)
+    modules = [m for m in model.modules() if type(m).__name__ == mlp]
+    assert modules and set(forwards) == set(modules)
+    assert all(f is getattr(mlps, forward) for f in forwards.values())
+    x = torch.randn(1, 3, model.config.hidden_size)
+    with torch.no_grad():
+        ref = modules[0](x)
+        with fusion.fused_regions(model, fusion.fusable_modules(model), forwards):
+            assert modules[0].forward.func is getattr(mlps, forward)
+            out = modules[0](x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    # Another activation than silu: the MLP keeps its compiled class forward.
+    modules[0].act_fn = torch.nn.GELU()
+    assert modules[0] not in get_adapter(model).fused_forwards(model)
+
+
+@pytest.mark.skipif(not CUDA, reason="streams need a GPU")
+def test_parallel_linears_on_side_streams_eagerly_and_in_a_captured_graph():
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(256, n, bias=False).cuda() for n in (1024, 512, 16, 16)]
+    x = torch.randn(9, 256, device="cuda")
+    expected = [lin(x) for lin in linears]
+    with fusion.fused_regions(torch.nn.Linear(1, 1)):
+        eager = fusion.parallel_linears(x, *linears)
+        assert all(torch.equal(a, b) for a, b in zip(eager, expected))
+        static_x = x.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fusion.parallel_linears(static_x, *linears)
+    static_x.copy_(2 * x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.allclose(a, 2 * b, rtol=1e-5, atol=1e-5) for a, b in zip(captured, expected))

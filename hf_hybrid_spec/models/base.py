@@ -83,6 +83,8 @@ class ModelAdapter:
         layer_tuple_length: 0 where the family's decoder layer returns the hidden states tensor; n where it
             returns an n-tuple with the hidden states first (what a layer skipped by "skip_layer" returns, with
             None in the other places).
+        mlps: class name of MLP modules -> the forward they run in the fused verify forward (`models.mlp`: the same
+            function, its projections in parallel; used where `mlp.applies` holds).
     """
 
     name: str
@@ -91,6 +93,14 @@ class ModelAdapter:
     kind: str = "sequential"
     attention: tuple[str, ...] = ()
     layer_tuple_length: int = 0
+    mlps: dict[str, Callable] = field(default_factory=dict)
+
+    def fused_forwards(self, model: nn.Module) -> dict[nn.Module, Callable]:
+        """The modules of `model` that run an `mlps` forward inside `fusion.fused_regions`, with that forward."""
+        from .mlp import applies
+
+        return {m: self.mlps[type(m).__name__] for m in model.modules()
+                if type(m).__name__ in self.mlps and applies(m)}
 
     def mixer_modules(self, model: nn.Module) -> list[nn.Module]:
         return [m for m in model.modules() if type(m).__name__ in self.mixers]

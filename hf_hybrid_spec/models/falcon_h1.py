@@ -8,6 +8,7 @@ from torch import nn
 
 from .base import ModelAdapter
 from .mamba2 import make_mamba2_tree_forward, norm_gate, silu_gate
+from .mlp import multiplied_gated_silu_mlp
 
 
 def project(mod: nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -25,4 +26,5 @@ ADAPTER = ModelAdapter(
     kind="parallel",
     attention=("FalconH1Attention",),
     layer_tuple_length=1,
+    mlps={"FalconH1MLP": multiplied_gated_silu_mlp},
 )

@@ -1,0 +1,109 @@
+"""A/B of the fused verify forward with and without the parallel projections (`fusion.parallel_linears`), same
+process, same weights: graph replays of each tree-size bucket, the two runners timed in alternating rounds.
+
+B is the fused forward as it was before them (projections in order, MLPs on their compiled class forward); A is the
+default. Also checks that the two forwards' logits agree (bf16 rounding of the fused activation aside).
+
+    python scripts/ab_parallel_linears.py --model random:qwen3_5-2b --tokenizer ../models/qwen3_5-small
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from hf_hybrid_spec import fusion
+from hf_hybrid_spec.bench import encode_prompts, load_model, measure_copy_bandwidth_gbps, weight_floor_ms
+from hf_hybrid_spec.cache import HybridTreeCache
+from hf_hybrid_spec.drafters.base import DraftTree
+from hf_hybrid_spec.forward import forward_tokens
+from hf_hybrid_spec.static import StaticTreeRunner
+from hf_hybrid_spec.tree import build_verify_tree
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a model folder, or random:<shape> as the bench takes")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer for random:<shape> models")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--buckets", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--prompt-tokens", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=20, help="replays per round")
+    parser.add_argument("--device", default="cuda", help="cuda (the measurement); cpu runs it as a smoke test")
+    args = parser.parse_args()
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        parser.error("no GPU here: the A/B needs one (--device cpu runs it as a smoke test)")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    model, tok = load_model(args.model, getattr(torch, args.dtype), args.device, None)
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    ids = encode_prompts(tok, 1, args.device, model.config.get_text_config().vocab_size, args.prompt_tokens)[0]
+    prefix = ids.shape[1]
+    buckets = tuple(sorted(args.buckets))
+
+    def runner(parallel: bool) -> StaticTreeRunner:
+        fusion.set_parallel(parallel)
+        cache = HybridTreeCache(model.config, static_length=prefix + 2 * max(buckets))
+        r = StaticTreeRunner(model, cache, buckets, fuse=True)
+        with torch.no_grad():
+            forward_tokens(model, ids, cache, logits_to_keep=1)
+        return r
+
+    trees = {}
+    for n in buckets:
+        draft = DraftTree(tokens=torch.ones(1, n - 1, dtype=torch.long),
+                          parents=(torch.arange(n - 1) - 1).view(1, -1))
+        trees[n] = build_verify_tree(ids[0, -1:].cpu(), draft)
+
+    def forwards(r: StaticTreeRunner, n: int, reps: int):
+        out = None
+        with torch.no_grad():
+            for _ in range(reps):
+                out = r.forward(trees[n], prefix, prefix)
+                r.abort()
+        return out
+
+    runners = {"sequential": runner(False), "parallel": runner(True)}
+    fusion.set_parallel(True)
+    logits = {}
+    for name, r in runners.items():
+        for n in buckets:
+            out = forwards(r, n, 3)  # compiles, captures
+        logits[name] = getattr(out, "logits", out).float().clone()
+    diff = (logits["parallel"] - logits["sequential"]).abs().max().item()
+    agree = (logits["parallel"].argmax(-1) == logits["sequential"].argmax(-1)).float().mean().item()
+    times = {(name, n): [] for name in runners for n in buckets}
+    for _ in range(args.rounds):
+        for n in buckets:
+            for name, r in runners.items():
+                sync()
+                t = time.perf_counter()
+                forwards(r, n, args.reps)
+                sync()
+                times[(name, n)].append(1e3 * (time.perf_counter() - t) / args.reps)
+    floor = weight_floor_ms(model, measure_copy_bandwidth_gbps(args.device)) if cuda else float("nan")
+    print(f"{args.model} {args.dtype}: weight floor {floor:.3f} ms; logits max |A - B| {diff:.3g}, "
+          f"argmax agreement {agree:.3f}")
+    print("| nodes | sequential ms | parallel ms | parallel / sequential | parallel x floor |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    summary = {}
+    for n in buckets:
+        seq, par = (statistics.median(times[(name, n)]) for name in ("sequential", "parallel"))
+        summary[n] = dict(sequential_ms=round(seq, 4), parallel_ms=round(par, 4), ratio=round(par / seq, 4),
+                          x_floor=round(par / floor, 3))
+        print(f"| {n} | {seq:.3f} | {par:.3f} | {par / seq:.3f} | {par / floor:.2f} |")
+    print(json.dumps(dict(model=args.model, floor_ms=round(floor, 4), logits_max_diff=diff, argmax_agreement=agree,
+                          buckets=summary)))
+
+
+if __name__ == "__main__":
+    main()
