@@ -42,6 +42,7 @@ from .graphs import Leased, capture
 from .kernels.backend import resolve
 from .kernels.tree import ancestor_mask
 from .models import get_adapter
+from .models.tree_attention import routed_attention, tree_attention_enabled
 from .tree import VerifyTree
 
 logger = logging.get_logger(__name__)
@@ -158,6 +159,8 @@ class StaticTreeRunner(Leased):
         self.fuse = fuse
         self._fused_modules = fusable_modules(model) if fuse else None
         self._fused_forwards = adapter.fused_forwards(model) if fuse and parallel_enabled() else {}
+        # ...and its attention layers on our tree-attention kernel (`models.tree_attention`).
+        self._fused_attention = adapter.attention_modules(model) if fuse and tree_attention_enabled() else []
         max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
         self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype) for n in self.buckets}
         # [layers, 1, max_length, hidden]: the history_layers' hidden states of the committed tokens, by position.
@@ -314,10 +317,11 @@ class StaticTreeRunner(Leased):
         mask, positions = bucket.prepare()
         cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
         self.cache._book.pending = {}
-        fused = (fused_regions(self.model, self._fused_modules, self._fused_forwards) if self.fuse
-                 else contextlib.nullcontext())
         try:
-            with fused:
+            with contextlib.ExitStack() as fused:
+                if self.fuse:
+                    fused.enter_context(fused_regions(self.model, self._fused_modules, self._fused_forwards))
+                    fused.enter_context(routed_attention(self._fused_attention))
                 out = forward_tokens(
                     self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
                     logits_to_keep=0, output_hidden_states=self.output_hidden_states or bool(self.history_layers),

@@ -1,8 +1,13 @@
-"""A/B of the fused verify forward with and without the parallel projections (`fusion.parallel_linears`), same
-process, same weights: graph replays of each tree-size bucket, the two runners timed in alternating rounds.
+"""A/B/C of the fused verify forward (`compile_verify`), same process, same weights: graph replays of each
+tree-size bucket, the runners timed in alternating rounds.
 
-B is the fused forward as it was before them (projections in order, MLPs on their compiled class forward); A is the
-default. Also checks that the two forwards' logits agree (bf16 rounding of the fused activation aside).
+- "fused": as it was before the two additions below (projections in order, MLPs on their compiled class forward,
+  attention on sdpa);
+- "+parallel": the independent projections on side streams (`fusion.parallel_linears`, `models.mlp`);
+- "+parallel+attention" (the default): also the attention layers on our tree-attention kernel
+  (`models.tree_attention`).
+
+Also checks that the variants' logits agree (argmax agreement and the largest difference).
 
     python scripts/ab_parallel_linears.py --model random:qwen3_5-2b --tokenizer ../models/qwen3_5-small
 """
@@ -21,6 +26,7 @@ from hf_hybrid_spec.bench import encode_prompts, load_model, measure_copy_bandwi
 from hf_hybrid_spec.cache import HybridTreeCache
 from hf_hybrid_spec.drafters.base import DraftTree
 from hf_hybrid_spec.forward import forward_tokens
+from hf_hybrid_spec.models import tree_attention
 from hf_hybrid_spec.static import StaticTreeRunner
 from hf_hybrid_spec.tree import build_verify_tree
 
@@ -50,8 +56,9 @@ def main() -> None:
     prefix = ids.shape[1]
     buckets = tuple(sorted(args.buckets))
 
-    def runner(parallel: bool) -> StaticTreeRunner:
+    def runner(parallel: bool, attention: bool) -> StaticTreeRunner:
         fusion.set_parallel(parallel)
+        tree_attention.set_tree_attention(attention)
         cache = HybridTreeCache(model.config, static_length=prefix + 2 * max(buckets))
         r = StaticTreeRunner(model, cache, buckets, fuse=True)
         with torch.no_grad():
@@ -72,15 +79,17 @@ def main() -> None:
                 r.abort()
         return out
 
-    runners = {"sequential": runner(False), "parallel": runner(True)}
+    runners = {"fused": runner(False, False), "+parallel": runner(True, False),
+               "+parallel+attention": runner(True, True)}
     fusion.set_parallel(True)
+    tree_attention.set_tree_attention(True)
     logits = {}
     for name, r in runners.items():
         for n in buckets:
             out = forwards(r, n, 3)  # compiles, captures
         logits[name] = getattr(out, "logits", out).float().clone()
-    diff = (logits["parallel"] - logits["sequential"]).abs().max().item()
-    agree = (logits["parallel"].argmax(-1) == logits["sequential"].argmax(-1)).float().mean().item()
+    diff = {name: (logits[name] - logits["fused"]).abs().max().item() for name in runners}
+    agree = {name: (logits[name].argmax(-1) == logits["fused"].argmax(-1)).float().mean().item() for name in runners}
     times = {(name, n): [] for name in runners for n in buckets}
     for _ in range(args.rounds):
         for n in buckets:
@@ -91,16 +100,19 @@ def main() -> None:
                 sync()
                 times[(name, n)].append(1e3 * (time.perf_counter() - t) / args.reps)
     floor = weight_floor_ms(model, measure_copy_bandwidth_gbps(args.device)) if cuda else float("nan")
-    print(f"{args.model} {args.dtype}: weight floor {floor:.3f} ms; logits max |A - B| {diff:.3g}, "
-          f"argmax agreement {agree:.3f}")
-    print("| nodes | sequential ms | parallel ms | parallel / sequential | parallel x floor |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print(f"{args.model} {args.dtype}: weight floor {floor:.3f} ms; logits vs 'fused', max |diff| {diff}, argmax "
+          f"agreement {agree}")
+    names = list(runners)
+    print("| nodes | " + " | ".join(f"{name} ms" for name in names) + " | default / fused | default x floor |")
+    print("| ---: |" + " ---: |" * (len(names) + 2))
     summary = {}
     for n in buckets:
-        seq, par = (statistics.median(times[(name, n)]) for name in ("sequential", "parallel"))
-        summary[n] = dict(sequential_ms=round(seq, 4), parallel_ms=round(par, 4), ratio=round(par / seq, 4),
-                          x_floor=round(par / floor, 3))
-        print(f"| {n} | {seq:.3f} | {par:.3f} | {par / seq:.3f} | {par / floor:.2f} |")
+        ms = {name: statistics.median(times[(name, n)]) for name in names}
+        last = ms[names[-1]]
+        summary[n] = {**{name: round(v, 4) for name, v in ms.items()}, "ratio": round(last / ms["fused"], 4),
+                      "x_floor": round(last / floor, 3)}
+        print(f"| {n} | " + " | ".join(f"{ms[name]:.3f}" for name in names)
+              + f" | {last / ms['fused']:.3f} | {last / floor:.2f} |")
     print(json.dumps(dict(model=args.model, floor_ms=round(floor, 4), logits_max_diff=diff, argmax_agreement=agree,
                           buckets=summary)))
 

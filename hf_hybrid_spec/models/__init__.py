@@ -26,7 +26,8 @@ ADAPTERS: tuple[ModelAdapter, ...] = (
 _BY_TYPE = {t: a for a in ADAPTERS for t in a.model_types}
 
 # 4D tree masks need an attention kernel that takes an arbitrary additive mask.
-TREE_ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", None)
+# (tree_attention.TREE_ATTENTION: sdpa layers while the fused verify forward routes them to our kernel.)
+TREE_ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", None, "hf_hybrid_spec_tree")
 
 
 def supported_model_types() -> list[str]:
