@@ -90,9 +90,11 @@ class AssistantConfig:
             default: turn it on for a server that keeps the process.
         compile_verify: with `compile`, also compile the target's pure regions inside the verify forward with
             Inductor (`hf_hybrid_spec.fusion`: the RMSNorms, gated norms, MLPs and the mixers' gate math become
-            fused kernels before the forward is captured: the 8-node verify of a 2B Qwen3.5 shape went from 4.9 to
-            3.1 ms on an H200, qwen3_5-small's from 1.25 to 0.68). Numerics are a compiled model's (the fused
-            reductions round differently in the last bits, as stock static+compile's do), and it costs a few
+            fused kernels before the forward is captured), run each layer's independent projections side by side
+            (`fusion.parallel_linears`) and its attention on our tree-attention kernel (`models.tree_attention`):
+            the 8-node verify of a 2B Qwen3.5 shape went from 4.9 to 2.5 ms on an H200 (2.7x its weight-read
+            floor), qwen3_5-small's from 1.25 to 0.56. Numerics are a compiled model's (fused reductions and another
+            attention kernel round differently in the last bits, as stock static+compile's do), and it costs a few
             Inductor compiles per process (one per module class, all tree sizes): opt-in. It pays on a GPU; on a
             CPU (no graphs) the compiled regions are not faster at these sizes (dynamo's guards run every step).
 

@@ -61,7 +61,7 @@ def test_triton_tree_attention_refuses_mismatched_shapes():
 def test_routed_attention_runs_the_kernel_inside_a_model_and_matches_sdpa(family, monkeypatch):
     """The model's attention layers through `routed_attention`, the kernel forced on this device (on CPU: the
     interpreter), against the same forward on sdpa: same logits; the configs are put back after."""
-    model = tiny_model(family)
+    model = tiny_model(family).to(DEVICE)  # on a GPU the kernel compiles; on CPU the interpreter runs it
     modules = get_adapter(model).attention_modules(model)
     assert modules and model.config._attn_implementation == "sdpa"
     calls = []
@@ -72,7 +72,7 @@ def test_routed_attention_runs_the_kernel_inside_a_model_and_matches_sdpa(family
 
     monkeypatch.setattr(tree_attention, "kernel_applies", applies)
     n, prefix = 6, 9
-    ids = torch.randint(2, 90, (1, prefix + n), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(2, 90, (1, prefix + n), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     # A tree mask: the prefix, then each node sees itself and (as a chain with one branch) its ancestors.
     parent = [-1, 0, 1, 1, 3, 4]
     allowed = torch.zeros(n, prefix + n, dtype=torch.bool)
@@ -82,10 +82,9 @@ def test_routed_attention_runs_the_kernel_inside_a_model_and_matches_sdpa(family
         while j >= 0:
             allowed[i, prefix + j] = True
             j = parent[j]
-    mask = torch.zeros(1, 1, n, prefix + n).masked_fill(~allowed, torch.finfo(torch.float32).min)
     full = torch.ones(1, 1, prefix + n, prefix + n).tril().bool()
     full[0, 0, prefix:] = allowed
-    mask = torch.zeros(full.shape).masked_fill(~full, torch.finfo(torch.float32).min)
+    mask = torch.zeros(full.shape).masked_fill(~full, torch.finfo(torch.float32).min).to(DEVICE)
     with torch.no_grad():
         ref = model(ids, attention_mask=mask).logits
         with tree_attention.routed_attention(modules):
