@@ -41,6 +41,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--reps", type=int, default=20, help="replays per round")
     parser.add_argument("--device", default="cuda", help="cuda (the measurement); cpu runs it as a smoke test")
+    parser.add_argument("--fp32-reference", action="store_true",
+                        help="also compare every variant's logits with an fp32 copy of the model's plain (unfused, "
+                             "sdpa) verify forward of the largest bucket: the variants' rounding against the truth")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
@@ -90,6 +93,21 @@ def main() -> None:
         logits[name] = getattr(out, "logits", out).float().clone()
     diff = {name: (logits[name] - logits["fused"]).abs().max().item() for name in runners}
     agree = {name: (logits[name].argmax(-1) == logits["fused"].argmax(-1)).float().mean().item() for name in runners}
+    vs_fp32 = {}
+    if args.fp32_reference:
+        import copy
+
+        exact = copy.deepcopy(model).float()
+        cache = HybridTreeCache(exact.config, static_length=prefix + 2 * max(buckets))
+        plain = StaticTreeRunner(exact, cache, buckets, use_graphs=False)
+        with torch.no_grad():
+            forward_tokens(exact, ids, cache, logits_to_keep=1)
+        ref = forwards(plain, max(buckets), 1).logits.float()
+        vs_fp32 = {name: dict(max_diff=round((logits[name] - ref).abs().max().item(), 4),
+                              argmax_agreement=round((logits[name].argmax(-1) == ref.argmax(-1)).float().mean().item(),
+                                                     4)) for name in runners}
+        print(f"logits of the {max(buckets)}-node bucket vs the fp32 plain forward: {vs_fp32}")
+        del exact, plain, cache
     times = {(name, n): [] for name in runners for n in buckets}
     for _ in range(args.rounds):
         for n in buckets:
@@ -114,7 +132,7 @@ def main() -> None:
         print(f"| {n} | " + " | ".join(f"{ms[name]:.3f}" for name in names)
               + f" | {last / ms['fused']:.3f} | {last / floor:.2f} |")
     print(json.dumps(dict(model=args.model, floor_ms=round(floor, 4), logits_max_diff=diff, argmax_agreement=agree,
-                          buckets=summary)))
+                          vs_fp32=vs_fp32, buckets=summary)))
 
 
 if __name__ == "__main__":

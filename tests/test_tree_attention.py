@@ -107,3 +107,28 @@ def test_kernel_applies_only_where_the_kernel_computes_the_same():
         assert not tree_attention.kernel_applies(q, k, k, mask, 0.1, {})
         assert not tree_attention.kernel_applies(q, k, k, mask, 0.0, {"sliding_window": 4})
         assert not tree_attention.kernel_applies(q, k, k, mask[..., :5], 0.0, {})
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_compile_verify_with_the_attention_kernel_matches_plain_greedy(family, monkeypatch):
+    """The static runner's fused verify forward with its attention on the kernel (forced on the CPU: the
+    interpreter; the runner's own tree mask over its static slots, every bucket): stock greedy's output."""
+    import hf_hybrid_spec as H
+    from drafting import RandomTreeDrafter
+
+    calls = []
+
+    def applies(*args):
+        calls.append(tree_attention.kernel_supports(*args))
+        return calls[-1]
+
+    monkeypatch.setattr(tree_attention, "kernel_applies", applies)
+    model = tiny_model(family).to(DEVICE)
+    ids = torch.randint(2, 96, (1, 12), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    ref = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    cfg = H.AssistantConfig(compile=True, compile_verify=True, compile_buckets=(4, 8, 16), max_draft_tokens=15)
+    out = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None,
+                         custom_generate=H.speculative_generate, assistant_config=cfg,
+                         drafter=RandomTreeDrafter(96, reference=ref.cpu(), max_nodes=14))
+    assert torch.equal(out, ref)
+    assert calls and all(calls)  # every attention call of the verify forwards went to the kernel
