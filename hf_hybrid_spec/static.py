@@ -129,7 +129,8 @@ class StaticTreeRunner(Leased):
             the runner keeps (`committed_hidden`), written by the commit; for drafters that read the target's
             hidden states.
         use_graphs: capture CUDA graphs (default: when the model is on CUDA).
-        fuse: run the model's pure regions Inductor-compiled in the verify forward (`hf_hybrid_spec.fusion`).
+        fuse: run the model's pure regions Inductor-compiled in the verify forward (`hf_hybrid_spec.fusion`), its
+            independent projections side by side and its attention on the tree-attention kernel.
     """
 
     def __init__(
@@ -158,8 +159,9 @@ class StaticTreeRunner(Leased):
         self.use_graphs = use_graphs
         self.fuse = fuse
         self._fused_modules = fusable_modules(model) if fuse else None
+        # With fuse, the MLPs run their adapter's forward (projections in parallel, `models.mlp`)...
         self._fused_forwards = adapter.fused_forwards(model) if fuse and parallel_enabled() else {}
-        # ...and its attention layers on our tree-attention kernel (`models.tree_attention`).
+        # ...and the attention layers our tree-attention kernel (`models.tree_attention`).
         self._fused_attention = adapter.attention_modules(model) if fuse and tree_attention_enabled() else []
         max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
         self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype) for n in self.buckets}

@@ -10,6 +10,7 @@ from torch import nn
 
 from . import attention, bamba, falcon_h1, granitemoehybrid, lfm2, nemotron_h, qwen3_5, qwen3_next
 from .base import ModelAdapter
+from .tree_attention import TREE_ATTENTION
 
 __all__ = ["ModelAdapter", "get_adapter", "ADAPTERS", "supported_model_types"]
 
@@ -26,8 +27,8 @@ ADAPTERS: tuple[ModelAdapter, ...] = (
 _BY_TYPE = {t: a for a in ADAPTERS for t in a.model_types}
 
 # 4D tree masks need an attention kernel that takes an arbitrary additive mask.
-# (tree_attention.TREE_ATTENTION: sdpa layers while the fused verify forward routes them to our kernel.)
-TREE_ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", None, "hf_hybrid_spec_tree")
+# (TREE_ATTENTION: sdpa layers while the fused verify forward routes them to our kernel.)
+TREE_ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", None, TREE_ATTENTION)
 
 
 def supported_model_types() -> list[str]:

@@ -1,14 +1,14 @@
 """The verify forward's attention on our tree-attention kernel (`kernels.attention`), through transformers'
 `AttentionInterface`.
 
-`routed_attention(model)` switches the attention layers of `model` to the implementation registered here as
+`routed_attention(modules)` switches the given attention layers to the implementation registered here as
 `TREE_ATTENTION` for the duration of a block (the static runner's fused verify forward: its warm-up and graph
 capture, `AssistantConfig(compile_verify=True)`), and back afterwards. The registered function runs the Triton kernel
 where it applies (CUDA, an additive 4D mask of the tree's shape, no dropout, sliding window or soft-capping) and
 otherwise sdpa, the layers' own implementation (only layers on sdpa are switched), so a call it cannot serve
-computes what it did before.
-The tree's mask is always given as a prepared 4D tensor, which transformers' mask creation returns as is whatever
-the implementation (a mask function is registered under the same name all the same).
+computes what it did before. The tree's mask is always given as a prepared 4D tensor, which transformers' mask
+creation returns as is whatever the implementation (a mask function is registered under the same name all the
+same).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from torch import nn
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = ["TREE_ATTENTION", "routed_attention", "tree_attention_forward", "kernel_applies", "kernel_supports", "set_tree_attention",
-           "tree_attention_enabled"]
+__all__ = ["TREE_ATTENTION", "routed_attention", "tree_attention_forward", "kernel_applies", "kernel_supports",
+           "set_tree_attention", "tree_attention_enabled"]
 
 TREE_ATTENTION = "hf_hybrid_spec_tree"
 _enabled = True
@@ -30,7 +30,8 @@ _enabled = True
 
 def set_tree_attention(enabled: bool) -> None:
     """Route the fused verify forward's attention to the kernel (the default) or not, process-wide, for runners
-    built afterwards; off is the forward as it was before it, for A/B measurements (`scripts/ab_parallel_linears.py`)."""
+    built afterwards; off is the forward as it was before it, for A/B measurements
+    (`scripts/ab_parallel_linears.py`)."""
     global _enabled
     _enabled = bool(enabled)
 
