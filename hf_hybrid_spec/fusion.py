@@ -51,9 +51,9 @@ _parallel = True
 
 
 def set_parallel(enabled: bool) -> None:
-    """Turn the parallel projections on (the default) or off, process-wide, for runners built and graphs captured
-    afterwards (`parallel_enabled`); off is the fused forward as it was before them, for A/B measurements
-    (`scripts/ab_parallel_linears.py`)."""
+    """Turn the parallel projections on (the default) or off, process-wide, for static runners built afterwards
+    (each keeps the setting it was built with, `parallel_enabled`, and hands it to `fused_regions`); off is the
+    fused forward as it was before them, for A/B measurements (`scripts/ab_parallel_linears.py`)."""
     global _parallel
     _parallel = bool(enabled)
 
@@ -114,15 +114,16 @@ def _streams(device: torch.device, count: int) -> list[torch.cuda.Stream]:
 
 
 def parallel_linears(x: torch.Tensor, *linears: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """`tuple(linear(x) for linear in linears)`. Inside `fused_regions` on a GPU the first (give the largest first)
-    runs on the current stream and each other one on a side stream that waits for the current stream's work before
+    """`tuple(linear(x) for linear in linears)`. Inside `fused_regions(..., parallel=True)` on a GPU the first (give
+    the largest first) runs on the current stream and each other one on a side stream that waits for the current stream's work before
     it and is waited for after it: eagerly they overlap, and in a captured graph they are parallel branches
     (CUDA-graph capture follows the fork and the join). Elsewhere they run in order.
 
     Memory is safe without `record_stream`: a side stream's output is freed only after its readers were enqueued
     on the current stream, and the side stream's next work (the next fork) waits for everything enqueued there.
     """
-    if len(linears) < 2 or not (_parallel and _active()) or x.device.type != "cuda" or torch.compiler.is_compiling():
+    parallel = _active() and getattr(_state, "parallel", False)
+    if len(linears) < 2 or not parallel or x.device.type != "cuda" or torch.compiler.is_compiling():
         return tuple(linear(x) for linear in linears)
     main = torch.cuda.current_stream(x.device)
     sides = _streams(x.device, len(linears) - 1)
@@ -157,15 +158,18 @@ def _class_forward(cls: type) -> Callable:
 
 @contextlib.contextmanager
 def fused_regions(model: nn.Module, modules: list[nn.Module] | None = None,
-                  forwards: dict[nn.Module, Callable] | None = None) -> Iterator[None]:
+                  forwards: dict[nn.Module, Callable] | None = None, parallel: bool = True) -> Iterator[None]:
     """Within the block, `model`'s fusable modules (`fusable_modules`, or the given list) and the `@fusable`
     functions run compiled; a module in `forwards` (module -> function(module, *args)) runs that function instead
-    (`ModelAdapter.fused_forwards`). Instance forwards are put back on exit, whatever happens. Not for concurrent
-    use on one model (as `ModelAdapter.suppress_attention`): the static runner that uses it is leased to one call."""
+    (`ModelAdapter.fused_forwards`); `parallel_linears` runs its projections side by side when `parallel`.
+    Instance forwards are put back on exit, whatever happens. Not for concurrent use on one model (as
+    `ModelAdapter.suppress_attention`): the static runner that uses it is leased to one call."""
     modules = fusable_modules(model) if modules is None else modules
     forwards = forwards or {}
     swapped = []
+    outer_parallel = getattr(_state, "parallel", False)
     _state.depth = getattr(_state, "depth", 0) + 1
+    _state.parallel = parallel
     try:
         for m in modules:
             if "forward" in m.__dict__:  # wrapped since the list was made (a hook, another tool): leave it be
@@ -178,3 +182,4 @@ def fused_regions(model: nn.Module, modules: list[nn.Module] | None = None,
         for m in swapped:
             del m.forward
         _state.depth -= 1
+        _state.parallel = outer_parallel

@@ -159,8 +159,10 @@ class StaticTreeRunner(Leased):
         self.use_graphs = use_graphs
         self.fuse = fuse
         self._fused_modules = fusable_modules(model) if fuse else None
-        # With fuse, the MLPs run their adapter's forward (projections in parallel, `models.mlp`)...
-        self._fused_forwards = adapter.fused_forwards(model) if fuse and parallel_enabled() else {}
+        # With fuse, independent projections run side by side (the MLPs through their adapter's forward,
+        # `models.mlp`), as set when the runner was built (`fusion.set_parallel`)...
+        self._parallel = fuse and parallel_enabled()
+        self._fused_forwards = adapter.fused_forwards(model) if self._parallel else {}
         # ...and the attention layers our tree-attention kernel (`models.tree_attention`).
         self._fused_attention = adapter.attention_modules(model) if fuse and tree_attention_enabled() else []
         max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
@@ -322,7 +324,9 @@ class StaticTreeRunner(Leased):
         try:
             with contextlib.ExitStack() as fused:
                 if self.fuse:
-                    fused.enter_context(fused_regions(self.model, self._fused_modules, self._fused_forwards))
+                    regions = fused_regions(self.model, self._fused_modules, self._fused_forwards,
+                                            parallel=self._parallel)
+                    fused.enter_context(regions)
                     fused.enter_context(routed_attention(self._fused_attention))
                 out = forward_tokens(
                     self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,

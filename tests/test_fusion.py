@@ -176,7 +176,7 @@ def test_adapters_run_their_mlps_with_parallel_projections_in_fused_regions(fami
 
 
 @pytest.mark.skipif(not CUDA, reason="streams need a GPU")
-def test_parallel_linears_on_side_streams_eagerly_and_in_a_captured_graph():
+def test_parallel_linears_on_side_streams_eagerly_and_in_a_captured_graph(monkeypatch):
     torch.manual_seed(0)
     linears = [torch.nn.Linear(256, n, bias=False).cuda() for n in (1024, 512, 16, 16)]
     x = torch.randn(9, 256, device="cuda")
@@ -192,3 +192,11 @@ def test_parallel_linears_on_side_streams_eagerly_and_in_a_captured_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert all(torch.allclose(a, 2 * b, rtol=1e-5, atol=1e-5) for a, b in zip(captured, expected))
+    # Regions entered with parallel=False (a runner built after set_parallel(False)) keep every projection in order,
+    # whatever the process-wide setting is when it captures.
+    def no_side_streams(*args):
+        raise AssertionError("a side stream was used with parallel=False")
+
+    monkeypatch.setattr(fusion, "_streams", no_side_streams)
+    with fusion.fused_regions(torch.nn.Linear(1, 1), parallel=False):
+        assert all(torch.equal(a, b) for a, b in zip(fusion.parallel_linears(x, *linears), expected))
