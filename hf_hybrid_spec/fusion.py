@@ -115,9 +115,9 @@ def _streams(device: torch.device, count: int) -> list[torch.cuda.Stream]:
 
 def parallel_linears(x: torch.Tensor, *linears: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """`tuple(linear(x) for linear in linears)`. Inside `fused_regions(..., parallel=True)` on a GPU the first (give
-    the largest first) runs on the current stream and each other one on a side stream that waits for the current stream's work before
-    it and is waited for after it: eagerly they overlap, and in a captured graph they are parallel branches
-    (CUDA-graph capture follows the fork and the join). Elsewhere they run in order.
+    the largest first) runs on the current stream and each other one on a side stream that waits for the current
+    stream's work before it and is waited for after it: eagerly they overlap, and in a captured graph they are
+    parallel branches (CUDA-graph capture follows the fork and the join). Elsewhere they run in order.
 
     Memory is safe without `record_stream`: a side stream's output is freed only after its readers were enqueued
     on the current stream, and the side stream's next work (the next fork) waits for everything enqueued there.

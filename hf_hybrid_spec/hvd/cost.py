@@ -255,8 +255,8 @@ def profile_costs(
     )
     verify = dict(zip(profile.tree_sizes, [round(s, 5) for s in profile.verify_seconds]))
     logger.info("HVD cost profile %s: verify %s s, cache draft %.2e s, model draft %.2e s, model begin %.2e s + "
-                "%.2e s/token", profile.key, verify, profile.cache_draft_seconds, profile.model_draft_seconds, profile.model_begin_seconds,
-                profile.model_begin_seconds_per_token)
+                "%.2e s/token", profile.key, verify, profile.cache_draft_seconds, profile.model_draft_seconds,
+                profile.model_begin_seconds, profile.model_begin_seconds_per_token)
     return profile
 
 

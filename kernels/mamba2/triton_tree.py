@@ -155,8 +155,7 @@ def tree_mamba2_fwd_kernel(
     b_anc = _ancestor_mask(parent + i_b64 * N, o_t, m_t)
     o_th = (i_b64 * N + o_t) * H + i_h
     b_dt = _process_dt(tl.load(dt + (i_b64 * N + o_t) * stride_dtn + i_h, mask=m_t, other=0.0), dt_bias, i_h,
-                       dt_min, dt_max,
-                       HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT)
+                       dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT)
     # Rows past N get dt = 0 (softplus of the 0 they loaded is not 0); nothing descends from them anyway.
     b_dt = tl.where(m_t, b_dt, 0.0)
     # Path cumsum along parent pointers: L = ancestor-mask @ (dt * A).
