@@ -415,8 +415,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="time only the compile=True variants of the drafters (implies --compiled)")
     parser.add_argument("--compile-verify", action="store_true",
                         help="with --compiled / --compiled-only, also time each compiled drafter with "
-                             "AssistantConfig(compile_verify=True) (the target's norms, MLPs and gates fused by "
-                             "Inductor inside the verify graphs; '+graphs+fused' rows)")
+                             "AssistantConfig(compile_verify=True) (the fused verify forward: norms, MLPs and gates "
+                             "compiled by Inductor, parallel projections, the tree-attention kernel; '+graphs+fused' "
+                             "rows)")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer for the code prompts of a random: model (its ids must fit the vocabulary)")
     parser.add_argument("--bucket-sweep", action="store_true",

@@ -134,8 +134,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-drafter", action="store_true",
                    help="with --compile: the EAGLE passes compiled by Inductor before capture (compile_drafter=True)")
     p.add_argument("--compile-verify", action="store_true",
-                   help="with --compile: the target's norms, MLPs and gate math fused by Inductor inside the verify "
-                        "graphs, for every method (compile_verify=True)")
+                   help="with --compile: the fused verify forward for every method (compile_verify=True: norms, "
+                        "MLPs and gate math compiled by Inductor, parallel projections, the tree-attention kernel)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
