@@ -562,3 +562,28 @@ def test_speculative_generate_keeps_sdpa_off_cudnn_and_restores_the_setting():
         assert torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(initial)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_a_deep_copy_of_a_used_model_runs_its_own_weights(family):
+    """Speculation installs routed forwards on the recurrent mixers; a deep copy (TRL's reference model, an EMA copy)
+    must run the copy's weights, in plain forwards and under speculation alike."""
+    import copy
+
+    model = tiny_model(family)
+    ids = ids_of()
+    model.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(1.5)
+        ref = tiny_model(family)
+        ref.load_state_dict(twin.state_dict())
+        assert torch.equal(twin(ids).logits, ref(ids).logits)
+        assert not torch.equal(twin(ids).logits, model(ids).logits)
+    kwargs = dict(max_new_tokens=12, do_sample=False)
+    assert torch.equal(twin.generate(ids, custom_generate=H.speculative_generate, **kwargs),
+                       ref.generate(ids, **kwargs))
+    # and the copy's double() reaches its mixers (the closure it replaced kept calling the original's)
+    with torch.no_grad():
+        assert twin.double()(ids).logits.dtype == torch.float64

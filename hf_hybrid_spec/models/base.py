@@ -69,6 +69,30 @@ def _tree_forward_under_accelerate_hooks(module: nn.Module, tree_forward: TreeFo
     return hook.post_forward(module, out)
 
 
+class _RoutedForward:
+    """A mixer's forward once installed: the tree forward while its cache is in tree mode, the original otherwise.
+
+    An object, not a closure: `copy.deepcopy(model)` (TRL's reference models, EMA copies) copies it with the module,
+    its attributes rebound to the copy (the module through deepcopy's memo, the original bound method to the copied
+    module). A closure would be shared as it is, and the copy would run the original model's weights.
+    """
+
+    def __init__(self, module: nn.Module, original: Callable, tree_forward: TreeForward):
+        self.module, self.original, self.tree_forward = module, original, tree_forward
+        functools.update_wrapper(self, original)
+        setattr(self, ROUTED_FLAG, True)
+
+    def __call__(self, *args, **kwargs):
+        cache = find_mixer_cache(args, kwargs)
+        if isinstance(cache, HybridTreeCache) and cache.in_tree_mode:
+            module = self.module
+            if getattr(module, "_hf_hook", None) is not None:
+                return _tree_forward_under_accelerate_hooks(module, self.tree_forward, cache, args, kwargs)
+            hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            return self.tree_forward(module, hidden_states, cache)
+        return self.original(*args, **kwargs)
+
+
 @dataclass
 class ModelAdapter:
     """How one model family runs a draft tree.
@@ -114,18 +138,7 @@ class ModelAdapter:
 
     @staticmethod
     def _routed(module: nn.Module, original: Callable, tree_forward: TreeForward) -> Callable:
-        @functools.wraps(original)
-        def forward(*args, **kwargs):
-            cache = find_mixer_cache(args, kwargs)
-            if isinstance(cache, HybridTreeCache) and cache.in_tree_mode:
-                if getattr(module, "_hf_hook", None) is not None:
-                    return _tree_forward_under_accelerate_hooks(module, tree_forward, cache, args, kwargs)
-                hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-                return tree_forward(module, hidden_states, cache)
-            return original(*args, **kwargs)
-
-        setattr(forward, ROUTED_FLAG, True)
-        return forward
+        return _RoutedForward(module, original, tree_forward)
 
     # ------------------------------------------------------------------ self-speculation (issue #5)
     def decoder_layers(self, model: nn.Module) -> nn.ModuleList:
