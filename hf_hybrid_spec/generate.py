@@ -28,7 +28,7 @@ from transformers.utils import logging
 
 from .cache import HybridTreeCache
 from .config import AssistantConfig
-from .drafters import DraftBudget, DraftContext, Drafter, TargetHidden, make_drafter
+from .drafters import DraftBudget, DraftContext, Drafter, HistoryHidden, TargetHidden, make_drafter
 from .forward import forward_tokens, forward_tree, sdpa_without_cudnn
 from .kernels import use_backend
 from .models import ModelAdapter, get_adapter
@@ -361,7 +361,8 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         if draft is None or (draft.num_nodes == 0 and draft.next_probs is None):
             draft = _empty("cpu")
         else:
-            draft = draft.truncate_depth(budget.max_depth)
+            if not drafter.respects_budget:  # a depth walk per step that budget-keeping drafters do not need
+                draft = draft.truncate_depth(budget.max_depth)
             if draft.num_nodes > budget.max_nodes:
                 draft = draft.select(torch.arange(budget.max_nodes, device=draft.tokens.device))
         t1 = time.perf_counter()
@@ -404,9 +405,9 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
             cache.commit(torch.tensor([result.leaf]).to(device, non_blocking=True), path=result.path)
         else:
             runner.commit(result.path)  # one graph replay on CUDA
-            if want_hidden:
-                path_hidden = TargetHidden(layers=want_hidden,
-                                           states=runner.committed_hidden(length - 1, length - 1 + len(result.path)))
+            if want_hidden:  # sliced from the runner's history when the drafter first reads it
+                path_hidden = HistoryHidden(want_hidden, runner.committed_hidden, length - 1,
+                                            length - 1 + len(result.path))
         t2 = time.perf_counter()
 
         stats.target_forwards += 1

@@ -40,6 +40,7 @@ from .forward import forward_tokens
 from .fusion import fusable_modules, fused_regions, parallel_enabled
 from .graphs import Leased, capture
 from .kernels.backend import resolve
+from .kernels.rows import gather_rows
 from .kernels.tree import ancestor_mask
 from .models import get_adapter
 from .models.tree_attention import routed_attention, tree_attention_enabled
@@ -300,11 +301,10 @@ class StaticTreeRunner(Leased):
         if self.history is not None:
             # The path's hidden states by depth, at the positions its keys and values went to (rows past the leaf
             # land beyond the committed length, as there).
+            # One launch for all layers where the Triton kernel applies (a model split over devices, eager static
+            # path, has its layers' states on their own devices: the PyTorch path reads each on its own).
             states = bucket.out.hidden_states
-            for j, i in enumerate(self.history_layers):
-                # A model split over devices (eager static path) has its layers' states on their own devices.
-                rows = states[i].index_select(1, order.to(states[i].device)).to(self.history.device)
-                self.history[j].index_copy_(1, dst.to(self.history.device), rows)
+            gather_rows(self.history, tuple(states[i] for i in self.history_layers), order, dst)
 
     def _enter_tree(self, bucket: _Bucket, prefix_length: int) -> None:
         if self.cache.in_tree_mode:

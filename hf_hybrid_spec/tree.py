@@ -13,7 +13,16 @@ import torch
 
 from .kernels.tree import ancestor_mask, node_depth, validate_parent
 
-__all__ = ["DraftTree", "VerifyTree", "build_verify_tree", "chain_tree", "empty_draft"]
+__all__ = ["DraftTree", "HostTree", "VerifyTree", "build_verify_tree", "chain_tree", "empty_draft"]
+
+
+@dataclass
+class HostTree:
+    """Batch row 0 of a `DraftTree` as Python lists (see `DraftTree.host`)."""
+
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float] | None
 
 
 @dataclass
@@ -61,6 +70,42 @@ class DraftTree:
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
+
+    def host(self) -> HostTree:
+        """Row 0's tokens, parents and scores as Python lists, read from the tensors once per tree and kept (the
+        tensors are never modified in place). Host-side policies (HVD) walk a draft every step: one read instead of
+        one per walk, and none for drafts built from lists (`from_lists`)."""
+        lists = self.__dict__.get("_host")
+        if lists is None:
+            lists = HostTree(self.tokens[0].tolist(), self.parents[0].tolist(),
+                             None if self.scores is None else self.scores[0].tolist())
+            self.__dict__["_host"] = lists
+        return lists
+
+    @classmethod
+    def from_lists(cls, tokens: list[int], parents: list[int], scores: list[float] | None = None,
+                   info: dict | None = None) -> DraftTree:
+        """A deterministic host-side draft of batch size 1 from Python lists, as cache drafters build one per step.
+
+        Checked on the lists (`-1 <= parents[i] < i`), which for a small tree is several times cheaper than the
+        tensor check of the constructor: the drafting is on the critical path of every step. The lists are kept as
+        `host()`.
+        """
+        if len(parents) != len(tokens) or (scores is not None and len(scores) != len(tokens)):
+            raise ValueError(f"tokens, parents and scores must have one entry per node, got {len(tokens)}, "
+                             f"{len(parents)} and {None if scores is None else len(scores)}")
+        if any(not -1 <= p < i for i, p in enumerate(parents)):
+            raise ValueError("parent[b, i] must satisfy -1 <= parent[b, i] < i (nodes in topological order)")
+        tree = cls.__new__(cls)  # the fields below are every field; the lists were checked above
+        tree.tokens = torch.tensor([tokens], dtype=torch.long).view(1, len(tokens))
+        tree.parents = torch.tensor([parents], dtype=torch.long).view(1, len(parents))
+        tree.probs = tree.next_probs = None
+        tree.scores = None if scores is None else torch.tensor([scores], dtype=torch.float32).view(1, len(scores))
+        tree.info = info
+        # Scores as the float32 tensor holds them: features read from either agree to the bit.
+        tree.__dict__["_host"] = HostTree(list(tokens), list(parents),
+                                          None if scores is None else tree.scores[0].tolist())
+        return tree
 
     def depth(self) -> torch.Tensor:
         """[B, M] depth of each draft node below the root (children of the root have depth 1)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import AssistantConfig
-from .base import DraftBudget, DraftContext, Drafter, TargetHidden
+from .base import DraftBudget, DraftContext, Drafter, HistoryHidden, TargetHidden
 from .model import ModelDrafter, check_same_vocabulary
 from .ngram import NgramDrafter
 from .self_spec import LayerSkipDrafter, SelfSSMDrafter
@@ -18,6 +18,7 @@ __all__ = [
     "Drafter",
     "DraftBudget",
     "DraftContext",
+    "HistoryHidden",
     "TargetHidden",
     "SuffixDrafter",
     "NgramDrafter",

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ..cache import HybridTreeCache
     from ..models import ModelAdapter
 
-__all__ = ["Drafter", "DraftBudget", "DraftContext", "TargetHidden"]
+__all__ = ["Drafter", "DraftBudget", "DraftContext", "HistoryHidden", "TargetHidden"]
 
 
 @dataclass
@@ -66,6 +66,40 @@ class TargetHidden:
     states: tuple[torch.Tensor, ...]
 
 
+class HistoryHidden(TargetHidden):
+    """`TargetHidden` of committed positions `start .. end` that a buffer keeps for the whole request (the static
+    runner's hidden-state history): `read(start, end)` slices it on first access of `states`.
+
+    The loop hands one to the drafter every step; a drafter that defers its accepts (HVD while it verifies cache
+    drafts) hands many at once to its model drafter, and `merge` turns contiguous ones into one slice instead of a
+    concatenation of per-step pieces. Valid while the buffer is (the runner's request).
+    """
+
+    def __init__(self, layers: tuple[int, ...], read, start: int, end: int):
+        self.layers, self.read, self.start, self.end = layers, read, start, end
+        self._states: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def states(self) -> tuple[torch.Tensor, ...]:
+        if self._states is None:
+            self._states = self.read(self.start, self.end)
+        return self._states
+
+    @staticmethod
+    def merge(parts: list[TargetHidden]) -> HistoryHidden | None:
+        """One `HistoryHidden` covering `parts` in order when they are consecutive ranges of one buffer, else None."""
+        first = parts[0] if parts else None
+        if not isinstance(first, HistoryHidden):
+            return None
+        end = first.end
+        for part in parts[1:]:
+            if not isinstance(part, HistoryHidden) or part.read != first.read or part.layers != first.layers \
+                    or part.start != end:
+                return None
+            end = part.end
+        return HistoryHidden(first.layers, first.read, first.start, end)
+
+
 @dataclass
 class DraftBudget:
     """Limits for one proposal.
@@ -93,6 +127,9 @@ class Drafter(ABC):
     name: str = "drafter"
     # Indices into the target's `hidden_states` output this drafter wants (empty: none, and no cost).
     target_hidden_layers: tuple[int, ...] = ()
+    # True when `propose` never exceeds the budget it is given (nodes and depth): callers may then skip their own
+    # trimming pass (HVD's, on every step).
+    respects_budget: bool = False
 
     def begin(self, input_ids: torch.Tensor, context: DraftContext, hidden: TargetHidden | None = None) -> None:
         """A new request starts with prompt `input_ids` [1, L]."""

@@ -244,6 +244,7 @@ class SuffixDrafter(Drafter):
     """See the module docstring. One instance per request."""
 
     name = "suffix"
+    respects_budget = True  # `_grow` stops at the budget's nodes and depth
 
     def __init__(
         self,
@@ -338,12 +339,8 @@ class SuffixDrafter(Drafter):
             return empty_draft(1, input_ids.device)
         score, tokens, parents, probs, source, m = best
         # On the host: the loop trims and lays out the tree there, and moves it to the model's device once.
-        return DraftTree(
-            tokens=torch.tensor([tokens], dtype=torch.long),
-            parents=torch.tensor([parents], dtype=torch.long),
-            scores=torch.tensor([probs], dtype=torch.float32),
-            info={"drafter": "suffix", "source": source, "match_length": m, "score": score},
-        )
+        return DraftTree.from_lists(tokens, parents, probs,
+                                    info={"drafter": "suffix", "source": source, "match_length": m, "score": score})
 
     def _grow(self, trie: SuffixTrie, node: int, match_length: int, budget: DraftBudget):
         cap = min(budget.max_nodes, int(match_length * self.max_spec_factor + self.max_spec_offset))

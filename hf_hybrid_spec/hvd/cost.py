@@ -72,6 +72,7 @@ class CostProfile:
             raise ValueError("profiled seconds must be positive (verify) and >= 0 (drafting)")
         self.tree_sizes = sizes
         self.verify_seconds = [float(s) for s in self.verify_seconds]
+        self._steps: dict[tuple[int, bool], float] = {}  # `step` memo: policies ask for the same few every step
 
     def verify(self, num_nodes: int) -> float:
         """Seconds to verify a tree of `num_nodes` nodes (root included): piecewise linear between the profiled
@@ -90,8 +91,12 @@ class CostProfile:
     def step(self, draft_nodes: int, model_ran: bool) -> float:
         """Seconds of a step that verifies `draft_nodes` draft nodes (plus the root); the cache drafter always
         proposes, the model drafter when `model_ran`."""
-        drafting = self.cache_draft_seconds + (self.model_draft_seconds if model_ran else 0.0)
-        return drafting + self.verify(draft_nodes + 1)
+        key = (draft_nodes, model_ran)
+        seconds = self._steps.get(key)
+        if seconds is None:
+            drafting = self.cache_draft_seconds + (self.model_draft_seconds if model_ran else 0.0)
+            seconds = self._steps[key] = drafting + self.verify(draft_nodes + 1)
+        return seconds
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from ..drafters.base import DraftBudget, DraftContext, Drafter, TargetHidden
+from ..drafters.base import DraftBudget, DraftContext, Drafter, HistoryHidden, TargetHidden
 from ..tree import DraftTree, empty_draft
 from ..verify import VerifyResult
 from .cost import CostProfile, cached_profile, profile_costs, profile_key
@@ -107,6 +107,7 @@ class HybridDrafter(Drafter):
     """
 
     name = "hvd"
+    respects_budget = True  # every tree it returns is trimmed to the step's budget in `propose`
 
     def __init__(self, cache_drafter: Drafter, model_drafter: Drafter, policy: Policy, cost: CostProfile | None = None,
                  model_tokens: int = 24, model_depth: int = 6, cache_tokens: int | None = None,
@@ -188,8 +189,9 @@ class HybridDrafter(Drafter):
             chain = list(range(tokens.shape[0] + 1))
             result = VerifyResult(path=chain, tokens=tokens, score_nodes=chain[:-1])
             # The first accept of a request (the prefill's token) carries no hidden states: the prompt's came at begin.
+            # On the static path they are consecutive ranges of the runner's history: one slice, no concatenation.
             parts = [h for _, h in deferred if h is not None]
-            hidden = None if not parts else TargetHidden(
+            hidden = None if not parts else HistoryHidden.merge(parts) or TargetHidden(
                 layers=parts[0].layers,
                 states=tuple(torch.cat([h.states[i] for h in parts], dim=1) for i in range(len(parts[0].states))),
             )
@@ -201,12 +203,14 @@ class HybridDrafter(Drafter):
         cache_budget = budget if self.cache_tokens is None else DraftBudget(min(self.cache_tokens, budget.max_nodes),
                                                                              budget.max_depth)
         cache = self.cache_drafter.propose(input_ids, cache_budget)
-        shape = tree_shape(cache)
-        if shape.depth > budget.max_depth or shape.num_nodes > cache_budget.max_nodes:
-            cache = cache.truncate_depth(budget.max_depth)
-            if cache.num_nodes > cache_budget.max_nodes:
-                cache = cache.select(torch.arange(cache_budget.max_nodes, device=cache.tokens.device))
+        shape = None  # computed with the features, when a policy reads them
+        if not self.cache_drafter.respects_budget or cache.num_nodes > cache_budget.max_nodes:
             shape = tree_shape(cache)
+            if shape.depth > budget.max_depth or shape.num_nodes > cache_budget.max_nodes:
+                cache = cache.truncate_depth(budget.max_depth)
+                if cache.num_nodes > cache_budget.max_nodes:
+                    cache = cache.select(torch.arange(cache_budget.max_nodes, device=cache.tokens.device))
+                shape = tree_shape(cache)
         position = length - self._prompt_length
         history, prompt_length = self.history, self._prompt_length
         # Computed on first read (policies that can decide without them never pay for them), or for the record.
@@ -253,7 +257,9 @@ class HybridDrafter(Drafter):
         verified = {"cache": pending.cache, "model": pending.model,
                     "merged": pending.merged.tree if pending.merged is not None else None}
 
-        payoffs = {o: None if tree is None else realized_payoff(tree, committed) for o, tree in verified.items()}
+        # The merged tree's payoff is only recorded (the history reads the cache's and the model's).
+        payoffs = {o: None if tree is None or (o == "merged" and not self.record) else realized_payoff(tree, committed)
+                   for o, tree in verified.items()}
         self.history.update(payoffs["cache"] or 0, payoffs["model"], pending.option in ("cache", "merged"), accepted)
         if self.record:
             # An unverified draft that matched every committed token might have matched more: unknown (NaN).

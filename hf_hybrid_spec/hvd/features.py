@@ -76,8 +76,9 @@ def tree_shape(tree: DraftTree | None) -> TreeShape:
     the parent list on the host (HVD reads this every step)."""
     if tree is None or tree.num_nodes == 0:
         return TreeShape()
-    parents = tree.parents[0].tolist()
-    probs = tree.scores[0].tolist() if tree.scores is not None else [1.0] * len(parents)
+    host = tree.host()
+    parents = host.parents
+    probs = host.scores if host.scores is not None else [1.0] * len(parents)
     depth: list[int] = []
     has_child = [False] * len(parents)
     for p in parents:

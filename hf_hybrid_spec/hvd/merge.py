@@ -107,18 +107,24 @@ def merge_drafts(a: DraftTree, b: DraftTree, max_nodes: int) -> MergedDraft:
 
 def tree_children(tree: DraftTree) -> dict[tuple[int, int], int]:
     """{(parent, token): node} of a draft (batch size 1; parent -1 is the root)."""
-    return {(p, t): j for j, (t, p) in enumerate(zip(tree.tokens[0].tolist(), tree.parents[0].tolist()))}
+    host = tree.host()
+    return {(p, t): j for j, (t, p) in enumerate(zip(host.tokens, host.parents))}
 
 
 def realized_payoff(tree: DraftTree | None, tokens: list[int]) -> int:
     """Draft tokens of `tree` that a target continuing with `tokens` accepts (0 for None or an empty tree)."""
     if tree is None or tree.num_nodes == 0:
         return 0
-    children = tree_children(tree)
-    node, accepted = -1, 0
+    host = tree.host()
+    toks, parents = host.tokens, host.parents
+    node, accepted, start = -1, 0, 0
+    # A walk down the lists (HVD settles every step): nodes are in topological order, so a node's children come
+    # after it; among duplicate siblings the first matches, as in greedy verification.
     for tok in tokens:
-        node = children.get((node, tok), -2)
-        if node == -2:
+        for j in range(start, len(toks)):
+            if parents[j] == node and toks[j] == tok:
+                break
+        else:
             break
-        accepted += 1
+        node, start, accepted = j, j + 1, accepted + 1
     return accepted

@@ -1,0 +1,146 @@
+"""The host side of a step, made cheaper for HVD's per-step cost (issue #6): drafts built from lists, their memoized
+host lists, the list walk of `realized_payoff`, the lazily sliced history hidden states, and the one-launch copy of
+the history rows (`kernels.rows`; Triton in the interpreter on CPU, compiled on a GPU)."""
+
+import dataclasses
+import random
+
+import pytest
+import torch
+import test_kernels  # noqa: F401  (on CPU: runs Triton in the interpreter, set before the kernel module loads)
+
+from hf_hybrid_spec.drafters import DraftBudget, HistoryHidden, TargetHidden
+from hf_hybrid_spec.drafters.suffix import SuffixDrafter
+from hf_hybrid_spec.hvd.merge import realized_payoff
+from hf_hybrid_spec.kernels.rows import gather_rows, torch_gather_rows
+from hf_hybrid_spec.kernels.triton_rows import triton_gather_rows
+from hf_hybrid_spec.tree import DraftTree
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def random_tree(rng: random.Random, m: int, vocab: int = 5) -> tuple[list[int], list[int], list[float]]:
+    parents = [rng.randrange(-1, i) for i in range(m)]
+    return [rng.randrange(vocab) for _ in range(m)], parents, [rng.random() for _ in range(m)]
+
+
+def test_from_lists_builds_the_same_tree_as_the_constructor_and_keeps_its_lists():
+    tokens, parents, scores = random_tree(random.Random(0), 9)
+    fast = DraftTree.from_lists(tokens, parents, scores, info={"drafter": "x"})
+    slow = DraftTree(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]),
+                     scores=torch.tensor([scores], dtype=torch.float32), info={"drafter": "x"})
+    assert {f.name for f in dataclasses.fields(DraftTree)} <= set(vars(fast))  # every field set without __init__
+    for name in ("tokens", "parents", "scores"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name))
+        assert getattr(fast, name).dtype == getattr(slow, name).dtype
+    assert fast.info == slow.info and fast.probs is None and fast.next_probs is None
+    assert fast.host() == slow.host()
+    assert fast.host().tokens == tokens and fast.host().parents == parents
+    assert DraftTree.from_lists([], []).num_nodes == 0
+    with pytest.raises(ValueError, match="topological"):
+        DraftTree.from_lists([1, 2], [-1, 1])
+    with pytest.raises(ValueError, match="one entry per node"):
+        DraftTree.from_lists([1, 2], [-1])
+
+
+def test_host_lists_follow_the_tree_through_select_and_copies():
+    tree = DraftTree.from_lists([4, 5, 6], [-1, 0, 0], [0.9, 0.5, 0.4])
+    kept = tree.select(torch.tensor([0, 2]))
+    assert kept.host().tokens == [4, 6] and kept.host().parents == [-1, 0]
+
+
+def reference_payoff(tree: DraftTree, tokens: list[int]) -> int:
+    """The dict walk realized_payoff used before (first matching sibling, as greedy verification takes it)."""
+    children = {}
+    for j, (t, p) in enumerate(zip(tree.tokens[0].tolist(), tree.parents[0].tolist())):
+        children.setdefault((p, t), j)
+    node, accepted = -1, 0
+    for tok in tokens:
+        node = children.get((node, tok), -2)
+        if node == -2:
+            break
+        accepted += 1
+    return accepted
+
+
+def test_realized_payoff_list_walk_matches_the_dict_walk():
+    rng = random.Random(1)
+    checked = 0
+    for _ in range(300):
+        tokens, parents, _ = random_tree(rng, rng.randrange(1, 12), vocab=3)
+        tree = DraftTree.from_lists(tokens, parents)
+        # Continuations that follow a random root path, then go anywhere.
+        node, cont = -1, []
+        while True:
+            kids = [j for j, p in enumerate(parents) if p == node]
+            if not kids or rng.random() < 0.2:
+                break
+            node = rng.choice(kids)
+            cont.append(tokens[node])
+        cont += [rng.randrange(3) for _ in range(2)]
+        assert realized_payoff(tree, cont) == reference_payoff(tree, cont)
+        checked += reference_payoff(tree, cont) > 1
+    assert checked > 30  # the walks went deep, not just one level
+
+
+def test_suffix_drafts_respect_the_budget_they_declare():
+    assert SuffixDrafter.respects_budget
+    drafter = SuffixDrafter(use_global=False, max_depth=8)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 2, 3, 9, 1, 2, 3]])
+    drafter.begin(ids, None, None)
+    for nodes, depth in ((3, 8), (16, 2), (16, 5)):
+        draft = drafter.propose(ids, DraftBudget(max_nodes=nodes, max_depth=depth))
+        assert 0 < draft.num_nodes <= nodes
+        assert int(draft.depth().max()) <= depth
+
+
+def test_history_hidden_reads_lazily_and_merges_consecutive_ranges():
+    buffer = torch.arange(2 * 10 * 3, dtype=torch.float32).view(2, 1, 10, 3)
+    reads = []
+
+    def read(start, end):
+        reads.append((start, end))
+        return tuple(buffer[j, :, start:end] for j in range(2))
+
+    parts = [HistoryHidden((1, 2), read, 2, 4), HistoryHidden((1, 2), read, 4, 5), HistoryHidden((1, 2), read, 5, 8)]
+    assert reads == []
+    merged = HistoryHidden.merge(parts)
+    assert (merged.start, merged.end) == (2, 8) and reads == []
+    assert torch.equal(merged.states[1], buffer[1, :, 2:8]) and reads == [(2, 8)]
+    assert isinstance(merged, TargetHidden) and merged.layers == (1, 2)
+    assert HistoryHidden.merge([parts[0], parts[2]]) is None  # a gap
+    assert HistoryHidden.merge([parts[0], TargetHidden((1, 2), parts[1].states)]) is None
+    assert HistoryHidden.merge([HistoryHidden((1, 2), lambda s, e: (), 4, 5), parts[1]]) is None  # another buffer
+
+
+@pytest.mark.parametrize("layers,n,hidden,dtype", [
+    (3, 8, 64, torch.float32),     # EAGLE-3's three layers, the 8-node bucket
+    (1, 5, 48, torch.float16),     # one layer, hidden size not a power of 2
+    (6, 16, 40, torch.float32),    # more sources than one launch takes
+    (2, 4, 4096, torch.float32),   # several programs along the hidden size
+])
+def test_gather_rows_kernel_matches_the_reference(layers, n, hidden, dtype):
+    gen = torch.Generator().manual_seed(layers + n)
+    sources = tuple(torch.randn(1, n, hidden, generator=gen).to(DEVICE, dtype) for _ in range(layers))
+    order = torch.tensor([0, 2, 1, 0, 0][: min(n, 5)] + [0] * max(0, n - 5), device=DEVICE)
+    dst = torch.randperm(30, generator=gen)[:n].to(DEVICE)
+    expected = torch.zeros(layers, 1, 30, hidden, dtype=dtype, device=DEVICE)
+    torch_gather_rows(expected, sources, order, dst)
+    got = torch.zeros_like(expected)
+    if layers <= 4:
+        triton_gather_rows(got, sources, order, dst)
+        assert torch.equal(got, expected)
+    got.zero_()
+    gather_rows(got, sources, order, dst)  # the dispatcher (Triton on a GPU, PyTorch on CPU)
+    assert torch.equal(got, expected)
+    assert torch.equal(expected[layers - 1, 0, dst[1]], sources[-1][0, 2])
+
+
+def test_gather_rows_checks_shapes():
+    out = torch.zeros(2, 1, 10, 4)
+    with pytest.raises(ValueError, match="2 output layers"):
+        gather_rows(out, (torch.zeros(1, 3, 4),), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="sources must be"):
+        gather_rows(out, (torch.zeros(1, 3, 5),) * 2, torch.zeros(3, dtype=torch.long),
+                    torch.zeros(3, dtype=torch.long))
