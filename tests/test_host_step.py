@@ -95,6 +95,31 @@ def test_suffix_drafts_respect_the_budget_they_declare():
         assert int(draft.depth().max()) <= depth
 
 
+def test_a_subclass_that_overrides_propose_makes_no_budget_promise():
+    import hf_hybrid_spec as H
+    from hf_hybrid_spec.testing import tiny_model
+
+    model = tiny_model("qwen3_5_text")
+    ids = torch.randint(2, 96, (1, 8), generator=torch.Generator().manual_seed(0))
+    ref = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None)[0].tolist()
+
+    class Oracle(SuffixDrafter):
+        """Proposes the next 8 reference tokens whatever the budget (deeper than the last steps allow)."""
+
+        def propose(self, input_ids, budget):
+            nxt = ref[input_ids.shape[1] : input_ids.shape[1] + 8]
+            return DraftTree.from_lists(nxt, list(range(-1, len(nxt) - 1)))
+
+    class Tuned(SuffixDrafter):
+        max_match_length = 16
+
+    assert not Oracle.respects_budget and Tuned.respects_budget and SuffixDrafter.respects_budget
+    # The loop trims what a drafter without the promise proposes beyond the budget: exactly max_new_tokens.
+    out = model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None,
+                         custom_generate=H.speculative_generate, drafter=Oracle(use_global=False))
+    assert out[0].tolist() == ref[: ids.shape[1] + 5]
+
+
 def test_history_hidden_reads_lazily_and_merges_consecutive_ranges():
     buffer = torch.arange(2 * 10 * 3, dtype=torch.float32).view(2, 1, 10, 3)
     reads = []

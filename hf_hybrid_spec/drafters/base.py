@@ -128,8 +128,14 @@ class Drafter(ABC):
     # Indices into the target's `hidden_states` output this drafter wants (empty: none, and no cost).
     target_hidden_layers: tuple[int, ...] = ()
     # True when `propose` never exceeds the budget it is given (nodes and depth): callers may then skip their own
-    # trimming pass (HVD's, on every step).
+    # trimming pass (the loop's and HVD's, on every step). A promise about a class's own `propose`: a subclass that
+    # overrides `propose` makes none until it sets this itself (`__init_subclass__`).
     respects_budget: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "propose" in cls.__dict__ and "respects_budget" not in cls.__dict__:
+            cls.respects_budget = False
 
     def begin(self, input_ids: torch.Tensor, context: DraftContext, hidden: TargetHidden | None = None) -> None:
         """A new request starts with prompt `input_ids` [1, L]."""
