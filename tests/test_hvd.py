@@ -301,6 +301,10 @@ def test_predictor_round_trips_through_save_and_load(tmp_path):
         loaded.cache_head[0].weight.add_(0.25)
     assert abs(loaded.predict_cache(x[0]) - float(loaded.predict(x)[0, 0])) < 1e-5
     assert abs(loaded.predict_cache(x[0]) - float(out[0, 0])) > 1e-4
+    # ...and a parameter replaced by a new one (not an in-place update)
+    last = loaded.cache_head[-1]
+    last.bias = torch.nn.Parameter(last.bias.detach() + 1.0)
+    assert abs(loaded.predict_cache(x[0]) - float(loaded.predict(x)[0, 0])) < 1e-5
     assert loaded.config.feature_std == [2.0] * len(FEATURE_NAMES) and loaded.config.training == cfg.training
     labels = torch.tensor([[1.0, float("nan"), 2.0]] * 5)
     loss = model(x, labels=labels).loss
