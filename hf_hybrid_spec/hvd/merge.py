@@ -16,7 +16,7 @@ import torch
 
 from ..tree import DraftTree, empty_draft
 
-__all__ = ["MergedDraft", "merge_drafts", "realized_payoff", "tree_children"]
+__all__ = ["MergedDraft", "merge_drafts", "realized_payoff"]
 
 
 @dataclass
@@ -103,12 +103,6 @@ def merge_drafts(a: DraftTree, b: DraftTree, max_nodes: int) -> MergedDraft:
         merged = merged.select(keep.to(device))
         from_a, from_b = from_a[keep], from_b[keep]
     return MergedDraft(tree=merged, from_a=from_a, from_b=from_b)
-
-
-def tree_children(tree: DraftTree) -> dict[tuple[int, int], int]:
-    """{(parent, token): node} of a draft (batch size 1; parent -1 is the root)."""
-    host = tree.host()
-    return {(p, t): j for j, (t, p) in enumerate(zip(host.tokens, host.parents))}
 
 
 def realized_payoff(tree: DraftTree | None, tokens: list[int]) -> int:
