@@ -48,6 +48,16 @@ def test_host_lists_follow_the_tree_through_select_and_copies():
     tree = DraftTree.from_lists([4, 5, 6], [-1, 0, 0], [0.9, 0.5, 0.4])
     kept = tree.select(torch.tensor([0, 2]))
     assert kept.host().tokens == [4, 6] and kept.host().parents == [-1, 0]
+    # HVD's relabeled copy: the same nodes and host lists, deterministic, its own info; the original untouched.
+    sampled = DraftTree(tokens=tree.tokens, parents=tree.parents, probs=torch.rand(1, 3, 7), scores=tree.scores,
+                        info={"drafter": "model"}, next_probs=torch.rand(1, 4, 7))
+    sampled.host()
+    relabeled = sampled.relabeled({"drafter": "hvd"})
+    assert relabeled.tokens is sampled.tokens and relabeled.parents is sampled.parents
+    assert relabeled.scores is sampled.scores and relabeled.host() is sampled.host()
+    assert relabeled.probs is None and relabeled.next_probs is None and relabeled.info == {"drafter": "hvd"}
+    assert sampled.probs is not None and sampled.next_probs is not None and sampled.info == {"drafter": "model"}
+    assert {f.name for f in dataclasses.fields(DraftTree)} <= set(vars(relabeled))
 
 
 def reference_payoff(tree: DraftTree, tokens: list[int]) -> int:

@@ -519,6 +519,24 @@ def test_learned_policy_weighs_predicted_payoff_against_cost():
     assert stale.steps_since_model == 8  # still due: the next weak cache draft gets the probe
     assert LearnedPolicy(FixedPredictor([4.0, 0, 0]), probe_interval=4,
                          probe_budget=1.0).before_model(policy_step(cache, history=stale)) is None
+    # A declined probe is asked again (which needs a prediction) only `probe_recheck` steps later; in between the
+    # memo decides (the model drafter's EMA is 0 here: the cache draft wins at any payoff).
+    counted = CountingPredictor([8.0, 0, 0])
+    rechecking = LearnedPolicy(counted, probe_interval=4, probe_budget=1.0, probe_recheck=3)
+    rechecking.begin()
+    for skipped, asked in ((8, True), (9, False), (10, False), (11, True), (12, False)):
+        stale.steps_since_model = skipped
+        step = policy_step(cache, history=stale)
+        quick = rechecking.quick_cache(step.cache.num_nodes, stale, COST, step.budget, step.model_tokens,
+                                       step.allow_merge, step.model_begun, step.length)
+        calls = counted.calls
+        assert quick != asked and (quick or rechecking.before_model(step) == "cache"), skipped
+        assert counted.calls == calls + asked, skipped
+    stale.steps_since_model = 4  # the model drafter ran since: the next due probe is asked at once
+    assert not rechecking.quick_cache(cache.num_nodes, stale, COST, step.budget, step.model_tokens, True, True, 10)
+    with pytest.raises(ValueError, match="probe_recheck"):
+        LearnedPolicy(counted, probe_recheck=0)
+    stale.steps_since_model = 8
     # A first probe in a request also pays the model drafter's begin over the context (10 tokens x 0.1 s here).
     with_begin = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.1, 1.6], cache_draft_seconds=0.01,
                              model_draft_seconds=0.4, model_begin_seconds_per_token=0.1)
@@ -610,11 +628,58 @@ def test_learned_policy_skips_the_predictor_only_where_no_prediction_could_chang
         features = [0.0] * len(FEATURE_NAMES)
         step.features, step.feature_fn = None, lambda: features
         predictor = CountingPredictor([payoff, 0.0, 0.0])
-        choice = LearnedPolicy(predictor, probe_budget=0.0).before_model(step)
+        policy = LearnedPolicy(predictor, probe_budget=0.0)
+        quick = policy.quick_cache(n, step.history, cost, step.budget, step.model_tokens, step.allow_merge,
+                                   step.model_begun, step.length)
+        choice = policy.before_model(step)
         assert choice == reference_before_model(step, payoff, cost), trial
+        # The memoized fast path (HVD skips building the Step) says "cache" exactly where no prediction is needed,
+        # except before a begin whose cost grows with the context (not memoized: it defers to before_model).
+        per_token_begin = not step.model_begun and cost.model_begin_seconds_per_token > 0
+        assert quick == (choice == "cache" and predictor.calls == 0 and not per_token_begin), trial
         if predictor.calls == 0 and n:
             skipped += 1
             assert choice == "cache" and step.features is None  # neither the features nor the prediction was paid
         elif n:
             predicted += 1
     assert skipped > 20 and predicted > 20, (skipped, predicted)
+
+
+class SlowPathPolicy(LearnedPolicy):
+    """`LearnedPolicy` without its fast path: every step goes through a `Step` and `before_model`."""
+
+    def quick_cache(self, *args) -> bool:
+        return False
+
+
+class CountingQuick(LearnedPolicy):
+    def begin(self):
+        super().begin()
+        self.quick = 0
+
+    def quick_cache(self, *args) -> bool:
+        wins = super().quick_cache(*args)
+        self.quick += wins
+        return wins
+
+
+def test_hvd_fast_path_decides_and_settles_as_the_full_policy(saved_predictor):
+    target = tiny_model("qwen3_5_text")
+    torch.manual_seed(1)
+    eagle = EagleDrafter.from_target(target, draft_vocab_size=VOCAB)
+    ids = repeating_prompt()
+    ref = plain(target, ids, 40)
+    predictor = PayoffPredictor.from_pretrained(saved_predictor)
+    loop = H.AssistantConfig(max_draft_tokens=16, max_depth=8)
+    runs = []
+    for policy in (CountingQuick(predictor, probe_interval=3), SlowPathPolicy(predictor, probe_interval=3)):
+        drafter = hybrid(target, eagle, policy)
+        out = spec(target, ids, 40, assistant_config=loop, drafter=drafter)
+        assert torch.equal(out.sequences, ref)
+        runs.append((drafter.options, drafter.model_runs, out.spec_stats.accepted_lengths, drafter.history))
+    assert runs[0] == runs[1]
+    # Both paths were taken: steps decided by the memo, and steps that ran the model drafter.
+    fast_policy = CountingQuick(predictor, probe_interval=3)
+    drafter = hybrid(target, eagle, fast_policy)
+    spec(target, ids, 40, assistant_config=loop, drafter=drafter)
+    assert 0 < fast_policy.quick < sum(drafter.options.values()) and drafter.model_runs > 0, fast_policy.quick

@@ -108,9 +108,11 @@ class PayoffOutput(ModelOutput):
 
 
 class _FoldedHead:
-    """One head of a `PayoffPredictor` for a single feature vector, on the host in float64 numpy, with the feature
-    normalization folded into the first layer's weights. HVD asks for a prediction every decoding step; the same
-    arithmetic through `torch.nn` costs ~100 us of per-op dispatch for ~1.7k multiply-adds (a GPU step is ~2 ms)."""
+    """One head of a `PayoffPredictor` for a single feature vector, on the host in float64 numpy. HVD asks for a
+    prediction on the steps it cannot decide from the cost model alone; the same arithmetic through `torch.nn` costs
+    ~100 us of per-op dispatch for ~1.7k multiply-adds (a GPU step is ~2 ms). Folded into the weights: the feature
+    normalization and the head's feature subset (the first layer reads the full `FEATURE_NAMES` vector, zero
+    columns for the features it does not use), and GELU's factor 1/2 (into the next layer)."""
 
     def __init__(self, head: nn.Sequential, index: list[int], mean: list[float], std: list[float]):
         linears = [m for m in head if isinstance(m, nn.Linear)]
@@ -118,15 +120,19 @@ class _FoldedHead:
         # dicts directly (module attribute access costs a microsecond each)
         self.linears = [(lin._parameters, lin.weight, lin.bias, lin.weight._version, lin.bias._version)
                         for lin in linears]
-        self.index = np.asarray(index, dtype=np.int64)
-        mean = np.asarray(mean, dtype=np.float64)[self.index]
-        std = np.asarray(std, dtype=np.float64)[self.index]
+        index = np.asarray(index, dtype=np.int64)
+        mean = np.asarray(mean, dtype=np.float64)
+        std = np.asarray(std, dtype=np.float64)
         self.layers = []
         for i, lin in enumerate(linears):
             weight = lin.weight.detach().to("cpu", torch.float64).numpy()
             bias = lin.bias.detach().to("cpu", torch.float64).numpy()
-            if i == 0:  # W ((x - mean) / std) + b = (W / std) x + (b - W (mean / std))
-                weight, bias = weight / std, bias - weight @ (mean / std)
+            if i == 0:  # W ((x[index] - mean) / std) + b = W' x + (b - W (mean / std)[index])
+                full = np.zeros((weight.shape[0], len(mean)))
+                full[:, index] = weight / std[index]
+                weight, bias = full, bias - weight @ (mean / std)[index]
+            else:  # its input is 2 x GELU(v) = v (1 + erf(v / sqrt 2))
+                weight = 0.5 * weight
             self.layers.append((np.ascontiguousarray(weight), bias))
 
     def current(self) -> bool:
@@ -137,14 +143,16 @@ class _FoldedHead:
         return True
 
     def __call__(self, features) -> list[float]:
+        """features: [len(FEATURE_NAMES)] (a list or a tensor) -> the head's payoffs."""
         if isinstance(features, torch.Tensor):
             features = features.detach().to("cpu", torch.float64).numpy()
-        x = np.asarray(features, dtype=np.float64)[self.index]
+        x = np.asarray(features, dtype=np.float64)
+        erf = math.erf
         last = len(self.layers) - 1
         for i, (weight, bias) in enumerate(self.layers):
             x = weight @ x + bias
-            if i < last:  # exact GELU, as nn.GELU()
-                x = np.array([0.5 * v * (1.0 + math.erf(v * _SQRT_HALF)) for v in x.tolist()])
+            if i < last:  # exact GELU (as nn.GELU()), its 1/2 folded into the next layer
+                x = np.array([v + v * erf(v * _SQRT_HALF) for v in x.tolist()])
         # softplus as F.softplus (linear above 20)
         return [v if v > 20.0 else math.log1p(math.exp(v)) for v in x.tolist()]
 

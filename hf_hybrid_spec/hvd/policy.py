@@ -11,7 +11,8 @@ Policies (one instance per request):
 - `ThresholdPolicy`: SuffixDecoding's gate: the cache draft if its score >= a fixed threshold, else the model draft.
 - `LearnedPolicy`: HVD: a `PayoffPredictor` predicts each option's payoff (accepted draft tokens); with the
   profiled `CostProfile` the option with the most committed tokens per second wins (where the cache draft wins even
-  at payoff 0, the prediction and the features are skipped: no prediction could change that). Stage 1 skips the
+  at payoff 0, the prediction and the features are skipped: no prediction could change that; `quick_cache` decides
+  that from a memo per cache draft size, before HVD builds a `Step`). Stage 1 skips the
   model drafter when the cache draft (no draft at all counts, with payoff 0) beats what the model drafter has
   recently delivered (its payoff EMA) at the model's cost; after `probe_interval` skipped steps the model drafter
   runs anyway, so that its EMA follows the text, but only as often as `probe_budget` allows: a probe may cost at most
@@ -103,13 +104,21 @@ class Step:
 
 class Policy(ABC):
     """See the module docstring. `predicted` holds the last step's predicted payoffs (cache, model, merged) for the
-    step records, or None for policies that predict nothing."""
+    step records, or None where nothing was predicted (policies that predict nothing, `quick_cache` steps)."""
 
     name = "policy"
     predicted: list[float] | None = None
 
     def begin(self) -> None:
         """A request starts."""
+
+    def quick_cache(self, nodes: int, history: History, cost: CostProfile | None, budget: DraftBudget,
+                    model_tokens: int, allow_merge: bool, model_begun: bool, length: int) -> bool:
+        """True where `before_model` would verify the cache draft whatever its features say, decided from the
+        cache draft's size alone: HVD then skips building the `Step` (its per-step fast path; a few microseconds
+        count there, see `LearnedPolicy`). The arguments are the `Step` fields of that name (`nodes`: the cache
+        draft's). False (the default): ask `before_model`."""
+        return False
 
     @abstractmethod
     def before_model(self, step: Step) -> str | None:
@@ -163,26 +172,76 @@ class LearnedPolicy(Policy):
         probe_interval: run the model drafter after at least this many steps without it, whatever the prediction...
         probe_budget: ...and only once the skipped steps' profiled time is at least the model draft's cost divided
             by this share (0 never probes), and never while the cache draft's predicted rate beats what even a
-            full-depth model draft or merged tree could reach.
+            full-depth model draft or merged tree could reach...
+        probe_recheck: ...which, once it declined a due probe, is asked again only after this many more steps
+            (asking needs the cache payoff predicted: on a long request the cache draft serves well, asking every
+            step put the features and the prediction back on every step once a probe was due).
     """
 
     name = "learned"
 
-    def __init__(self, predictor, probe_interval: int = 16, probe_budget: float = 0.05):
-        if isinstance(probe_interval, bool) or not isinstance(probe_interval, int) or probe_interval < 1:
-            raise ValueError(f"probe_interval must be a positive integer, got {probe_interval!r}")
+    def __init__(self, predictor, probe_interval: int = 16, probe_budget: float = 0.05, probe_recheck: int = 4):
+        for name, value in (("probe_interval", probe_interval), ("probe_recheck", probe_recheck)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0.0 <= probe_budget <= 1.0:
             raise ValueError(f"probe_budget must be in [0, 1], got {probe_budget!r}")
         self.predictor = predictor
         self.probe_interval = probe_interval
         self.probe_budget = probe_budget
+        self.probe_recheck = probe_recheck
+        self._declined_at: int | None = None  # steps without the model drafter when a due probe was last declined
+        # `quick_cache` memo: (cost profile, cache nodes, model payoff EMA, begun, model tokens, max nodes, merge) ->
+        # whether the cache draft wins at payoff 0. The EMA only moves when the model drafter runs, so a request
+        # asks a handful of keys (one per cache draft size) for long stretches.
+        self._wins_at_zero: dict[tuple, bool] = {}
+
+    def begin(self) -> None:
+        self._wins_at_zero.clear()
+        self._declined_at = None
+
+    def _probe_may_be_due(self, skipped: int) -> bool:
+        """Whether a probe may be due after `skipped` steps without the model drafter (before its budget check)."""
+        if skipped < self.probe_interval or self.probe_budget == 0.0:
+            return False
+        declined = self._declined_at
+        # (skipped < declined: the model drafter ran since that decline)
+        return declined is None or skipped < declined or skipped >= declined + self.probe_recheck
 
     def _probe_due(self, step: Step, cost: CostProfile) -> bool:
         skipped = step.history.steps_since_model
-        if skipped < self.probe_interval or self.probe_budget == 0.0:
+        if not self._probe_may_be_due(skipped):
             return False
         probe = cost.model_draft_seconds + _begin_seconds(step, cost)
         return probe <= self.probe_budget * skipped * cost.step(step.cache.num_nodes, False)
+
+    @staticmethod
+    def _cache_wins_at_zero(cost: CostProfile, nodes: int, model_tokens: int, max_nodes: int, allow_merge: bool,
+                            model_payoff: float, begin: float) -> bool:
+        """Whether a cache draft of `nodes` nodes with payoff 0 out-rates the model draft and the merged tree, both
+        credited with the model drafter's recent payoff (see the comment in `before_model`)."""
+        best = _rate(model_payoff, cost.step(model_tokens, True) + begin)
+        if allow_merge:
+            best = max(best, _rate(model_payoff, cost.step(min(max_nodes, nodes + model_tokens), True) + begin))
+        return _rate(0.0, cost.step(nodes, False)) >= best
+
+    def quick_cache(self, nodes: int, history: History, cost: CostProfile | None, budget: DraftBudget,
+                    model_tokens: int, allow_merge: bool, model_begun: bool, length: int) -> bool:
+        if cost is None or self._probe_may_be_due(history.steps_since_model):
+            return False  # (a probe may be due: `before_model` weighs it)
+        if not model_begun and cost.model_begin_seconds_per_token > 0.0:
+            return False  # (the begin's cost grows with the context: not worth a memo key)
+        key = (id(cost), nodes, history.model_payoff_ema, model_begun, model_tokens, budget.max_nodes, allow_merge)
+        wins = self._wins_at_zero.get(key)
+        if wins is None:
+            if len(self._wins_at_zero) >= 1024:
+                self._wins_at_zero.clear()
+            begin = 0.0 if model_begun else cost.model_begin(length)
+            wins = self._wins_at_zero[key] = self._cache_wins_at_zero(
+                cost, nodes, model_tokens, budget.max_nodes, allow_merge, float(history.model_payoff_ema), begin)
+        if wins:
+            self.predicted = None
+        return wins
 
     def before_model(self, step: Step) -> str | None:
         cost = _cost(step, self.name)
@@ -197,7 +256,8 @@ class LearnedPolicy(Policy):
         if step.allow_merge:
             nodes = min(step.budget.max_nodes, step.cache.num_nodes + step.model_tokens)
             merged_seconds = cost.step(nodes, True) + begin
-        if not probe and _rate(0.0, cache_seconds) >= max(model_rate, _rate(model_payoff, merged_seconds)):
+        if not probe and self._cache_wins_at_zero(cost, step.cache.num_nodes, step.model_tokens, step.budget.max_nodes,
+                                                  step.allow_merge, model_payoff, begin):
             # The cache draft wins even at payoff 0, so no prediction (clamped at 0 below) can change the choice:
             # the cache rate only grows with its payoff, and a merged tree earns (max(cache, model) + 1) / merged
             # seconds, which is the model-payoff term while the cache payoff is the smaller, and below the cache
@@ -220,12 +280,16 @@ class LearnedPolicy(Policy):
         if probe:
             # A probe refreshes what the model drafter is worth, which only matters where it could win. Skip it
             # while even a model draft (or merged tree) accepted to its full depth would lose to the cache draft's
-            # predicted rate: the probe stays due, and runs on the first step where the cache draft looks weak.
-            # (Without this, on sessions the cache draft serves well, every probe was pure cost: 2-3% on the CPU.)
+            # predicted rate: the probe stays due, and runs on the first step asked (every `probe_recheck`) where
+            # the cache draft looks weak. (Without this, on sessions the cache draft serves well, every probe was
+            # pure cost: 2-3% on the CPU.)
             ceiling = _rate(float(min(step.model_tokens, step.budget.max_depth)), model_seconds)
             if step.allow_merge:
                 ceiling = max(ceiling, _rate(float(step.budget.max_depth), merged_seconds))
-            return "cache" if cache_rate >= ceiling else None
+            if cache_rate >= ceiling:
+                self._declined_at = step.history.steps_since_model
+                return "cache"
+            return None
         best = model_rate
         if step.allow_merge:
             best = max(best, _rate(max(cache_payoff, model_payoff), merged_seconds))
