@@ -382,6 +382,7 @@ def _run(model, adapter: ModelAdapter, input_ids, processors, stopping, generati
         else:
             out = runner.forward(tree, length - 1, valid_prompt + length - 1 - input_ids.shape[1])
         try:
+            drafter.overlap()  # (the host's idle time while a GPU runs the forward)
             if lossy is None and not do_sample and not processors and rec.scores is None and rec.logits is None:
                 # Plain greedy: the argmax of the logits as they are (an fp32 copy of [N, V] changes nothing).
                 raw = out.logits

@@ -672,12 +672,18 @@ def test_hvd_fast_path_decides_and_settles_as_the_full_policy(saved_predictor):
     predictor = PayoffPredictor.from_pretrained(saved_predictor)
     loop = H.AssistantConfig(max_draft_tokens=16, max_depth=8)
     runs = []
-    for policy in (CountingQuick(predictor, probe_interval=3), SlowPathPolicy(predictor, probe_interval=3)):
+    # The fast path settles its steps' cache payoffs in `overlap` (the loop calls it while the verify forward runs),
+    # or, where no caller does, before anything reads the history: the same history either way.
+    no_overlap = type("NoOverlap", (HybridDrafter,), {"overlap": lambda self: None})
+    for policy, cls in ((CountingQuick(predictor, probe_interval=3), HybridDrafter),
+                        (CountingQuick(predictor, probe_interval=3), no_overlap),
+                        (SlowPathPolicy(predictor, probe_interval=3), HybridDrafter)):
         drafter = hybrid(target, eagle, policy)
+        drafter.__class__ = cls
         out = spec(target, ids, 40, assistant_config=loop, drafter=drafter)
         assert torch.equal(out.sequences, ref)
         runs.append((drafter.options, drafter.model_runs, out.spec_stats.accepted_lengths, drafter.history))
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
     # Both paths were taken: steps decided by the memo, and steps that ran the model drafter.
     fast_policy = CountingQuick(predictor, probe_interval=3)
     drafter = hybrid(target, eagle, fast_policy)

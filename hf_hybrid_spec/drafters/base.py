@@ -4,10 +4,13 @@ One drafter object serves one `generate` call (one request). The generate loop c
 
     begin(input_ids, context, hidden)    # the prompt [1, L]; what the drafter may read about the target
     propose(input_ids, budget)           # committed tokens so far, root last -> DraftTree hanging off the root
+    overlap()                            # the target's verify forward is launched, its result not yet read
     accept(input_ids, result, hidden)    # after verification: input_ids now ends with the new root
     end(input_ids)                       # the request is over
 
-Only `propose` is required. A drafter that sets `target_hidden_layers` receives the target's hidden states
+Only `propose` is required. `overlap` is where a drafter may do bookkeeping it deferred from an earlier `accept`:
+on a GPU the host would otherwise sit waiting for the verify forward there (callers other than the loop may never
+call it, so deferred work must also be done before anything reads it). A drafter that sets `target_hidden_layers` receives the target's hidden states
 of those layers for every token the target ran (the prompt at `begin`, the accepted path at `accept`),
 taken from the verify forward itself: no second target pass. Drafters that draft with the target's own
 weights (self-speculation) may run tree-mode forwards on `context.cache` between steps, and must `abort()`
@@ -143,6 +146,10 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
         """Draft continuations of `input_ids` [1, L] (its last token is the root)."""
+
+    def overlap(self) -> None:
+        """The target's forward over this step's draft has been launched and its result is not read yet: on an
+        asynchronous device the host is idle until then. For deferred bookkeeping (see the module docstring)."""
 
     def accept(self, input_ids: torch.Tensor, result: VerifyResult, hidden: TargetHidden | None = None) -> None:
         """The target committed `result.tokens`; `input_ids` [1, L'] is the whole committed sequence."""

@@ -21,6 +21,12 @@ measures what each proposed draft realized against the committed tokens (`merge.
 the request's `History`, and, with `record=True`, appends a `StepRecord` (the features and the realized payoffs:
 the training labels of the payoff predictor, see `CollectPolicy`).
 
+Most agentic steps take a fast path: where the policy can tell from the cache draft's size alone that it wins at
+any payoff (`Policy.quick_cache`, a memo), no `Step` is built and the cache draft is returned as its drafter built
+it; at that step's `accept` only the model drafter's part of the `History` is updated (what the next fast path
+reads), and the cache draft's realized payoff is measured in `overlap`, while the GPU runs the next verify forward
+(or, outside the loop, before anything reads it). On a GPU the host's per-step work is what HVD adds to a step.
+
 The decoding loop is untouched: verification is the loop's own, so greedy output is identical to plain greedy
 decoding whatever the policy picks, and sampling stays lossless (every draft is deterministic).
 """
@@ -141,6 +147,9 @@ class HybridDrafter(Drafter):
     def _reset(self) -> None:
         self.history = History(alpha=self.history_alpha, model_prior=self.model_prior)
         self._pending: _Pending | None = None
+        self._pending_cache: DraftTree | None = None  # the cache draft of a fast-path step, until its accept
+        # A fast-path step accepted but not settled: (cache draft, committed tokens, accepted draft tokens).
+        self._unsettled: tuple[DraftTree, list[int], int] | None = None
         self._prompt_length = 0
         self._deferred: list[tuple[VerifyResult, TargetHidden | None]] = []
         # The model drafter's begin (EAGLE: a drafter pass over the whole prompt) waits for its first draft: a
@@ -163,11 +172,32 @@ class HybridDrafter(Drafter):
     def accept(self, input_ids: torch.Tensor, result: VerifyResult, hidden: TargetHidden | None = None) -> None:
         self.cache_drafter.accept(input_ids, result, None)
         self._deferred.append((result, hidden))
+        cache, self._pending_cache = self._pending_cache, None
+        if cache is not None:  # a fast-path step: its cache part waits for `overlap` (see the module docstring)
+            if self._unsettled is not None:
+                self._settle_cache()
+            self.history.update_model(None)
+            committed = result.token_list if result.token_list is not None else result.tokens.tolist()
+            self._unsettled = (cache, committed, len(result.path) - 1)
+            return
         pending, self._pending = self._pending, None
         if pending is not None:
             self._settle(pending, result)
 
+    def overlap(self) -> None:
+        if self._unsettled is not None:
+            self._settle_cache()
+
+    def _settle_cache(self) -> None:
+        """The deferred cache part of a fast-path step's history: what its cache draft realized."""
+        unsettled, self._unsettled = self._unsettled, None
+        if unsettled is not None:
+            cache, committed, accepted = unsettled
+            self.history.update_cache(realized_payoff(cache, committed), True, accepted)
+
     def end(self, input_ids: torch.Tensor) -> None:
+        self._settle_cache()
+        self._pending_cache = None
         self._deferred = []
         self.cache_drafter.end(input_ids)
         if self._model_begun:
@@ -220,8 +250,11 @@ class HybridDrafter(Drafter):
             # Most agentic steps: the cache draft wins whatever its features say (HVD's whole per-step cost there
             # is this branch, ~5 us on the host, against ~25 us through the `Step` below).
             self.options["cache"] = self.options.get("cache", 0) + 1
-            self._pending = _Pending(cache, None, None, "cache", None, None, position)
+            self._pending_cache = cache
+            if cache.probs is None and cache.next_probs is None:
+                return cache  # deterministic as built (a cache draft's info names its own drafter)
             return self._chosen(cache, "cache", input_ids)
+        self._settle_cache()  # the policy reads the whole history from here on
         # Computed on first read (policies that can decide without them never pay for them), or for the record.
         step = Step(cache=cache, features=None, history=history, cost=self.cost, budget=budget,
                     model_tokens=model_tokens, length=length,
@@ -260,6 +293,7 @@ class HybridDrafter(Drafter):
 
     def _settle(self, pending: _Pending, result: VerifyResult) -> None:
         """Realized payoffs of the step's drafts against what was committed; history and record."""
+        self._settle_cache()
         committed = result.token_list if result.token_list is not None else result.tokens.tolist()
         accepted = len(result.path) - 1
         if pending.model is None and not self.record:

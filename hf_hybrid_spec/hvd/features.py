@@ -129,17 +129,26 @@ class History:
 
     def update(self, cache_payoff: int | None, model_payoff: int | None, verified_cache: bool, accepted: int):
         """One step: the payoffs of the drafts that were proposed (None: not proposed), whether the verified tree
-        held the cache draft, and how many draft tokens were accepted."""
+        held the cache draft, and how many draft tokens were accepted. `update_model` then `update_cache`."""
+        self.update_model(model_payoff)
+        self.update_cache(cache_payoff, verified_cache, accepted)
+
+    def update_model(self, model_payoff: int | None) -> None:
+        """The model drafter's part of a step (None: it did not propose)."""
+        if model_payoff is not None:
+            self.model_payoff_ema = (1 - self.alpha) * self.model_payoff_ema + self.alpha * float(model_payoff)
+            self.steps_since_model = 0
+        else:
+            self.steps_since_model += 1
+
+    def update_cache(self, cache_payoff: int | None, verified_cache: bool, accepted: int) -> None:
+        """The rest of a step: the cache draft's payoff, what was verified and accepted. HVD may defer this part
+        of a step (its fast path reads only the model part) to the host's idle time of the next step."""
         a = self.alpha
         c = 0.0 if cache_payoff is None else float(cache_payoff)
         self.cache_payoff_last = c
         self.cache_payoff_ema = (1 - a) * self.cache_payoff_ema + a * c
         self.cache_hit_ema = (1 - a) * self.cache_hit_ema + a * float(c >= 1)
-        if model_payoff is not None:
-            self.model_payoff_ema = (1 - a) * self.model_payoff_ema + a * float(model_payoff)
-            self.steps_since_model = 0
-        else:
-            self.steps_since_model += 1
         self.last_from_cache = verified_cache
         self.last_accepted = accepted
 

@@ -191,9 +191,10 @@ class LearnedPolicy(Policy):
         self.probe_budget = probe_budget
         self.probe_recheck = probe_recheck
         self._declined_at: int | None = None  # steps without the model drafter when a due probe was last declined
-        # `quick_cache` memo: (cost profile, cache nodes, model payoff EMA, begun, model tokens, max nodes, merge) ->
-        # whether the cache draft wins at payoff 0. The EMA only moves when the model drafter runs, so a request
-        # asks a handful of keys (one per cache draft size) for long stretches.
+        # `quick_cache` memo of one request (its cost profile and merge setting are fixed): (cache nodes, model
+        # payoff EMA, begun, model tokens, max nodes) -> whether the cache draft wins at payoff 0. The EMA only moves
+        # when the model drafter runs, so a request asks a handful of keys (one per cache draft size) for long
+        # stretches.
         self._wins_at_zero: dict[tuple, bool] = {}
 
     def begin(self) -> None:
@@ -227,11 +228,13 @@ class LearnedPolicy(Policy):
 
     def quick_cache(self, nodes: int, history: History, cost: CostProfile | None, budget: DraftBudget,
                     model_tokens: int, allow_merge: bool, model_begun: bool, length: int) -> bool:
-        if cost is None or self._probe_may_be_due(history.steps_since_model):
+        # (Every step of most agentic requests comes here: kept to a few lookups.)
+        skipped = history.steps_since_model
+        if (skipped >= self.probe_interval and self._probe_may_be_due(skipped)) or cost is None:
             return False  # (a probe may be due: `before_model` weighs it)
         if not model_begun and cost.model_begin_seconds_per_token > 0.0:
             return False  # (the begin's cost grows with the context: not worth a memo key)
-        key = (id(cost), nodes, history.model_payoff_ema, model_begun, model_tokens, budget.max_nodes, allow_merge)
+        key = (nodes, history.model_payoff_ema, model_begun, model_tokens, budget.max_nodes)
         wins = self._wins_at_zero.get(key)
         if wins is None:
             if len(self._wins_at_zero) >= 1024:
