@@ -189,9 +189,13 @@ def test_arbiter_save_load_round_trip(tmp_path, hidden, tiny_pairs):
     assert "library_name: hf_hybrid_spec" in card and "| steps | 3 |" in card
     for loaded in (CoSpecArbiter.from_pretrained(tmp_path), AutoModel.from_pretrained(tmp_path)):
         assert isinstance(loaded, CoSpecArbiter)
+        saved, back = arb.state_dict(), loaded.state_dict()
+        assert saved.keys() == back.keys() and all(torch.equal(saved[k], back[k]) for k in saved)
         x = torch.randn(5, len(loaded.config.features))
         hid = torch.randn(5, hidden) if hidden else None
-        torch.testing.assert_close(loaded(x, hid), arb(x, hid), rtol=0, atol=0)
+        # Same weights, not always bit-identical outputs: newer transformers (5.24 here) keep loaded weights as views
+        # of the mapped file, not 64-byte aligned, and the CPU GEMM rounds differently there (1 ulp seen).
+        torch.testing.assert_close(loaded(x, hid), arb(x, hid), rtol=1e-6, atol=1e-6)
     # In generate, by path or by instance; the config serializes an instance by the path it came from.
     target, draft = tiny_pairs[PAIRS[0]]
     ids = _prompt(9)
