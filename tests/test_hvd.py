@@ -597,16 +597,25 @@ class CountingPredictor(FixedPredictor):
         return self.payoffs
 
 
-def reference_before_model(step, cache_payoff, cost):
-    """The stage-1 rule with the cache payoff always predicted (no short-circuit), clamped at 0 like the policy."""
+def reference_before_model(step, cache_payoff, cost, probe_interval=16, probe_budget=0.0):
+    """The stage-1 rule with the cache payoff always predicted (no short-circuit), clamped at 0 like the policy;
+    probes as a fresh policy sees them (none declined before)."""
     cache_payoff = max(cache_payoff, 0.0) if step.cache.num_nodes else 0.0
     begin = 0.0 if step.model_begun else cost.model_begin_seconds + cost.model_begin_seconds_per_token * step.length
     rate = lambda payoff, seconds: (payoff + 1.0) / seconds  # noqa: E731
     mp = step.history.model_payoff_ema
-    best = rate(mp, cost.step(step.model_tokens, True) + begin)
+    model_seconds = cost.step(step.model_tokens, True) + begin
     nodes = min(step.budget.max_nodes, step.cache.num_nodes + step.model_tokens)
-    best = max(best, rate(max(cache_payoff, mp), cost.step(nodes, True) + begin))
-    return "cache" if rate(cache_payoff, cost.step(step.cache.num_nodes, False)) >= best else None
+    merged_seconds = cost.step(nodes, True) + begin
+    cache_rate = rate(cache_payoff, cost.step(step.cache.num_nodes, False))
+    skipped = step.history.steps_since_model
+    if skipped >= probe_interval and probe_budget > 0 and \
+            cost.model_draft_seconds + begin <= probe_budget * skipped * cost.step(step.cache.num_nodes, False):
+        depth = step.budget.max_depth
+        ceiling = max(rate(min(step.model_tokens, depth), model_seconds), rate(depth, merged_seconds))
+        return "cache" if cache_rate >= ceiling else None
+    best = max(rate(mp, model_seconds), rate(max(cache_payoff, mp), merged_seconds))
+    return "cache" if cache_rate >= best else None
 
 
 def test_learned_policy_skips_the_predictor_only_where_no_prediction_could_change_the_choice():
@@ -614,8 +623,8 @@ def test_learned_policy_skips_the_predictor_only_where_no_prediction_could_chang
 
     gen = torch.Generator().manual_seed(0)
     skipped = predicted = 0
-    for trial in range(400):
-        u = torch.rand(8, generator=gen).tolist()
+    for trial in range(600):
+        u = torch.rand(10, generator=gen).tolist()
         # Verify costs that are not monotone in the tree size either (profiles are measured, so noisy).
         cost = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.0 + u[0] - 0.3, 1.2 + u[1]],
                            cache_draft_seconds=0.01, model_draft_seconds=2.0 * u[2],
@@ -624,15 +633,18 @@ def test_learned_policy_skips_the_predictor_only_where_no_prediction_could_chang
         cache = chain_tree(torch.arange(5, 5 + n).unsqueeze(0)) if n else empty_draft()
         step = policy_step(cache, history=History(model_prior=4.0 * u[5]), cost=cost)
         step.model_begun = u[6] < 0.5
+        # Probes too: due after 4 skipped steps, within a budget that some of these step counts fill.
+        step.history.steps_since_model = int(u[8] * 40)
+        probe_budget = 0.0 if u[9] < 0.3 else 0.05 + 0.2 * u[9]
         payoff = 6.0 * u[7] - 1.0  # a regression may predict below 0
         features = [0.0] * len(FEATURE_NAMES)
         step.features, step.feature_fn = None, lambda: features
         predictor = CountingPredictor([payoff, 0.0, 0.0])
-        policy = LearnedPolicy(predictor, probe_budget=0.0)
+        policy = LearnedPolicy(predictor, probe_interval=4, probe_budget=probe_budget)
         quick = policy.quick_cache(n, step.history, cost, step.budget, step.model_tokens, step.allow_merge,
                                    step.model_begun, step.length)
         choice = policy.before_model(step)
-        assert choice == reference_before_model(step, payoff, cost), trial
+        assert choice == reference_before_model(step, payoff, cost, 4, probe_budget), trial
         # The memoized fast path (HVD skips building the Step) says "cache" exactly where no prediction is needed,
         # except before a begin whose cost grows with the context (not memoized: it defers to before_model).
         per_token_begin = not step.model_begun and cost.model_begin_seconds_per_token > 0

@@ -209,12 +209,13 @@ class LearnedPolicy(Policy):
         # (skipped < declined: the model drafter ran since that decline)
         return declined is None or skipped < declined or skipped >= declined + self.probe_recheck
 
-    def _probe_due(self, step: Step, cost: CostProfile) -> bool:
-        skipped = step.history.steps_since_model
+    def _probe_due(self, cost: CostProfile, skipped: int, nodes: int, begin: float) -> bool:
+        """Whether a probe is due after `skipped` steps without the model drafter, at a cache draft of `nodes`
+        nodes, its first draft paying `begin` seconds for the model drafter's begin."""
         if not self._probe_may_be_due(skipped):
             return False
-        probe = cost.model_draft_seconds + _begin_seconds(step, cost)
-        return probe <= self.probe_budget * skipped * cost.step(step.cache.num_nodes, False)
+        probe = cost.model_draft_seconds + begin
+        return probe <= self.probe_budget * skipped * cost.step(nodes, False)
 
     @staticmethod
     def _cache_wins_at_zero(cost: CostProfile, nodes: int, model_tokens: int, max_nodes: int, allow_merge: bool,
@@ -229,17 +230,19 @@ class LearnedPolicy(Policy):
     def quick_cache(self, nodes: int, history: History, cost: CostProfile | None, budget: DraftBudget,
                     model_tokens: int, allow_merge: bool, model_begun: bool, length: int) -> bool:
         # (Every step of most agentic requests comes here: kept to a few lookups.)
-        skipped = history.steps_since_model
-        if (skipped >= self.probe_interval and self._probe_may_be_due(skipped)) or cost is None:
-            return False  # (a probe may be due: `before_model` weighs it)
+        if cost is None:
+            return False
         if not model_begun and cost.model_begin_seconds_per_token > 0.0:
             return False  # (the begin's cost grows with the context: not worth a memo key)
+        begin = 0.0 if model_begun else cost.model_begin_seconds
+        skipped = history.steps_since_model
+        if skipped >= self.probe_interval and self._probe_due(cost, skipped, nodes, begin):
+            return False  # (`before_model` weighs the probe; until its budget fills, the memo decides, as there)
         key = (nodes, history.model_payoff_ema, model_begun, model_tokens, budget.max_nodes)
         wins = self._wins_at_zero.get(key)
         if wins is None:
             if len(self._wins_at_zero) >= 1024:
                 self._wins_at_zero.clear()
-            begin = 0.0 if model_begun else cost.model_begin(length)
             wins = self._wins_at_zero[key] = self._cache_wins_at_zero(
                 cost, nodes, model_tokens, budget.max_nodes, allow_merge, float(history.model_payoff_ema), begin)
         if wins:
@@ -248,10 +251,10 @@ class LearnedPolicy(Policy):
 
     def before_model(self, step: Step) -> str | None:
         cost = _cost(step, self.name)
-        probe = self._probe_due(step, cost)
+        begin = _begin_seconds(step, cost)
+        probe = self._probe_due(cost, step.history.steps_since_model, step.cache.num_nodes, begin)
         # What the model drafter would bring, judged by what it delivered recently.
         model_payoff = float(step.history.model_payoff_ema)
-        begin = _begin_seconds(step, cost)
         cache_seconds = cost.step(step.cache.num_nodes, False)
         model_seconds = cost.step(step.model_tokens, True) + begin
         model_rate = _rate(model_payoff, model_seconds)
