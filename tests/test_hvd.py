@@ -408,8 +408,17 @@ def test_profile_costs_through_the_loop():
     # The begin, timed over two context lengths: a fixed part and a per-token part, together the measured begin.
     assert profile.model_begin_seconds >= 0 and profile.model_begin_seconds_per_token >= 0
     assert profile.model_begin(24) > 0 and profile.model_begin(240) >= profile.model_begin(24)
-    old = CostProfile.from_dict({k: v for k, v in profile.to_dict().items() if k != "model_begin_seconds"})
-    assert old.model_begin_seconds == 0.0  # a profile saved before the fixed part was measured still loads
+    # The model drafter's accepts: one step's, and a catch-up over CATCH_UP_TOKENS at once (HVD's, after it sat out).
+    assert profile.model_accept_seconds > 0 and profile.model_catch_up_seconds > 0
+    for skipped, extra in ((0, profile.model_accept_seconds), (5, profile.model_catch_up_seconds)):
+        assert profile.model_overhead(True, skipped, 24) == extra
+    assert profile.model_overhead(False, 0, 24) == profile.model_begin(24) + profile.model_catch_up_seconds
+    new_fields = ("model_begin_seconds", "model_accept_seconds", "model_catch_up_seconds")
+    old = CostProfile.from_dict({k: v for k, v in profile.to_dict().items() if k not in new_fields})
+    # A profile saved before these were measured still loads, and prices the model drafter's draft alone.
+    assert old.model_begin_seconds == 0.0 and old.model_overhead(True, 5, 24) == 0.0
+    with pytest.raises(ValueError, match="profiled seconds"):
+        CostProfile.from_dict({**profile.to_dict(), "model_catch_up_seconds": -1.0})
 
 
 # ---------------------------------------------------------------------- workloads and metrics
@@ -553,6 +562,15 @@ def test_learned_policy_weighs_predicted_payoff_against_cost():
     assert LearnedPolicy(FixedPredictor([0.2, 0.0, 0.0])).before_model(tempting) is None
     tempting.model_begun = False
     assert LearnedPolicy(FixedPredictor([0.2, 0.0, 0.0])).before_model(tempting) == "cache"
+    # The model drafter catches up before it drafts: cheap right after a step it drafted, an eager pass over many
+    # tokens after steps it sat out (3 s here: the cache draft's 1.2 tokens per ~1.07 s step win then).
+    catching_up = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.1, 1.6], cache_draft_seconds=0.01,
+                              model_draft_seconds=0.4, model_accept_seconds=0.1, model_catch_up_seconds=3.0)
+    recent = History(model_prior=3.0)
+    weak_cache = LearnedPolicy(FixedPredictor([0.2, 0.0, 0.0]))
+    assert weak_cache.before_model(policy_step(cache, history=recent, cost=catching_up)) is None
+    recent.steps_since_model = 3
+    assert weak_cache.before_model(policy_step(cache, history=recent, cost=catching_up)) == "cache"
     # With no cache draft and a model drafter that brings nothing, verifying the root alone is cheapest.
     assert LearnedPolicy(FixedPredictor([0.0, 0, 0])).before_model(
         policy_step(empty_draft(), history=History(model_prior=0.0))) == "cache"
@@ -601,14 +619,18 @@ def reference_before_model(step, cache_payoff, cost, probe_interval=16, probe_bu
     """The stage-1 rule with the cache payoff always predicted (no short-circuit), clamped at 0 like the policy;
     probes as a fresh policy sees them (none declined before)."""
     cache_payoff = max(cache_payoff, 0.0) if step.cache.num_nodes else 0.0
-    begin = 0.0 if step.model_begun else cost.model_begin_seconds + cost.model_begin_seconds_per_token * step.length
+    skipped = step.history.steps_since_model
+    # Before it drafts, the model drafter accepts what was committed since it last drafted (and begins, the first time).
+    if step.model_begun:
+        begin = cost.model_accept_seconds if skipped == 0 else cost.model_catch_up_seconds
+    else:
+        begin = cost.model_begin_seconds + cost.model_begin_seconds_per_token * step.length + cost.model_catch_up_seconds
     rate = lambda payoff, seconds: (payoff + 1.0) / seconds  # noqa: E731
     mp = step.history.model_payoff_ema
     model_seconds = cost.step(step.model_tokens, True) + begin
     nodes = min(step.budget.max_nodes, step.cache.num_nodes + step.model_tokens)
     merged_seconds = cost.step(nodes, True) + begin
     cache_rate = rate(cache_payoff, cost.step(step.cache.num_nodes, False))
-    skipped = step.history.steps_since_model
     if skipped >= probe_interval and probe_budget > 0 and \
             cost.model_draft_seconds + begin <= probe_budget * skipped * cost.step(step.cache.num_nodes, False):
         depth = step.budget.max_depth
@@ -624,17 +646,18 @@ def test_learned_policy_skips_the_predictor_only_where_no_prediction_could_chang
     gen = torch.Generator().manual_seed(0)
     skipped = predicted = 0
     for trial in range(600):
-        u = torch.rand(10, generator=gen).tolist()
+        u = torch.rand(12, generator=gen).tolist()
         # Verify costs that are not monotone in the tree size either (profiles are measured, so noisy).
         cost = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.0 + u[0] - 0.3, 1.2 + u[1]],
                            cache_draft_seconds=0.01, model_draft_seconds=2.0 * u[2],
-                           model_begin_seconds_per_token=0.05 * u[3], model_begin_seconds=u[3])
+                           model_begin_seconds_per_token=0.05 * u[3], model_begin_seconds=u[3],
+                           model_accept_seconds=0.3 * u[10], model_catch_up_seconds=0.3 * u[10] + u[11])
         n = int(u[4] * 14)
         cache = chain_tree(torch.arange(5, 5 + n).unsqueeze(0)) if n else empty_draft()
         step = policy_step(cache, history=History(model_prior=4.0 * u[5]), cost=cost)
         step.model_begun = u[6] < 0.5
         # Probes too: due after 4 skipped steps, within a budget that some of these step counts fill.
-        step.history.steps_since_model = int(u[8] * 40)
+        step.history.steps_since_model = int(u[8] * 40) if u[8] > 0.2 else 0  # 0: it drafted the step before
         probe_budget = 0.0 if u[9] < 0.3 else 0.05 + 0.2 * u[9]
         payoff = 6.0 * u[7] - 1.0  # a regression may predict below 0
         features = [0.0] * len(FEATURE_NAMES)

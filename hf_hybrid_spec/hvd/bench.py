@@ -314,7 +314,8 @@ def main(argv=None) -> dict:
     print(f"cost profile: verify {verify}; cache draft {profile.cache_draft_seconds * 1e3:.2f}ms; "
           f"model draft {profile.model_draft_seconds * 1e3:.2f}ms; "
           f"model begin {profile.model_begin_seconds * 1e3:.2f}ms + "
-          f"{profile.model_begin_seconds_per_token * 1e3:.4f}ms per context token")
+          f"{profile.model_begin_seconds_per_token * 1e3:.4f}ms per context token; model accept "
+          f"{profile.model_accept_seconds * 1e3:.2f}ms, catch-up {profile.model_catch_up_seconds * 1e3:.2f}ms")
     if predictor_path is not None:
         load_predictor(predictor_path)
 

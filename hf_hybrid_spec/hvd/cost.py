@@ -3,11 +3,17 @@
 A step costs the cache drafter's proposal (always made: it is what the policy reads), the model drafter's proposal
 when it runs, and one verify forward of the chosen tree, whose time depends on the tree size N (root included):
 
-    step_seconds(option) = cache_draft + [model ran] * model_draft + verify(N)
+    step_seconds(option) = cache_draft + [model ran] * (model_draft + model_overhead) + verify(N)
+
+where `model_overhead` is what the model drafter must do before it can draft: its begin (EAGLE: a pass over the
+context) on its first draft of a request, and the accept of the tokens committed since it last drafted. HVD hands
+it those as one accept right before it drafts: after one step, a step's few tokens (`model_accept_seconds`); after
+skipped steps, many (`model_catch_up_seconds`: an EAGLE accept past its fixed shapes runs eagerly, like a begin).
 
 `profile_costs` measures these through the real decoding loop, in one `speculative_generate` call with a profiling
 drafter: each step it times one proposal of each drafter, then proposes a random tree of a given size N and times
-the loop until the next `accept` (target forward over the tree + verification + commit, as the loop spends it).
+the loop until the next `accept` (target forward over the tree + verification + commit, as the loop spends it), and
+the model drafter's accept of that step.
 Profiles are cached per process by target, device, dtype and model drafter (`cached_profile`), and save to / load
 from JSON so a machine is profiled once.
 """
@@ -27,12 +33,17 @@ from transformers.utils import logging
 
 from ..drafters.base import DraftBudget, Drafter, TargetHidden
 from ..tree import DraftTree, empty_draft
+from ..verify import VerifyResult
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["CostProfile", "profile_costs", "cached_profile", "clear_profile_cache", "DEFAULT_TREE_SIZES"]
+__all__ = ["CostProfile", "profile_costs", "cached_profile", "clear_profile_cache", "DEFAULT_TREE_SIZES",
+           "CATCH_UP_TOKENS"]
 
 DEFAULT_TREE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+# Tokens of the timed catch-up: about what HVD hands its model drafter after skipping a probe interval (16 steps) of
+# agentic text at 3-5 committed tokens per step.
+CATCH_UP_TOKENS = 48
 
 
 @dataclass
@@ -50,6 +61,9 @@ class CostProfile:
             (`model_begin`). Both 0 in profiles saved before they were measured; the fixed part is 0 in profiles
             saved before it was (their per-token figure was the whole begin divided by a 256-token context, which
             overstates a long context's begin on a GPU, where most of it is fixed).
+        model_accept_seconds / model_catch_up_seconds: the model drafter's accept of one step's committed tokens
+            (its draft ran the step before), and of `CATCH_UP_TOKENS` tokens at once (it sat out steps); see the
+            module docstring. Both 0 in profiles saved before they were measured.
     """
 
     tree_sizes: list[int]
@@ -60,6 +74,8 @@ class CostProfile:
     extra: dict = field(default_factory=dict)
     model_begin_seconds_per_token: float = 0.0
     model_begin_seconds: float = 0.0
+    model_accept_seconds: float = 0.0
+    model_catch_up_seconds: float = 0.0
 
     def __post_init__(self):
         sizes = [int(n) for n in self.tree_sizes]
@@ -68,7 +84,8 @@ class CostProfile:
         if sizes != sorted(set(sizes)) or sizes[0] < 1:
             raise ValueError(f"tree_sizes must be distinct, ascending and >= 1, got {self.tree_sizes}")
         if any(not s > 0 for s in self.verify_seconds) or self.cache_draft_seconds < 0 or self.model_draft_seconds < 0 \
-                or self.model_begin_seconds_per_token < 0 or self.model_begin_seconds < 0:
+                or self.model_begin_seconds_per_token < 0 or self.model_begin_seconds < 0 \
+                or self.model_accept_seconds < 0 or self.model_catch_up_seconds < 0:
             raise ValueError("profiled seconds must be positive (verify) and >= 0 (drafting)")
         self.tree_sizes = sizes
         self.verify_seconds = [float(s) for s in self.verify_seconds]
@@ -87,6 +104,15 @@ class CostProfile:
     def model_begin(self, context_tokens: int) -> float:
         """Seconds of the model drafter's begin over `context_tokens` committed tokens."""
         return self.model_begin_seconds + self.model_begin_seconds_per_token * context_tokens
+
+    def model_overhead(self, begun: bool, skipped: int, context_tokens: int) -> float:
+        """Seconds the model drafter spends before its draft this step (see the module docstring): its begin over
+        `context_tokens` unless it has `begun`, and the accept of what was committed since it last drafted,
+        `skipped` steps ago (0: it drafted the step before; a begin is always followed by a catch-up over the
+        tokens generated since the prompt)."""
+        if begun:
+            return self.model_accept_seconds if skipped == 0 else self.model_catch_up_seconds
+        return self.model_begin(context_tokens) + self.model_catch_up_seconds
 
     def step(self, draft_nodes: int, model_ran: bool) -> float:
         """Seconds of a step that verifies `draft_nodes` draft nodes (plus the root); the cache drafter always
@@ -143,6 +169,8 @@ class _ProfileDrafter(Drafter):
         self._started: float | None = None
         self.begin_seconds_per_token = 0.0
         self.begin_seconds = 0.0
+        self.accept_seconds: list[float] = []
+        self.catch_up_seconds = 0.0
 
     def begin(self, input_ids, context=None, hidden=None):
         self.cache_drafter.begin(input_ids, context, None)
@@ -165,6 +193,25 @@ class _ProfileDrafter(Drafter):
         per_token = (seconds[full] - seconds[short]) / (full - short) if full > short else 0.0
         self.begin_seconds_per_token = max(per_token, 0.0)
         self.begin_seconds = max(seconds[full] - self.begin_seconds_per_token * full, 0.0)
+        # A catch-up: begun over all but the last k tokens, then one accept of those k (as HVD's `_catch_up_model`
+        # hands them over); once untimed, then timed. The last begin leaves the drafter over the whole context.
+        k = min(CATCH_UP_TOKENS, full - 1)
+        if k >= 1:
+            tokens = input_ids[0, full - k :]
+            chain = list(range(k + 1))
+            result = VerifyResult(path=chain, tokens=tokens, score_nodes=chain[:-1], token_list=tokens.tolist())
+            tail = None if hidden is None else TargetHidden(layers=hidden.layers,
+                                                            states=tuple(h[:, full - k :] for h in hidden.states))
+            head = None if hidden is None else TargetHidden(layers=hidden.layers,
+                                                            states=tuple(h[:, : full - k] for h in hidden.states))
+            for _ in range(2):
+                self.model_drafter.begin(input_ids[:, : full - k], context, head)
+                self.sync()
+                start = time.perf_counter()
+                self.model_drafter.accept(input_ids, result, tail)
+                self.sync()
+                self.catch_up_seconds = time.perf_counter() - start
+            self.model_drafter.begin(input_ids, context, hidden)
 
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
         if self._step >= self.steps:
@@ -194,7 +241,10 @@ class _ProfileDrafter(Drafter):
             self.verify.setdefault(self._pending_size, []).append(time.perf_counter() - self._started)
             self._started = None
         self.cache_drafter.accept(input_ids, result, None)
+        start = time.perf_counter()
         self.model_drafter.accept(input_ids, result, hidden)
+        self.sync()
+        self.accept_seconds.append(time.perf_counter() - start)
 
     def end(self, input_ids):
         self.cache_drafter.end(input_ids)
@@ -257,11 +307,15 @@ def profile_costs(
         key=profile_key(target, model_drafter),
         model_begin_seconds_per_token=drafter.begin_seconds_per_token,
         model_begin_seconds=drafter.begin_seconds,
+        # (accepts[0] is the prefill token's, before any timed step)
+        model_accept_seconds=statistics.median(drafter.accept_seconds[warm + 1:] or drafter.accept_seconds),
+        model_catch_up_seconds=drafter.catch_up_seconds,
     )
     verify = dict(zip(profile.tree_sizes, [round(s, 5) for s in profile.verify_seconds]))
     logger.info("HVD cost profile %s: verify %s s, cache draft %.2e s, model draft %.2e s, model begin %.2e s + "
-                "%.2e s/token", profile.key, verify, profile.cache_draft_seconds, profile.model_draft_seconds,
-                profile.model_begin_seconds, profile.model_begin_seconds_per_token)
+                "%.2e s/token, model accept %.2e s, catch-up %.2e s", profile.key, verify, profile.cache_draft_seconds,
+                profile.model_draft_seconds, profile.model_begin_seconds, profile.model_begin_seconds_per_token,
+                profile.model_accept_seconds, profile.model_catch_up_seconds)
     return profile
 
 

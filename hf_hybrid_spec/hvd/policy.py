@@ -152,10 +152,10 @@ def _rate(payoff: float, seconds: float) -> float:
     return (payoff + 1.0) / seconds
 
 
-def _begin_seconds(step: Step, cost: CostProfile) -> float:
-    """What running the model drafter this step adds for its begin (EAGLE: a pass over the whole context), 0 once it
-    has begun."""
-    return 0.0 if step.model_begun else cost.model_begin(step.length)
+def _model_overhead(step: Step, cost: CostProfile) -> float:
+    """What running the model drafter this step adds to its draft: its begin (EAGLE: a pass over the whole context)
+    until it has begun, and its accept of the tokens committed since it last drafted (`CostProfile.model_overhead`)."""
+    return cost.model_overhead(step.model_begun, step.history.steps_since_model, step.length)
 
 
 def _cost(step: Step, policy: str) -> CostProfile:
@@ -209,22 +209,22 @@ class LearnedPolicy(Policy):
         # (skipped < declined: the model drafter ran since that decline)
         return declined is None or skipped < declined or skipped >= declined + self.probe_recheck
 
-    def _probe_due(self, cost: CostProfile, skipped: int, nodes: int, begin: float) -> bool:
+    def _probe_due(self, cost: CostProfile, skipped: int, nodes: int, overhead: float) -> bool:
         """Whether a probe is due after `skipped` steps without the model drafter, at a cache draft of `nodes`
-        nodes, its first draft paying `begin` seconds for the model drafter's begin."""
+        nodes, the model drafter's draft costing `overhead` seconds more than profiled (`_model_overhead`)."""
         if not self._probe_may_be_due(skipped):
             return False
-        probe = cost.model_draft_seconds + begin
+        probe = cost.model_draft_seconds + overhead
         return probe <= self.probe_budget * skipped * cost.step(nodes, False)
 
     @staticmethod
     def _cache_wins_at_zero(cost: CostProfile, nodes: int, model_tokens: int, max_nodes: int, allow_merge: bool,
-                            model_payoff: float, begin: float) -> bool:
+                            model_payoff: float, overhead: float) -> bool:
         """Whether a cache draft of `nodes` nodes with payoff 0 out-rates the model draft and the merged tree, both
         credited with the model drafter's recent payoff (see the comment in `before_model`)."""
-        best = _rate(model_payoff, cost.step(model_tokens, True) + begin)
+        best = _rate(model_payoff, cost.step(model_tokens, True) + overhead)
         if allow_merge:
-            best = max(best, _rate(model_payoff, cost.step(min(max_nodes, nodes + model_tokens), True) + begin))
+            best = max(best, _rate(model_payoff, cost.step(min(max_nodes, nodes + model_tokens), True) + overhead))
         return _rate(0.0, cost.step(nodes, False)) >= best
 
     def quick_cache(self, nodes: int, history: History, cost: CostProfile | None, budget: DraftBudget,
@@ -234,36 +234,36 @@ class LearnedPolicy(Policy):
             return False
         if not model_begun and cost.model_begin_seconds_per_token > 0.0:
             return False  # (the begin's cost grows with the context: not worth a memo key)
-        begin = 0.0 if model_begun else cost.model_begin_seconds
         skipped = history.steps_since_model
-        if skipped >= self.probe_interval and self._probe_due(cost, skipped, nodes, begin):
+        overhead = cost.model_overhead(model_begun, skipped, length)  # (one of three values once per_token is 0)
+        if skipped >= self.probe_interval and self._probe_due(cost, skipped, nodes, overhead):
             return False  # (`before_model` weighs the probe; until its budget fills, the memo decides, as there)
-        key = (nodes, history.model_payoff_ema, model_begun, model_tokens, budget.max_nodes)
+        key = (nodes, history.model_payoff_ema, overhead, model_tokens, budget.max_nodes)
         wins = self._wins_at_zero.get(key)
         if wins is None:
             if len(self._wins_at_zero) >= 1024:
                 self._wins_at_zero.clear()
             wins = self._wins_at_zero[key] = self._cache_wins_at_zero(
-                cost, nodes, model_tokens, budget.max_nodes, allow_merge, float(history.model_payoff_ema), begin)
+                cost, nodes, model_tokens, budget.max_nodes, allow_merge, float(history.model_payoff_ema), overhead)
         if wins:
             self.predicted = None
         return wins
 
     def before_model(self, step: Step) -> str | None:
         cost = _cost(step, self.name)
-        begin = _begin_seconds(step, cost)
-        probe = self._probe_due(cost, step.history.steps_since_model, step.cache.num_nodes, begin)
+        overhead = _model_overhead(step, cost)
+        probe = self._probe_due(cost, step.history.steps_since_model, step.cache.num_nodes, overhead)
         # What the model drafter would bring, judged by what it delivered recently.
         model_payoff = float(step.history.model_payoff_ema)
         cache_seconds = cost.step(step.cache.num_nodes, False)
-        model_seconds = cost.step(step.model_tokens, True) + begin
+        model_seconds = cost.step(step.model_tokens, True) + overhead
         model_rate = _rate(model_payoff, model_seconds)
         merged_seconds = math.inf
         if step.allow_merge:
             nodes = min(step.budget.max_nodes, step.cache.num_nodes + step.model_tokens)
-            merged_seconds = cost.step(nodes, True) + begin
+            merged_seconds = cost.step(nodes, True) + overhead
         if not probe and self._cache_wins_at_zero(cost, step.cache.num_nodes, step.model_tokens, step.budget.max_nodes,
-                                                  step.allow_merge, model_payoff, begin):
+                                                  step.allow_merge, model_payoff, overhead):
             # The cache draft wins even at payoff 0, so no prediction (clamped at 0 below) can change the choice:
             # the cache rate only grows with its payoff, and a merged tree earns (max(cache, model) + 1) / merged
             # seconds, which is the model-payoff term while the cache payoff is the smaller, and below the cache
@@ -326,10 +326,12 @@ class OraclePolicy(Policy):
         self.reference = list(reference)
         self.decisions: list[str] = []
         self._model_used = False
+        self._skipped = 0  # the replay's steps since its model drafter last drafted
 
     def begin(self) -> None:
         self.decisions = []
         self._model_used = False
+        self._skipped = 0
 
     def before_model(self, step: Step) -> str | None:
         return None
@@ -340,14 +342,16 @@ class OraclePolicy(Policy):
         realized = {o: realized_payoff(trees[o], future) for o in step.options()}
         self.predicted = [float(realized.get(o, float("nan"))) for o in OPTIONS]
         # Knowing the payoffs, it would not have run the model drafter (nor begun it) for a cache-only step. Its
-        # recording pass runs the model drafter every step, so whether the replay will have begun it is its own count.
+        # recording pass runs the model drafter every step, so what the replay's model drafter will have to catch up
+        # (its begin, the steps it sat out) is the oracle's own count.
         cost = _cost(step, self.name)
-        begin = 0.0 if self._model_used else cost.model_begin(step.length)
-        rates = {o: _rate(realized[o], cost.step(step.nodes(o), o != "cache") + (begin if o != "cache" else 0.0))
+        overhead = cost.model_overhead(self._model_used, self._skipped, step.length)
+        rates = {o: _rate(realized[o], cost.step(step.nodes(o), o != "cache") + (overhead if o != "cache" else 0.0))
                  for o in step.options()}
         choice = max(rates, key=lambda o: (rates[o], -OPTIONS.index(o)))
         self.decisions.append(choice)
         self._model_used = self._model_used or choice != "cache"
+        self._skipped = self._skipped + 1 if choice == "cache" else 0
         return choice
 
 
