@@ -5,5 +5,5 @@
 # (its compiles would not fit the slot left).
 source scripts/h200_env.sh
 M=../models/qwen3_5-small
-TAILN=12 run 190 rest_split python3 ../../scripts/hvd_rest_split.py --model $M --compile --dtype bfloat16 \
+TAILN=12 run 190 rest_split python3 ../../scripts/hvd_rest_split.py --model $M --eagle ../../examples/drafters/qwen3_5-small-eagle3 --compile --dtype bfloat16 \
     --workload tool_calls --sessions 4 --repeats 3
