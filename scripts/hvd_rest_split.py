@@ -118,6 +118,7 @@ def main() -> None:
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens, eos_token_id=None,
                       pad_token_id=tok.pad_token_id)
     parts = {name: {p: [] for p in PARTS + ("total",)} for name in variants}
+    mismatches = dict.fromkeys(variants, 0)
     stores = SuffixStores()
     for warm in (True, False):
         if not warm:
@@ -139,7 +140,9 @@ def main() -> None:
                         stores.leave(name)
                         if saved is not None:
                             stores.restore(name, saved)
-                        assert torch.equal(run.sequences, ref), f"{name} differs from stock greedy"
+                        # (bf16 on the static path can flip a near-tie against stock greedy, for every variant
+                        # alike: counted, as the bench's --allow-mismatch does; fp32 identity is what CI tests)
+                        mismatches[name] += int(not torch.equal(run.sequences, ref))
                         if warm:
                             continue
                         got = dict(prefill=prefill[0], draft=run.stats.draft_seconds,
@@ -149,7 +152,8 @@ def main() -> None:
                         for p, v in got.items():
                             parts[name][p].append(1e3 * v)
     calls = len(parts["suffix"]["total"])
-    print(f"{args.model} {args.dtype} {args.workload}: {calls} timed calls per variant (ms per call, median)")
+    print(f"{args.model} {args.dtype} {args.workload}: {calls} timed calls per variant (ms per call, median); "
+          f"calls differing from stock greedy: {mismatches}")
     print(f"{'variant':<15}" + "".join(f"{p:>10}" for p in PARTS + ("total",)))
     for name, values in parts.items():
         print(f"{name:<15}" + "".join(f"{statistics.median(values[p]):>10.3f}" for p in PARTS + ("total",)))
