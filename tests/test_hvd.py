@@ -3,6 +3,7 @@ payoff predictor's Hub round trip, the label-collection mode against known accep
 in step while skipped, draft merging, the cost model, the workload suite, metrics and bad input."""
 
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -408,8 +409,9 @@ def test_profile_costs_through_the_loop():
     # The begin, timed over two context lengths: a fixed part and a per-token part, together the measured begin.
     assert profile.model_begin_seconds >= 0 and profile.model_begin_seconds_per_token >= 0
     assert profile.model_begin(24) > 0 and profile.model_begin(240) >= profile.model_begin(24)
-    # The model drafter's accepts: one step's, and a catch-up over CATCH_UP_TOKENS at once (HVD's, after it sat out).
-    assert profile.model_accept_seconds > 0 and profile.model_catch_up_seconds > 0
+    # The model drafter's accepts: one step's, and a catch-up over CATCH_UP_TOKENS at once (HVD's, after it sat out;
+    # its size is checked with a drafter of known costs below).
+    assert profile.model_accept_seconds > 0 and profile.model_catch_up_seconds >= 0
     for skipped, extra in ((0, profile.model_accept_seconds), (5, profile.model_catch_up_seconds)):
         assert profile.model_overhead(True, skipped, 24) == extra
     assert profile.model_overhead(False, 0, 24) == profile.model_begin(24) + profile.model_catch_up_seconds
@@ -419,6 +421,43 @@ def test_profile_costs_through_the_loop():
     assert old.model_begin_seconds == 0.0 and old.model_overhead(True, 5, 24) == 0.0
     with pytest.raises(ValueError, match="profiled seconds"):
         CostProfile.from_dict({**profile.to_dict(), "model_catch_up_seconds": -1.0})
+
+
+class _SleepyDrafter(Drafter):
+    """Proposes nothing; 1 ms per committed token it hears of, in `accept` (as EAGLE's accept pass) or, `lazy`, in
+    its next `propose` (as the assistant-model drafter feeds the tokens it missed)."""
+
+    def __init__(self, lazy: bool):
+        self.lazy, self.seen = lazy, 0
+
+    def begin(self, input_ids, context=None, hidden=None):
+        self.seen = input_ids.shape[1]
+
+    def _feed(self, input_ids):
+        time.sleep(1e-3 * (input_ids.shape[1] - self.seen))
+        self.seen = input_ids.shape[1]
+
+    def accept(self, input_ids, result, hidden=None):
+        if not self.lazy:
+            self._feed(input_ids)
+
+    def propose(self, input_ids, budget):
+        if self.lazy:
+            self._feed(input_ids)
+        return empty_draft()
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_profile_prices_the_model_drafters_catch_up(lazy):
+    # 23 tokens at once (the 24-token context's catch-up) against one per profiled step, whether the drafter pays
+    # for them in accept or in its next propose.
+    profile = profile_costs(tiny_model("qwen3_5_text"), SuffixDrafter(use_global=False), _SleepyDrafter(lazy),
+                            model_tokens=6, model_depth=3, max_depth=6, tree_sizes=(1, 4), context_tokens=24,
+                            repeats=2)
+    per_step = profile.model_draft_seconds if lazy else profile.model_accept_seconds
+    assert 0.9e-3 < per_step < 10e-3
+    assert profile.model_catch_up_seconds > 20e-3
+    assert profile.model_overhead(True, 3, 24) == profile.model_catch_up_seconds
 
 
 # ---------------------------------------------------------------------- workloads and metrics

@@ -62,8 +62,9 @@ class CostProfile:
             saved before it was (their per-token figure was the whole begin divided by a 256-token context, which
             overstates a long context's begin on a GPU, where most of it is fixed).
         model_accept_seconds / model_catch_up_seconds: the model drafter's accept of one step's committed tokens
-            (its draft ran the step before), and of `CATCH_UP_TOKENS` tokens at once (it sat out steps); see the
-            module docstring. Both 0 in profiles saved before they were measured.
+            (its draft ran the step before), and what `CATCH_UP_TOKENS` tokens at once (it sat out steps) add to its
+            accept and next draft (a drafter that feeds missed tokens in `propose` pays there); see the module
+            docstring. Both 0 in profiles saved before they were measured.
     """
 
     tree_sizes: list[int]
@@ -170,7 +171,7 @@ class _ProfileDrafter(Drafter):
         self.begin_seconds_per_token = 0.0
         self.begin_seconds = 0.0
         self.accept_seconds: list[float] = []
-        self.catch_up_seconds = 0.0
+        self.catch_up_and_draft_seconds = 0.0
 
     def begin(self, input_ids, context=None, hidden=None):
         self.cache_drafter.begin(input_ids, context, None)
@@ -194,7 +195,9 @@ class _ProfileDrafter(Drafter):
         self.begin_seconds_per_token = max(per_token, 0.0)
         self.begin_seconds = max(seconds[full] - self.begin_seconds_per_token * full, 0.0)
         # A catch-up: begun over all but the last k tokens, then one accept of those k (as HVD's `_catch_up_model`
-        # hands them over); once untimed, then timed. The last begin leaves the drafter over the whole context.
+        # hands them over) and the draft after it, timed together (a drafter that feeds the tokens it missed in its
+        # next `propose`, as the assistant-model drafter does, catches up there); the steady draft's time is taken
+        # off in `profile_costs`. Once untimed, then timed; the last begin leaves the drafter over the whole context.
         k = min(CATCH_UP_TOKENS, full - 1)
         if k >= 1:
             tokens = input_ids[0, full - k :]
@@ -209,8 +212,9 @@ class _ProfileDrafter(Drafter):
                 self.sync()
                 start = time.perf_counter()
                 self.model_drafter.accept(input_ids, result, tail)
+                self.model_drafter.propose(input_ids, self.model_budget)
                 self.sync()
-                self.catch_up_seconds = time.perf_counter() - start
+                self.catch_up_and_draft_seconds = time.perf_counter() - start
             self.model_drafter.begin(input_ids, context, hidden)
 
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
@@ -299,17 +303,18 @@ def profile_costs(
     for n in sizes:
         verify.append(max(statistics.median(drafter.verify[n][1:]), verify[-1] if verify else 0.0))
     warm = len(sizes)
+    model_draft = statistics.median(drafter.model_seconds[warm:])
     profile = CostProfile(
         tree_sizes=sizes,
         verify_seconds=verify,
         cache_draft_seconds=statistics.median(drafter.cache_seconds[warm:]),
-        model_draft_seconds=statistics.median(drafter.model_seconds[warm:]),
+        model_draft_seconds=model_draft,
         key=profile_key(target, model_drafter),
         model_begin_seconds_per_token=drafter.begin_seconds_per_token,
         model_begin_seconds=drafter.begin_seconds,
         # (accepts[0] is the prefill token's, before any timed step)
         model_accept_seconds=statistics.median(drafter.accept_seconds[warm + 1:] or drafter.accept_seconds),
-        model_catch_up_seconds=drafter.catch_up_seconds,
+        model_catch_up_seconds=max(drafter.catch_up_and_draft_seconds - model_draft, 0.0),
     )
     verify = dict(zip(profile.tree_sizes, [round(s, 5) for s in profile.verify_seconds]))
     logger.info("HVD cost profile %s: verify %s s, cache draft %.2e s, model draft %.2e s, model begin %.2e s + "
