@@ -661,17 +661,18 @@ def reference_before_model(step, cache_payoff, cost, probe_interval=16, probe_bu
     skipped = step.history.steps_since_model
     # Before it drafts, the model drafter accepts what was committed since it last drafted (and begins, the first time).
     if step.model_begun:
-        begin = cost.model_accept_seconds if skipped == 0 else cost.model_catch_up_seconds
+        overhead = cost.model_accept_seconds if skipped == 0 else cost.model_catch_up_seconds
     else:
-        begin = cost.model_begin_seconds + cost.model_begin_seconds_per_token * step.length + cost.model_catch_up_seconds
+        overhead = (cost.model_begin_seconds + cost.model_begin_seconds_per_token * step.length
+                    + cost.model_catch_up_seconds)
     rate = lambda payoff, seconds: (payoff + 1.0) / seconds  # noqa: E731
     mp = step.history.model_payoff_ema
-    model_seconds = cost.step(step.model_tokens, True) + begin
+    model_seconds = cost.step(step.model_tokens, True) + overhead
     nodes = min(step.budget.max_nodes, step.cache.num_nodes + step.model_tokens)
-    merged_seconds = cost.step(nodes, True) + begin
+    merged_seconds = cost.step(nodes, True) + overhead
     cache_rate = rate(cache_payoff, cost.step(step.cache.num_nodes, False))
     if skipped >= probe_interval and probe_budget > 0 and \
-            cost.model_draft_seconds + begin <= probe_budget * skipped * cost.step(step.cache.num_nodes, False):
+            cost.model_draft_seconds + overhead <= probe_budget * skipped * cost.step(step.cache.num_nodes, False):
         depth = step.budget.max_depth
         ceiling = max(rate(min(step.model_tokens, depth), model_seconds), rate(depth, merged_seconds))
         return "cache" if cache_rate >= ceiling else None

@@ -192,7 +192,7 @@ class LearnedPolicy(Policy):
         self.probe_recheck = probe_recheck
         self._declined_at: int | None = None  # steps without the model drafter when a due probe was last declined
         # `quick_cache` memo of one request (its cost profile and merge setting are fixed): (cache nodes, model
-        # payoff EMA, begun, model tokens, max nodes) -> whether the cache draft wins at payoff 0. The EMA only moves
+        # payoff EMA, model overhead, model tokens, max nodes) -> whether the cache draft wins at payoff 0. The EMA only moves
         # when the model drafter runs, so a request asks a handful of keys (one per cache draft size) for long
         # stretches.
         self._wins_at_zero: dict[tuple, bool] = {}
