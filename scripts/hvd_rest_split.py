@@ -15,7 +15,9 @@ before its policy does anything. Methods run interleaved, call by call, `--repea
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
 
 import torch
@@ -90,7 +92,9 @@ def main() -> None:
     from hf_hybrid_spec.eagle import EagleDrafter
 
     eagle = EagleDrafter.from_pretrained(eagle_path).to(device=bargs.device, dtype=dtype).eval()
-    methods = hvd_bench.Methods(bargs, model, eagle, predictor, "/tmp/hvd_rest_split_cost.json")
+    # A fresh path: an existing profile file would be loaded instead of measuring this machine.
+    profile_path = os.path.join(tempfile.mkdtemp(prefix="hvd_rest_split_"), "cost_profile.json")
+    methods = hvd_bench.Methods(bargs, model, eagle, predictor, profile_path)
     make_cost_profile(methods.learned, model, eagle)
     layers = tuple(make_drafter(methods.learned, model, eagle).target_hidden_layers)
 
