@@ -283,6 +283,35 @@ def time_verify_buckets(model, prefix_length: int, reps: int = 30, fuse: bool = 
     return times
 
 
+def balanced_order(methods: list[str], index: int) -> list[str]:
+    """The methods' running order for the `index`-th timed prompt: a Williams design, so that over every `n` prompts
+    (`2n` for an odd number `n` of methods) each method runs first equally often and right after each other method
+    equally often.
+
+    Why not a rotation: rotating keeps the cyclic order, so every method always follows the same one (HVD always
+    right after the threshold policy, suffix-only after the oracle), and whatever a run leaves behind (warm host
+    caches, the allocator, GPU clocks after an EAGLE-heavy method) lands on the same method at every prompt.
+    """
+    n = len(methods)
+    if n < 2:
+        return list(methods)
+    # Base row 0, 1, n-1, 2, n-2, ...: its successive differences cover every non-zero residue once, so the n
+    # shifted rows put every ordered pair side by side exactly once (n even); for odd n the mirrored rows make it
+    # exactly twice over 2n rows.
+    base = [0]
+    low, high = 1, n - 1
+    while len(base) < n:
+        base.append(low)
+        low += 1
+        if len(base) < n:
+            base.append(high)
+            high -= 1
+    period = n if n % 2 == 0 else 2 * n
+    row = index % period
+    order = [methods[(b + row % n) % n] for b in base]
+    return order[::-1] if row >= n else order
+
+
 class SuffixStores:
     """One process-wide suffix cache per method, so that a method only ever learns from its own earlier
     prompts, never from another method's (or its own earlier) run of the same prompt."""

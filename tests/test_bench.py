@@ -12,3 +12,25 @@ def test_bench_times_plain_and_fused_graph_rows_behind_a_passing_gate():
     for row in summary["methods"].values():
         assert row["target_forwards"] > 0 and row["mismatches"] == 0 and row["graph_captures_while_timed"] == 0
     assert summary["verify_ms_by_bucket"] == {} and summary["fused_verify_ms_by_bucket"] == {}  # no sweep asked
+
+
+def test_balanced_order_puts_each_method_first_and_after_each_other_equally_often():
+    from collections import Counter
+
+    for n in range(1, 7):
+        methods = [f"m{i}" for i in range(n)]
+        period = n if n % 2 == 0 else 2 * n
+        orders = [bench.balanced_order(methods, i) for i in range(period)]
+        assert all(sorted(o) == methods for o in orders)
+        if n < 2:
+            continue
+        # Each position holds each method equally often over a period (the first one runs right after stock).
+        for pos in range(n):
+            assert set(Counter(o[pos] for o in orders).values()) == {period // n}
+        # Each ordered pair is adjacent equally often: no method always follows the same one (a rotation fails this).
+        pairs = Counter((o[i], o[i + 1]) for o in orders for i in range(n - 1))
+        assert len(pairs) == n * (n - 1) and set(pairs.values()) == {period // n}
+        # The design repeats with its period.
+        assert bench.balanced_order(methods, period + 1) == orders[1]
+    rotation = [["a", "b", "c", "d"][i:] + ["a", "b", "c", "d"][:i] for i in range(4)]
+    assert len(Counter((o[i], o[i + 1]) for o in rotation for i in range(3))) == 4  # the confound it replaces

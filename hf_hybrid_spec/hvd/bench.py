@@ -16,12 +16,11 @@ Methods, all greedy and exact (every output is compared with stock greedy):
 
 Sessions: the held-out split of the suite (`--workloads`; the predictor never trained on them). Each call's prompt
 carries the earlier calls' stock greedy outputs, which every method reproduces exactly. Per call, stock greedy and
-every method run back to back in one process (the methods' order rotating from call to call), so speedups are ratios
-measured side by side; each method keeps its
-own process-wide suffix cache (it learns from the session's earlier calls and earlier sessions, never from another
-method's run of the same prompt or its own earlier run of it). Order: correctness gate (`--gate-sessions` per
-workload, untimed), timing, a table per workload, the issue's targets checked plainly, PNGs (speedups; predictor
-calibration), a JSON line last. Predictor quality (MAE, Spearman) is measured on the oracle's recording pass over
+every method run back to back in one process, in a balanced order (`hf_hybrid_spec.bench.balanced_order`), so
+speedups are ratios measured side by side; each method keeps its own process-wide suffix cache (it learns from the
+session's earlier calls and earlier sessions, never from another method's run of the same prompt or its own earlier
+run of it). Order: correctness gate (`--gate-sessions` per workload, untimed), timing, a table per workload, the
+issue's targets checked plainly, PNGs (speedups; predictor calibration), a JSON line last. Predictor quality (MAE, Spearman) is measured on the oracle's recording pass over
 the same held-out sessions, where both drafters ran at every step.
 """
 
@@ -41,7 +40,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from ..bench import SuffixStores, load_model, quiet_gc, warm_up_tree_sizes
+from ..bench import SuffixStores, balanced_order, load_model, quiet_gc, warm_up_tree_sizes
 from ..config import AssistantConfig
 from ..drafters import clear_global_suffix_cache, make_drafter
 from .drafter import HybridDrafter, make_cost_profile, make_model_drafter
@@ -380,8 +379,9 @@ def main(argv=None) -> dict:
             ref = stock.sequences
             outputs.append(tok.decode(ref[0, ids.shape[1]:]))
             tallies[session.workload]["stock"].add(stock, ref)
-            # The methods' order rotates from call to call, so none always runs right after stock (warm caches).
-            order = args.methods[calls % len(args.methods):] + args.methods[: calls % len(args.methods)]
+            # A balanced order (each method first, and right after each other method, equally often): a rotation
+            # kept each method's predecessor fixed, and identical drafts came out 5% apart with intervals past 1.
+            order = balanced_order(args.methods, calls)
             calls += 1
             for name in order:
                 before = _graphs_captured()
