@@ -22,7 +22,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -38,6 +40,7 @@ from .prompts import code_prompts
 from .tree import DraftTree, build_verify_tree
 
 logger = logging.get_logger(__name__)
+T = TypeVar("T")
 
 # Named drafter presets; `ngram` is transformers' prompt lookup at the settings the project compares against.
 PRESETS = {
@@ -283,7 +286,7 @@ def time_verify_buckets(model, prefix_length: int, reps: int = 30, fuse: bool = 
     return times
 
 
-def balanced_order(methods: list[str], index: int) -> list[str]:
+def balanced_order(methods: Sequence[T], index: int) -> list[T]:
     """The methods' running order for the `index`-th timed prompt: a Williams design, so that over every `n` prompts
     (`2n` for an odd number `n` of methods) each method runs first equally often and right after each other method
     equally often.

@@ -7,7 +7,7 @@ FLy, typical acceptance and CoSpec, for both target/draft pairings of the fixtur
    that never overrides must equal target-only greedy token for token; CoSpec with an arbiter that always
    overrides must equal draft-only greedy. Any difference stops the benchmark.
 2. Timing: per example, every method runs back to back in one process (the two plain AR runs are shared by the
-   pairings: qwen AR is target-only for one and draft-only for the other), in an order rotated per example, so
+   pairings: qwen AR is target-only for one and draft-only for the other), in a balanced order per example, so
    the noise of a shared machine hits all methods alike. The target's and the draft's prefill of the prompt are
    timed too, to also report a decode-phase speedup (total minus prefill), an estimate.
 3. A table per pairing: accuracy (exact next line), wins / losses against target-only, speedup over target-only
@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cospec_task import load_task, method_config, run_method
 
+from hf_hybrid_spec.bench import balanced_order
 from hf_hybrid_spec.cospec import ConstantArbiter, CoSpecArbiter
 
 SPEC_METHODS = ("lossless", "fly", "typical", "cospec")
@@ -162,7 +163,7 @@ def main(argv=None):
     records = []
     for i, ex in enumerate(tqdm(examples, desc="examples")):
         jobs = [("ar", n) for n in names] + [(m, pr) for pr in pairings for m in SPEC_METHODS]
-        jobs = jobs[i % len(jobs):] + jobs[: i % len(jobs)]
+        jobs = balanced_order(jobs, i)  # each job first, and right after each other job, equally often
         ar, runs = {}, {pairing_name(t, d): {} for t, d in pairings}
         for kind, what in jobs:
             if kind == "ar":

@@ -20,8 +20,9 @@ every method run back to back in one process, in a balanced order (`hf_hybrid_sp
 speedups are ratios measured side by side; each method keeps its own process-wide suffix cache (it learns from the
 session's earlier calls and earlier sessions, never from another method's run of the same prompt or its own earlier
 run of it). Order: correctness gate (`--gate-sessions` per workload, untimed), timing, a table per workload, the
-issue's targets checked plainly, PNGs (speedups; predictor calibration), a JSON line last. Predictor quality (MAE, Spearman) is measured on the oracle's recording pass over
-the same held-out sessions, where both drafters ran at every step.
+issue's targets checked plainly, PNGs (speedups; predictor calibration), a JSON line last. Predictor quality (MAE,
+Spearman) is measured on the oracle's recording pass over the same held-out sessions, where both drafters ran at
+every step.
 """
 
 from __future__ import annotations
