@@ -152,12 +152,6 @@ def _rate(payoff: float, seconds: float) -> float:
     return (payoff + 1.0) / seconds
 
 
-def _model_overhead(step: Step, cost: CostProfile) -> float:
-    """What running the model drafter this step adds to its draft: its begin (EAGLE: a pass over the whole context)
-    until it has begun, and its accept of the tokens committed since it last drafted (`CostProfile.model_overhead`)."""
-    return cost.model_overhead(step.model_begun, step.history.steps_since_model, step.length)
-
-
 def _cost(step: Step, policy: str) -> CostProfile:
     if step.cost is None:
         raise ValueError(f"the {policy!r} policy weighs payoffs against costs: give the HybridDrafter a CostProfile")
@@ -192,9 +186,9 @@ class LearnedPolicy(Policy):
         self.probe_recheck = probe_recheck
         self._declined_at: int | None = None  # steps without the model drafter when a due probe was last declined
         # `quick_cache` memo of one request (its cost profile and merge setting are fixed): (cache nodes, model
-        # payoff EMA, model overhead, model tokens, max nodes) -> whether the cache draft wins at payoff 0. The EMA only moves
-        # when the model drafter runs, so a request asks a handful of keys (one per cache draft size) for long
-        # stretches.
+        # payoff EMA, model overhead, model tokens, max nodes) -> whether the cache draft wins at payoff 0. The EMA
+        # only moves when the model drafter runs, so a request asks a handful of keys (one per cache draft size) for
+        # long stretches.
         self._wins_at_zero: dict[tuple, bool] = {}
 
     def begin(self) -> None:
@@ -211,7 +205,8 @@ class LearnedPolicy(Policy):
 
     def _probe_due(self, cost: CostProfile, skipped: int, nodes: int, overhead: float) -> bool:
         """Whether a probe is due after `skipped` steps without the model drafter, at a cache draft of `nodes`
-        nodes, the model drafter's draft costing `overhead` seconds more than profiled (`_model_overhead`)."""
+        nodes, the model drafter's draft costing `overhead` seconds more than profiled
+        (`CostProfile.model_overhead`)."""
         if not self._probe_may_be_due(skipped):
             return False
         probe = cost.model_draft_seconds + overhead
@@ -251,7 +246,9 @@ class LearnedPolicy(Policy):
 
     def before_model(self, step: Step) -> str | None:
         cost = _cost(step, self.name)
-        overhead = _model_overhead(step, cost)
+        # What running the model drafter adds to its draft: its begin until it has begun, and its accept of what
+        # was committed since it last drafted.
+        overhead = cost.model_overhead(step.model_begun, step.history.steps_since_model, step.length)
         probe = self._probe_due(cost, step.history.steps_since_model, step.cache.num_nodes, overhead)
         # What the model drafter would bring, judged by what it delivered recently.
         model_payoff = float(step.history.model_payoff_ema)
