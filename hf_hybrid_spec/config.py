@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -16,21 +17,18 @@ __all__ = ["AssistantConfig", "DRAFTERS", "VERIFICATIONS", "CONFIG_NAME"]
 
 CONFIG_NAME = "assistant_config.json"
 
-# Drafters `speculative_generate` knows; `model` drafts with `draft_model=` (any causal LM, same tokenizer).
-DRAFTERS = ("suffix", "ngram", "model")
-# EAGLE-3 drafter (issue #4): `draft_model=` an `hf_hybrid_spec.eagle.EagleDrafter` trained for the target.
-DRAFTERS = DRAFTERS + ("eagle",)
-VERIFICATIONS = ("lossless",)
-# Lossy, opt-in verification (issue #9, hf_hybrid_spec.cospec): an arbiter may keep the draft's token at a mismatch.
-VERIFICATIONS = VERIFICATIONS + ("cospec", "fly", "typical")
+# Drafters `speculative_generate` knows: `model` drafts with `draft_model=` (any causal LM, same tokenizer), `eagle`
+# with an `hf_hybrid_spec.eagle.EagleDrafter`, `self_ssm` / `layerskip` with the target's own SSM pathway or first
+# layers, `hvd` picks per step between the suffix draft and a model draft (`hf_hybrid_spec.hvd`).
+DRAFTERS = ("suffix", "ngram", "model", "eagle", "self_ssm", "layerskip", "hvd")
+# Lossy, opt-in rules (`hf_hybrid_spec.cospec`) keep the draft's token at some mismatches.
+VERIFICATIONS = ("lossless", "cospec", "fly", "typical")
 KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
-# Self-speculative drafters (issue #5): the target's own SSM pathway or first layers.
-DRAFTERS = DRAFTERS + ("self_ssm", "layerskip")
 # How `drafter="self_ssm"` suppresses attention; hf_hybrid_spec.models.base.SSM_VARIANTS documents each.
 SSM_VARIANTS = ("zero_attention", "rescale_ssm", "skip_layer")
-# Hybrid Verified Decoding (issue #6, hf_hybrid_spec.hvd): per step, the cache draft, the model draft or both.
-DRAFTERS = DRAFTERS + ("hvd",)
 HVD_POLICIES = ("learned", "threshold")
+# Nesting allowed in `extra` (JSON from a file could otherwise nest deep enough to overflow the stack later).
+MAX_EXTRA_DEPTH = 8
 
 
 @dataclass
@@ -41,6 +39,9 @@ class AssistantConfig:
         max_draft_tokens: most draft nodes verified per target forward (the root comes on top).
         max_depth: deepest draft node below the root; also bounds the tokens one forward can commit
             (max_depth + 1 with the bonus token).
+        max_verify_nodes: a hard cap on the draft nodes of one verify forward, whatever `max_draft_tokens` asks
+            (verification memory and time grow with the tree: a 1,000-node tree takes seconds per step on a CPU);
+            a budget above it is capped, and `spec_stats.budget_capped` says so.
 
     Suffix drafter (SuffixDecoding; `drafter="suffix"`):
         max_spec_factor, max_spec_offset: a match of length m drafts at most m * factor + offset tokens.
@@ -49,6 +50,9 @@ class AssistantConfig:
         max_match_length: longest context suffix matched against the trees (also the depth of the trees).
         global_cache: also draft from a process-wide tree over earlier generations.
         max_cached_outputs: how many earlier generations the process-wide tree keeps (oldest evicted).
+        max_cached_tokens: and how many tokens in all (outputs plus the kept tries of finished requests, oldest
+            evicted first): the memory bound of the process-wide cache, at most ~100 bytes per token (see
+            `docs/benchmarks.md`, "Suffix cache memory").
         tree: emit branching trees; False keeps only the most probable chain.
 
     N-gram drafter (prompt lookup; `drafter="ngram"`):
@@ -120,13 +124,16 @@ class AssistantConfig:
         hvd_merge: whether the learned policy may verify one merged tree.
         hvd_probe_budget: "learned": the share of decoding time that runs of the model drafter against the policy's
             prediction (probes, which keep its recent-payoff estimate current) may take; 0 never probes.
-        hvd_cost_profile: a JSON file of `hf_hybrid_spec.hvd.CostProfile`: loaded when it exists, else written after
-            profiling; None profiles on first use (once per process, target and model drafter).
+        hvd_cost_profile: a JSON file of `hf_hybrid_spec.hvd.CostProfile` to load (read only: it must exist); None
+            profiles on first use (once per process, target and model drafter) and keeps the profile in memory.
+            The library never writes to a path a config names (a downloaded config must not choose where files
+            go): save a profile yourself with `CostProfile.save`.
     """
 
     drafter: str = "suffix"
     max_draft_tokens: int = 24
     max_depth: int = 8
+    max_verify_nodes: int = 256
     # suffix drafter
     max_spec_factor: float = 1.0
     max_spec_offset: float = 0.0
@@ -134,6 +141,7 @@ class AssistantConfig:
     max_match_length: int = 32
     global_cache: bool = True
     max_cached_outputs: int = 256
+    max_cached_tokens: int = 2_000_000
     tree: bool = True
     # n-gram drafter
     ngram_size: int = 3
@@ -170,48 +178,37 @@ class AssistantConfig:
     hvd_cost_profile: str | None = None
 
     def __post_init__(self):
-        if self.drafter not in DRAFTERS:
-            raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
-        if self.verification not in VERIFICATIONS:
-            raise ValueError(f"verification must be one of {VERIFICATIONS}, got {self.verification!r}")
-        if self.kernel_backend not in KERNEL_BACKENDS:
-            raise ValueError(f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}")
-        for name in ("max_draft_tokens", "max_depth", "max_match_length", "ngram_size", "draft_top_k",
-                     "max_cached_outputs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not 0.0 < self.min_token_prob <= 1.0:
-            raise ValueError(f"min_token_prob must be in (0, 1], got {self.min_token_prob!r}")
-        if self.max_spec_factor < 0 or self.max_spec_offset < -self.max_match_length:
-            raise ValueError("max_spec_factor must be >= 0 and max_spec_offset > -max_match_length")
-        for name in ("global_cache", "tree"):
+        if self.hvd_policy == "oracle":
+            self._validate_hvd()  # its own message
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        for name in _POSITIVE_INTS:
+            _check_int(name, getattr(self, name))
+        if self.exit_layer is not None:
+            _check_int("exit_layer", self.exit_layer)
+        for name in _BOOLS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not isinstance(self.extra, dict):
-            raise ValueError("extra must be a dict")
-        for name in ("compile", "compile_drafter", "compile_verify"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        buckets = tuple(self.compile_buckets)
-        if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 128 for b in buckets):
-            raise ValueError(f"compile_buckets must be integers in [2, 128], got {self.compile_buckets!r}")
-        self.compile_buckets = tuple(sorted(set(buckets)))
-        if self.ssm_variant not in SSM_VARIANTS:
-            raise ValueError(f"ssm_variant must be one of {SSM_VARIANTS}, got {self.ssm_variant!r}")
-        if isinstance(self.ssm_scale, bool) or not isinstance(self.ssm_scale, (int, float)) or not self.ssm_scale > 0:
-            raise ValueError(f"ssm_scale must be a positive number, got {self.ssm_scale!r}")
-        if self.exit_layer is not None and (
-            isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int) or self.exit_layer < 1
+        for name, (low, high, low_open) in _NUMBERS.items():
+            setattr(self, name, _check_number(name, getattr(self, name), low, high, low_open))
+        if not self.max_spec_offset > -self.max_match_length:
+            raise ValueError(f"max_spec_offset must be > -max_match_length ({-self.max_match_length}), got "
+                             f"{self.max_spec_offset!r}")
+        _check_json_value("extra", self.extra, dict)
+        buckets = self.compile_buckets
+        if isinstance(buckets, (str, bytes)) or not isinstance(buckets, (tuple, list)) or not buckets or any(
+            isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 128 for b in buckets
         ):
-            raise ValueError(f"exit_layer must be a positive integer, got {self.exit_layer!r}")
+            raise ValueError(f"compile_buckets must be a non-empty list of integers in [2, 128], got {buckets!r}")
+        self.compile_buckets = tuple(sorted(set(buckets)))
         if self.drafter == "layerskip" and self.exit_layer is None:
             raise ValueError("drafter='layerskip' needs exit_layer= (how many decoder layers draft)")
         self._validate_lossy()
         self._validate_hvd()
 
     def _validate_lossy(self) -> None:
-        """Checks of the lossy-verification fields (issue #9)."""
+        """Checks of the lossy-verification fields."""
         if self.verification == "cospec" and self.arbiter is None:
             raise ValueError("verification='cospec' needs arbiter= (a saved CoSpecArbiter's directory or Hub id, "
                              "or an hf_hybrid_spec.cospec.Arbiter)")
@@ -221,44 +218,26 @@ class AssistantConfig:
             getattr(self.arbiter, "decide", None)
         ):
             raise ValueError(f"arbiter must be a path / Hub id or an Arbiter (with .decide), got {self.arbiter!r}")
-        if isinstance(self.fly_window, bool) or not isinstance(self.fly_window, int) or self.fly_window < 1:
-            raise ValueError(f"fly_window must be a positive integer, got {self.fly_window!r}")
-        if not self.fly_entropy_threshold >= 0:
-            raise ValueError(f"fly_entropy_threshold must be >= 0, got {self.fly_entropy_threshold!r}")
-        if not 0 < self.typical_epsilon <= 1 or not self.typical_delta > 0 or not self.typical_temperature > 0:
-            raise ValueError("typical acceptance needs 0 < typical_epsilon <= 1, typical_delta > 0 and "
-                             "typical_temperature > 0")
+        if isinstance(self.arbiter, os.PathLike):
+            self.arbiter = os.fspath(self.arbiter)
 
     def _validate_hvd(self) -> None:
-        """Checks of the Hybrid Verified Decoding fields (issue #6)."""
-        if self.hvd_policy not in HVD_POLICIES:
-            hint = (" (the oracle is benchmark-only: build hf_hybrid_spec.hvd.HybridDrafter with an OraclePolicy)"
-                    if self.hvd_policy == "oracle" else "")
-            raise ValueError(f"hvd_policy must be one of {HVD_POLICIES}, got {self.hvd_policy!r}{hint}")
-        if self.hvd_predictor is not None and not isinstance(self.hvd_predictor, (str, os.PathLike)):
-            raise ValueError(f"hvd_predictor must be a directory or Hub id (str), got {type(self.hvd_predictor).__name__}"
-                             "; pass an in-memory predictor through hf_hybrid_spec.hvd.HybridDrafter instead")
+        """Checks of the Hybrid Verified Decoding fields."""
+        if self.hvd_policy == "oracle":
+            raise ValueError("hvd_policy='oracle' is benchmark-only: build hf_hybrid_spec.hvd.HybridDrafter with an "
+                             f"OraclePolicy (hvd_policy must be one of {HVD_POLICIES})")
+        for name in ("hvd_predictor", "hvd_cost_profile"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ValueError(f"{name} must be a path (str), got {type(value).__name__}"
+                                 + ("; pass an in-memory predictor through hf_hybrid_spec.hvd.HybridDrafter instead"
+                                    if name == "hvd_predictor" else ""))
+            # Paths are kept as strings so the config stays JSON.
+            if isinstance(value, os.PathLike):
+                setattr(self, name, os.fspath(value))
         if self.drafter == "hvd" and self.hvd_policy == "learned" and self.hvd_predictor is None:
             raise ValueError("drafter='hvd' with hvd_policy='learned' needs hvd_predictor= (a saved PayoffPredictor, "
                              "e.g. examples/payoff/qwen3_5-small), or use hvd_policy='threshold'")
-        if isinstance(self.hvd_threshold, bool) or not isinstance(self.hvd_threshold, (int, float)) or \
-                not self.hvd_threshold >= 0:
-            raise ValueError(f"hvd_threshold must be a number >= 0, got {self.hvd_threshold!r}")
-        for name in ("hvd_model_tokens", "hvd_model_depth"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(self.hvd_probe_budget, bool) or not isinstance(self.hvd_probe_budget, (int, float)) or \
-                not 0.0 <= self.hvd_probe_budget <= 1.0:
-            raise ValueError(f"hvd_probe_budget must be a number in [0, 1], got {self.hvd_probe_budget!r}")
-        if not isinstance(self.hvd_merge, bool):
-            raise ValueError(f"hvd_merge must be a bool, got {self.hvd_merge!r}")
-        if self.hvd_cost_profile is not None and not isinstance(self.hvd_cost_profile, (str, os.PathLike)):
-            raise ValueError(f"hvd_cost_profile must be a path, got {self.hvd_cost_profile!r}")
-        # Paths are kept as strings so the config stays JSON.
-        for name in ("hvd_predictor", "hvd_cost_profile"):
-            if isinstance(getattr(self, name), os.PathLike):
-                setattr(self, name, os.fspath(getattr(self, name)))
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict:
@@ -272,6 +251,8 @@ class AssistantConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> AssistantConfig:
+        if not isinstance(data, dict):
+            raise ValueError(f"an AssistantConfig is a JSON object of fields, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -288,20 +269,95 @@ class AssistantConfig:
 
     @classmethod
     def from_pretrained(cls, path_or_repo_id: str | os.PathLike, **hub_kwargs) -> AssistantConfig:
-        """Load from a directory or JSON file, or from a Hub repository (downloaded through huggingface_hub)."""
-        path = os.fspath(path_or_repo_id)
+        """Load from a directory or JSON file, or from a Hub repository (downloaded through huggingface_hub).
+
+        A local path that does not exist raises FileNotFoundError at once; a file that is not a valid config
+        raises ValueError."""
+        from .hub import resolve_source
+
+        path = resolve_source(path_or_repo_id, "assistant config")
         if os.path.isdir(path):
             path = os.path.join(path, CONFIG_NAME)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"assistant config: no {CONFIG_NAME} in {os.fspath(path_or_repo_id)!r}")
         elif not os.path.isfile(path):
             from huggingface_hub import hf_hub_download
 
             path = hf_hub_download(path, CONFIG_NAME, **hub_kwargs)
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+            raise ValueError(f"{path} is not a valid {CONFIG_NAME} ({type(err).__name__}: {err})") from None
+        return cls.from_dict(data)
 
     def replace(self, **changes) -> AssistantConfig:
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+# ---------------------------------------------------------------------- validation tables
+_CHOICES = {"drafter": DRAFTERS, "verification": VERIFICATIONS, "kernel_backend": KERNEL_BACKENDS,
+            "ssm_variant": SSM_VARIANTS, "hvd_policy": HVD_POLICIES}
+_POSITIVE_INTS = ("max_draft_tokens", "max_depth", "max_verify_nodes", "max_match_length", "max_cached_outputs",
+                  "max_cached_tokens", "ngram_size", "draft_top_k", "fly_window", "hvd_model_tokens", "hvd_model_depth")
+_BOOLS = ("global_cache", "tree", "compile", "compile_drafter", "compile_verify", "hvd_merge")
+# name -> (low, high, low is open); every number must also be finite.
+_NUMBERS = {
+    "max_spec_factor": (0.0, None, False),
+    "max_spec_offset": (None, None, False),  # and > -max_match_length, checked after
+    "min_token_prob": (0.0, 1.0, True),
+    "ssm_scale": (0.0, None, True),
+    "fly_entropy_threshold": (0.0, None, False),
+    "typical_epsilon": (0.0, 1.0, True),
+    "typical_delta": (0.0, None, True),
+    "typical_temperature": (0.0, None, True),
+    "hvd_threshold": (0.0, None, False),
+    "hvd_probe_budget": (0.0, 1.0, False),
+}
+
+
+def _check_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_number(name: str, value, low: float | None, high: float | None, low_open: bool) -> float:
+    """`value` if it is a real number (not a bool, string or None), finite and within the bounds, else ValueError."""
+    if low == 0.0 and low_open and high is None:
+        wanted = "a positive number"
+    elif low is not None and high is not None:
+        wanted = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
+    elif low is not None:
+        wanted = f"a number {'>' if low_open else '>='} {low:g}"
+    else:
+        wanted = "a finite number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite ({wanted}), got {value!r}")
+    if (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    return value
+
+
+def _check_json_value(name: str, value, kind: type | None = None, depth: int = 0) -> None:
+    """ValueError unless `value` (of type `kind` when given) is plain JSON nested at most MAX_EXTRA_DEPTH deep."""
+    if kind is not None and not isinstance(value, kind):
+        raise ValueError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+    if depth > MAX_EXTRA_DEPTH:
+        raise ValueError(f"{name} nests deeper than {MAX_EXTRA_DEPTH} levels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{name} keys must be strings, got {key!r}")
+            _check_json_value(f"{name}[{key!r}]", item, None, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_json_value(f"{name}[{i}]", item, None, depth + 1)
+    elif value is not None and not isinstance(value, (str, int, float, bool)):
+        raise ValueError(f"{name} must hold JSON values only, got {type(value).__name__}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must hold finite numbers only, got {value!r}")
 
 
 def _arbiter_reference(arbiter) -> str | None:

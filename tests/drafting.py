@@ -73,3 +73,46 @@ def identity_failures(model, ids, max_new_tokens=32, vocab_size=96) -> list[str]
             if not torch.equal(out, ref):
                 failures.append(f"compile={compile_}, drafter={drafter.name if drafter else 'suffix'}")
     return failures
+
+
+# Every built-in drafter, as generate kwargs (a config and, where it needs one, a draft model), for a target model.
+BUILTIN_DRAFTERS = ("suffix", "ngram", "model", "eagle", "self_ssm", "layerskip", "hvd")
+
+
+def drafter_kwargs(name: str, target, compile: bool = False, draft_model=None, **config) -> dict:
+    """generate kwargs that run the built-in drafter `name` on `target`: an `AssistantConfig` and, for the drafters
+    that need one, a draft model (`draft_model`, or a random `EagleDrafter` for eagle / hvd and the target itself for
+    model). Random weights accept little; the point is the code path, and exactness holds whatever is accepted."""
+    import hf_hybrid_spec as H
+    from hf_hybrid_spec.eagle import EagleDrafter
+
+    base = dict(max_draft_tokens=12, max_depth=4, global_cache=False, compile=compile, **config)
+    if name in ("eagle", "hvd") and draft_model is None:
+        vocab = target.config.get_text_config().vocab_size
+        torch.manual_seed(1)
+        draft_model = EagleDrafter.from_target(target, draft_vocab_size=min(vocab, 1024))
+    if name == "model" and draft_model is None:
+        draft_model = target
+    extra = {
+        "eagle": dict(draft_top_k=3),
+        "layerskip": dict(exit_layer=1),
+        "hvd": dict(hvd_policy="threshold", hvd_model_tokens=8, hvd_model_depth=3, draft_top_k=2),
+    }.get(name, {})
+    kwargs = dict(assistant_config=H.AssistantConfig(drafter=name, **{**base, **extra}))
+    if name in ("model", "eagle", "hvd"):
+        kwargs["draft_model"] = draft_model
+    return kwargs
+
+
+def char_tokenizer(vocab_size: int = 96):
+    """A character-level tokenizer built offline (ids 0-2: "<eos>", "<pad>", "<unk>"; id i >= 3 is chr(30 + i), so
+    "!".."~" and more), for tests that need a tokenizer (stop strings, streamers) on the tiny random models."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, "<pad>": 1, "<unk>": 2, **{chr(30 + i): i for i in range(3, vocab_size)}}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<eos>", bos_token="<eos>",
+                                   pad_token="<pad>")

@@ -30,6 +30,13 @@ __all__ = [
 ]
 
 
+def check_top_k(top_k: int, model: nn.Module) -> None:
+    """ValueError unless `top_k` children per node fit in `model`'s vocabulary."""
+    vocab = model.config.get_text_config().vocab_size
+    if top_k > vocab:
+        raise ValueError(f"draft_top_k={top_k} exceeds the drafting model's vocabulary of {vocab} tokens")
+
+
 def make_drafter(config: AssistantConfig, target: nn.Module, draft_model: nn.Module | None = None) -> Drafter:
     # EAGLE-3 (issue #4): imported here because hf_hybrid_spec.eagle builds on this package.
     from ..eagle.modeling import EagleDrafter
@@ -67,7 +74,9 @@ def make_drafter(config: AssistantConfig, target: nn.Module, draft_model: nn.Mod
         if draft_model is None:
             raise ValueError("the 'model' drafter needs a draft model: pass draft_model= (or assistant_model= after enable())")
         check_same_vocabulary(target, draft_model)
+        check_top_k(config.draft_top_k, draft_model)
         return ModelDrafter(draft_model, top_k=config.draft_top_k)
+    check_top_k(config.draft_top_k, target)
     if config.drafter == "self_ssm":
         return SelfSSMDrafter(target, variant=config.ssm_variant, ssm_scale=config.ssm_scale, top_k=config.draft_top_k)
     if config.drafter == "layerskip":

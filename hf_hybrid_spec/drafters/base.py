@@ -7,6 +7,7 @@ One drafter object serves one `generate` call (one request). The generate loop c
     overlap()                            # the target's verify forward is launched, its result not yet read
     accept(input_ids, result, hidden)    # after verification: input_ids now ends with the new root
     end(input_ids)                       # the request is over
+    release()                            # always last, also after a failed request: drop what it held
 
 Only `propose` is required. `overlap` is where a drafter may do bookkeeping it deferred from an earlier `accept`:
 on a GPU the host would otherwise sit waiting for the verify forward there (callers other than the loop may never
@@ -47,12 +48,15 @@ class DraftContext:
         cache: the target's cache, holding the committed state whenever the drafter is called.
         adapter: the target family's adapter (mixer routing, layer kinds).
         generation_config: the request's generation config.
+        position_offsets: [R, B] multimodal RoPE offsets of the request (`VerifyTree.position_ids`), None for text
+            models: a drafter that runs the target's own forward passes them on.
     """
 
     target: nn.Module
     cache: HybridTreeCache
     adapter: ModelAdapter
     generation_config: GenerationConfig
+    position_offsets: torch.Tensor | None = None
 
 
 @dataclass
@@ -156,3 +160,7 @@ class Drafter(ABC):
 
     def end(self, input_ids: torch.Tensor) -> None:
         """The request finished with `input_ids` [1, L]."""
+
+    def release(self) -> None:
+        """Drop what this request holds (leased static storage, caches), without learning from it: called after
+        `end`, and in its place when the request failed (the drafter's state may then be half-updated)."""

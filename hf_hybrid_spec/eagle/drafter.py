@@ -86,6 +86,9 @@ class EagleTreeDrafter(Drafter):
         self._advance(input_ids)
 
     def end(self, input_ids: torch.Tensor) -> None:
+        self.release()
+
+    def release(self) -> None:
         self._reset()
         self._release_store()
 

@@ -254,6 +254,10 @@ class _ProfileDrafter(Drafter):
         self.cache_drafter.end(input_ids)
         self.model_drafter.end(input_ids)
 
+    def release(self):
+        self.cache_drafter.release()
+        self.model_drafter.release()
+
 
 def profile_costs(
     target: nn.Module,
