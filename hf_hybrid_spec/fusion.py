@@ -9,8 +9,8 @@ cache's bookkeeping and our Triton kernels sit inside it), so we compile the pur
 
 - modules whose class name ends in one of `FUSABLE_SUFFIXES` (the families' RMSNorm, gated RMSNorm and MLP
   classes: functions of their inputs and weights only), one compile per class for every instance and every tree
-  size (`dynamic=True`; parameters are graph inputs), swapped in on the instances only while `fused_regions` is
-  active (the runner's warm-up and capture, or its eager CPU forward);
+  size (`dynamic=True`; parameters are graph inputs), run in place of the instances' forwards only within
+  `fused_regions` (the runner's warm-up and capture, or its eager CPU forward), and only in that thread;
 - functions of ours marked with `@fusable` (the mixers' gate math), compiled on first use under `fused_regions`;
 - `parallel_linears`: independent projections of one input (a gated-delta mixer's qkv / z / b / a, an MLP's gate
   and up) run on side streams next to the largest one, so in the captured graph they are parallel branches. At a
@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 from transformers.utils import logging
+
+from .routing import is_routed, overriding, route
 
 logger = logging.get_logger(__name__)
 
@@ -139,14 +141,17 @@ def parallel_linears(x: torch.Tensor, *linears: Callable[[torch.Tensor], torch.T
 
 
 def fusable_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules of `model` whose forward `fused_regions` swaps for the compiled one.
+    """The modules of `model` that `fused_regions` runs compiled (routed here, once: `routing.route`).
 
-    Modules that already have an instance-level forward (accelerate's hooks for device_map / offload, or another
-    wrapper) are left alone: replacing it would skip the hook.
+    Modules with an instance-level forward of someone else's (accelerate's hooks for device_map / offload, or
+    another wrapper) are left alone: running the compiled class forward would skip it.
     """
-    return [m for m in model.modules()
-            if type(m).__name__.endswith(FUSABLE_SUFFIXES) and "forward" not in m.__dict__
-            and getattr(m, "_hf_hook", None) is None]
+    modules = [m for m in model.modules()
+               if type(m).__name__.endswith(FUSABLE_SUFFIXES) and getattr(m, "_hf_hook", None) is None
+               and ("forward" not in m.__dict__ or is_routed(m))]
+    for m in modules:
+        route(m)
+    return modules
 
 
 def _class_forward(cls: type) -> Callable:
@@ -156,30 +161,32 @@ def _class_forward(cls: type) -> Callable:
         return _compiled_classes[cls]
 
 
+def _run_as(function: Callable, module: nn.Module) -> Callable:
+    """An override (`routing`) that runs `function(module, *args, **kwargs)` instead of the module's forward."""
+    def override(base, *args, **kwargs):
+        return function(module, *args, **kwargs)
+
+    return override
+
+
 @contextlib.contextmanager
 def fused_regions(model: nn.Module, modules: list[nn.Module] | None = None,
                   forwards: dict[nn.Module, Callable] | None = None, parallel: bool = True) -> Iterator[None]:
     """Within the block, `model`'s fusable modules (`fusable_modules`, or the given list) and the `@fusable`
     functions run compiled; a module in `forwards` (module -> function(module, *args)) runs that function instead
     (`ModelAdapter.fused_forwards`); `parallel_linears` runs its projections side by side when `parallel`.
-    Instance forwards are put back on exit, whatever happens. Not for concurrent use on one model (as
-    `ModelAdapter.suppress_attention`): the static runner that uses it is leased to one call."""
+    For calls made in this thread only (`routing.overriding`): other callers of the model meanwhile run it
+    as it is."""
     modules = fusable_modules(model) if modules is None else modules
     forwards = forwards or {}
-    swapped = []
+    # A module wrapped by someone else since it was routed (a hook, another tool) keeps their wrapper as it is.
+    overrides = {m: _run_as(forwards.get(m) or _class_forward(type(m)), m) for m in modules if is_routed(m)}
     outer_parallel = getattr(_state, "parallel", False)
     _state.depth = getattr(_state, "depth", 0) + 1
     _state.parallel = parallel
     try:
-        for m in modules:
-            if "forward" in m.__dict__:  # wrapped since the list was made (a hook, another tool): leave it be
-                continue
-            forward = forwards.get(m)
-            m.forward = functools.partial(forward if forward is not None else _class_forward(type(m)), m)
-            swapped.append(m)
-        yield
+        with overriding(overrides):
+            yield
     finally:
-        for m in swapped:
-            del m.forward
         _state.depth -= 1
         _state.parallel = outer_parallel

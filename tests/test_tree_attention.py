@@ -90,6 +90,14 @@ def test_routed_attention_runs_the_kernel_inside_a_model_and_matches_sdpa(family
         with tree_attention.routed_attention(modules):
             assert all(m.config._attn_implementation == tree_attention.TREE_ATTENTION for m in modules)
             out = model(ids, attention_mask=mask).logits
+            # Another thread running the model meanwhile gets sdpa itself: the kernel is never asked.
+            import threading
+
+            before, elsewhere = len(calls), []
+            worker = threading.Thread(target=lambda: elsewhere.append(model(ids, attention_mask=mask).logits))
+            worker.start()
+            worker.join()
+            assert len(calls) == before and torch.equal(elsewhere[0], ref)
     assert all(m.config._attn_implementation == "sdpa" for m in modules)
     assert calls and all(calls)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

@@ -1,12 +1,15 @@
 """The verify forward's attention on our tree-attention kernel (`kernels.attention`), through transformers'
 `AttentionInterface`.
 
-`routed_attention(modules)` switches the given attention layers to the implementation registered here as
+`routed_attention(modules)` makes the given attention layers call the implementation registered here as
 `TREE_ATTENTION` for the duration of a block (the static runner's fused verify forward: its warm-up and graph
-capture, `AssistantConfig(compile_verify=True)`), and back afterwards. The registered function runs the Triton kernel
-where it applies (CUDA, an additive 4D mask of the tree's shape, no dropout, sliding window or soft-capping) and
-otherwise sdpa, the layers' own implementation (only layers on sdpa are switched), so a call it cannot serve
-computes what it did before. The tree's mask is always given as a prepared 4D tensor, which transformers' mask
+capture, `AssistantConfig(compile_verify=True)`). The registered function runs the Triton kernel only for calls made
+inside such a block in the same thread (a context variable), where it applies (CUDA, an additive 4D mask of the
+tree's shape, no dropout, sliding window or soft-capping), and otherwise sdpa, the layers' own implementation (only
+layers on sdpa are switched). The switch itself is the layers' shared config (`_attn_implementation`): transformers
+picks the function from it, and there is no per-call way in. So it is counted (the first block in switches, the last
+out switches back), and any other caller that runs meanwhile (another thread) reaches the registered function with no
+block of its own active and gets exactly sdpa. The tree's mask is always given as a prepared 4D tensor, which transformers' mask
 creation returns as is whatever the implementation (a mask function is registered under the same name all the
 same).
 """
@@ -14,6 +17,8 @@ same).
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -26,6 +31,11 @@ __all__ = ["TREE_ATTENTION", "routed_attention", "tree_attention_forward", "kern
 
 TREE_ATTENTION = "hf_hybrid_spec_tree"
 _enabled = True
+# Whether this context is inside a `routed_attention` block (the kernel's calls), and how many blocks hold each
+# switched config (by id, with the config).
+_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_hybrid_spec_tree_attention", default=False)
+_SWITCHED: dict[int, list] = {}
+_SWITCH_LOCK = threading.Lock()
 
 
 def set_tree_attention(enabled: bool) -> None:
@@ -64,7 +74,7 @@ def tree_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                            **kwargs):
     """An `AttentionInterface` function: query [B, Hq, N, D], key / value [B, Hkv, L, D] -> ([B, N, Hq, D], None)."""
-    if kernel_applies(query, key, value, attention_mask, dropout if module.training else 0.0, kwargs):
+    if _ACTIVE.get() and kernel_applies(query, key, value, attention_mask, dropout if module.training else 0.0, kwargs):
         from ..kernels.attention.triton_tree import triton_tree_attention
 
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -83,18 +93,30 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(TREE_ATTENTION, sdpa_mask)
 
 @contextlib.contextmanager
 def routed_attention(modules: list[nn.Module]) -> Iterator[None]:
-    """Within the block, the given attention modules (`ModelAdapter.attention_modules`) call `TREE_ATTENTION`:
-    their configs' `_attn_implementation` is switched and put back on exit, whatever happens. Configs on sdpa only:
-    an eager layer keeps its own numerics (its eager function is the model file's own)."""
-    configs = {id(m.config): m.config for m in modules if getattr(m, "config", None) is not None}
-    switched = []
+    """Within the block, the given attention modules (`ModelAdapter.attention_modules`) run on the tree-attention
+    kernel, in this thread (see the module docstring). Configs on sdpa only: an eager layer keeps its own numerics
+    (its eager function is the model file's own)."""
+    configs = [m.config for m in modules if getattr(m, "config", None) is not None]
+    held = []
+    with _SWITCH_LOCK:
+        for config in {id(c): c for c in configs}.values():
+            entry = _SWITCHED.get(id(config))
+            if entry is None:
+                if config._attn_implementation != "sdpa":
+                    continue
+                config._attn_implementation = TREE_ATTENTION
+                entry = _SWITCHED[id(config)] = [config, 0]
+            entry[1] += 1
+            held.append(config)
+    token = _ACTIVE.set(True)
     try:
-        for config in configs.values():
-            if config._attn_implementation != "sdpa":
-                continue
-            config._attn_implementation = TREE_ATTENTION
-            switched.append(config)
         yield
     finally:
-        for config in switched:
-            config._attn_implementation = "sdpa"
+        _ACTIVE.reset(token)
+        with _SWITCH_LOCK:
+            for config in held:
+                entry = _SWITCHED[id(config)]
+                entry[1] -= 1
+                if entry[1] == 0:
+                    config._attn_implementation = "sdpa"
+                    del _SWITCHED[id(config)]
