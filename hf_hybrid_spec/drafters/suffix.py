@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+from array import array
 from collections import deque
 
 import torch
@@ -25,195 +26,357 @@ __all__ = ["SuffixTrie", "SuffixDrafter", "clear_global_suffix_cache", "global_s
 
 
 class SuffixTrie:
-    """Every substring (length <= depth) of the inserted sequences, as a trie with occurrence counts.
+    """Every substring (length <= depth) of the inserted sequences, with occurrence counts, stored compactly.
 
-    Nodes are integer ids (0 is the root) into flat lists, not objects: the trie of a 1,000-token prompt has tens
-    of thousands of nodes, and as objects (or lists) each would be tracked by Python's cyclic garbage collector,
-    whose passes over them cost ~10x the building itself. A dict of ints, a list of ints: nothing to track.
+    A node is a reference (an int). Substrings that occurred at least twice are *explicit* nodes, ids >= 0 (0 is the
+    root) into flat typed arrays; a substring that occurred once is *implicit*: a negative reference to the position
+    of its last token in the sequence it occurred in (`_implicit`), and everything below it is that sequence's own
+    continuation, stored nowhere else. Text that does not repeat (most of a prompt) therefore costs its tokens
+    (4 bytes each) and little more, where a trie of node objects costs ~280 bytes per substring and `depth` substrings
+    per token. Nothing here is tracked by Python's cyclic garbage collector (typed arrays, and dicts of ints only for
+    nodes with several children), whose passes over millions of objects cost more than building the trie.
 
-    Attributes:
-        children: per node, token -> child node.
-        counts: per node, occurrences of the path from the root to the node.
-        totals: per node, the sum of its children's counts (occurrences that had a continuation).
+    Explicit node n: `_count[n]` occurrences, `_total[n]` of them with a continuation (the sum of its children's
+    counts), its child as `_kid_token[n]` / `_kid[n]` when it has one (`_NONE` / `_MANY` otherwise; `_many[n]` maps
+    token -> child for several). Sequences live in `_seqs` (id -> array of tokens): the request trie has one (id 0),
+    growing with the request; the process-wide trie one per cached output, removed when the output is evicted.
     """
 
     ROOT = 0
+    _NONE, _MANY = -1, -2
 
     def __init__(self, depth: int):
         self.depth = depth
-        self.children: list[dict[int, int]] = [{}]
-        self.counts: list[int] = [0]
-        self.totals: list[int] = [0]
-        self._free: list[int] = []  # ids of removed nodes, reused before the lists grow
+        self._count = array("i", [0])
+        self._total = array("i", [0])
+        self._kid_token = array("i", [self._NONE])
+        self._kid = array("q", [0])
+        self._many: dict[int, dict[int, int]] = {}
+        self._free: list[int] = []  # ids of released explicit nodes, reused before the arrays grow
+        self._seqs: dict[int, array] = {}
+        self._next_seq = 0
 
-    @property
-    def num_nodes(self) -> int:
-        return len(self.counts) - len(self._free)
+    # ------------------------------------------------------------------ references
+    @staticmethod
+    def _implicit(seq: int, pos: int) -> int:
+        return -((seq << 32) | pos) - 1
 
-    def extend(self, active: list[int], token: int) -> list[int]:
-        """Append `token` to a sequence being inserted; `active[k]` is the node of its suffix of length k + 1.
+    @staticmethod
+    def _where(ref: int) -> tuple[int, int]:
+        code = -ref - 1
+        return code >> 32, code & 0xFFFFFFFF
 
-        Returns the new active list (creates and counts nodes).
-        """
-        children, counts, totals, free = self.children, self.counts, self.totals, self._free
+    def count(self, ref: int) -> int:
+        """Occurrences of the substring `ref` stands for."""
+        return self._count[ref] if ref >= 0 else 1
+
+    def total(self, ref: int, depth: int) -> int:
+        """Occurrences of `ref` (a node at `depth`, its substring's length) with a continuation in the trie."""
+        if ref >= 0:
+            return self._total[ref]
+        if depth >= self.depth:
+            return 0
+        seq, pos = self._where(ref)
+        return 1 if pos + 1 < len(self._seqs.get(seq, ())) else 0
+
+    def children(self, ref: int, depth: int) -> list[tuple[int, int]]:
+        """(token, child) pairs of `ref`, a node at `depth`."""
+        # Reads tolerate a concurrent writer (the process-wide trie gains and evicts outputs while other requests draft
+        # from it, unlocked): a stale reference reads as a node without children, never as an error.
+        if ref >= 0:
+            kt = self._kid_token[ref]
+            if kt == self._MANY:
+                return list(self._many.get(ref, {}).items())
+            return [] if kt == self._NONE else [(kt, self._kid[ref])]
+        if depth >= self.depth:
+            return []
+        seq, pos = self._where(ref)
+        tokens = self._seqs.get(seq, ())
+        return [(tokens[pos + 1], ref - 1)] if pos + 1 < len(tokens) else []  # ref - 1 is (seq, pos + 1)
+
+    def _child(self, node: int, token: int) -> int | None:
+        """The child of explicit `node` for `token`, or None."""
+        kt = self._kid_token[node]
+        if kt == token:
+            return self._kid[node]
+        if kt == self._MANY:
+            return self._many.get(node, {}).get(token)
+        return None
+
+    def _set_child(self, node: int, token: int, child: int) -> None:
+        kt = self._kid_token[node]
+        if kt == self._NONE or kt == token:
+            self._kid_token[node], self._kid[node] = token, child
+        elif kt == self._MANY:
+            self._many[node][token] = child
+        else:
+            self._many[node] = {kt: self._kid[node], token: child}
+            self._kid_token[node] = self._MANY
+
+    def _del_child(self, node: int, token: int) -> None:
+        kt = self._kid_token[node]
+        if kt == token:
+            self._kid_token[node] = self._NONE
+            return
+        many = self._many[node]
+        del many[token]
+        if len(many) == 1:
+            (kt, child), = many.items()
+            del self._many[node]
+            self._kid_token[node], self._kid[node] = kt, child
+
+    def _alloc(self, count: int) -> int:
+        if self._free:
+            n = self._free.pop()
+            self._count[n], self._total[n], self._kid_token[n] = count, 0, self._NONE
+            return n
+        self._count.append(count)
+        self._total.append(0)
+        self._kid_token.append(self._NONE)
+        self._kid.append(0)
+        return len(self._count) - 1
+
+    # ------------------------------------------------------------------ building
+    def extend(self, active: list[int], token: int, seq: int = 0) -> list[int]:
+        """Append `token` to sequence `seq` (created empty if new); `active[k]` is the node of the sequence's suffix of
+        length k + 1 before it. Returns the new active list (creates and counts nodes)."""
+        tokens = self._seqs.get(seq)
+        if tokens is None:
+            tokens = self._seqs[seq] = array("i")
+            self._next_seq = max(self._next_seq, seq + 1)
+        tokens.append(token)
+        here = self._implicit(seq, len(tokens) - 1)
+        count, total, kid_token, kid = self._count, self._total, self._kid_token, self._kid
         new = []
         append = new.append
-        # The hot loop of building a prompt's trie (`depth` node visits per token): no calls inside. Freed ids
-        # (eviction) are reused before the lists grow.
-        for node in (0, *active[: self.depth - 1]):
-            kids = children[node]
-            child = kids.get(token)
+        # The hot loop of building a prompt's trie (`depth` node visits per token). An implicit active node is this
+        # sequence's suffix ending at the previous token (it occurred once: here), so its child is implicit too.
+        for depth, node in enumerate((0, *active[: self.depth - 1]), start=1):
+            if node < 0:
+                append(here)
+                continue
+            kt = kid_token[node]
+            child = kid[node] if kt == token else (self._many[node].get(token) if kt == self._MANY else None)
             if child is None:
-                if free:
-                    child = free.pop()
-                else:
-                    child = len(counts)
-                    children.append({})
-                    counts.append(0)
-                    totals.append(0)
-                kids[token] = child
-            counts[child] += 1
-            totals[node] += 1
+                child = here
+                self._set_child(node, token, child)
+            elif child >= 0:
+                count[child] += 1
+            else:
+                # The substring occurred once before: it becomes an explicit node, that occurrence's continuation its
+                # (implicit) child.
+                old_seq, old_pos = self._where(child)
+                child = self._alloc(2)
+                old = self._seqs[old_seq]
+                if depth < self.depth and old_pos + 1 < len(old):
+                    self._set_child(child, old[old_pos + 1], self._implicit(old_seq, old_pos + 1))
+                    total[child] = 1
+                self._set_child(node, token, child)
+            total[node] += 1
             append(child)
         return new
 
     def follow(self, active: list[int], token: int) -> list[int]:
         """Like `extend` but read-only: the nodes of the context's suffixes that exist in the trie."""
-        children = self.children
         new = []
-        for node in (0, *active[: self.depth - 1]):
-            child = children[node].get(token)
+        for depth, node in enumerate((0, *active[: self.depth - 1]), start=1):
+            if node >= 0:
+                child = self._child(node, token)
+            else:
+                seq, pos = self._where(node)
+                tokens = self._seqs.get(seq, ())
+                child = node - 1 if pos + 1 < len(tokens) and tokens[pos + 1] == token else None
             if child is None:
                 # If the (k+1)-gram is absent, so is every longer one (its suffix would be present).
                 break
             new.append(child)
         return new
 
-    def active_after(self, tokens: list[int]) -> list[int]:
+    def active_after(self, tokens) -> list[int]:
         """The `follow` state after `tokens`: it depends on their last `depth` tokens only (suffixes are at most that
         long), so a long context costs no more than a short one."""
         active: list[int] = []
-        for t in tokens[-self.depth :]:
+        for t in list(tokens[-self.depth :]):
             active = self.follow(active, t)
         return active
 
-    def truncate(self, tokens: list[int], keep: int) -> None:
-        """Undo what positions `keep`.. of an inserted sequence `tokens` added: for a request's trie (built from
-        exactly `tokens`) that leaves the trie of `tokens[:keep]`; `keep = 0` removes the sequence. Each position added
-        the substrings ending at it; those are taken out again (counts and totals decremented, nodes that reach zero
-        released), walking only from the starts that reach position `keep` or later: O((len(tokens) - keep + depth) *
-        depth), not a rebuild of the kept part."""
-        children, counts, totals = self.children, self.counts, self.totals
+    def insert(self, tokens) -> int:
+        """Insert a new sequence; returns its id (for `remove`)."""
+        seq = self._next_seq
+        self._next_seq += 1
+        self._seqs[seq] = array("i")
+        active: list[int] = []
+        for t in tokens:
+            active = self.extend(active, t, seq)
+        return seq
+
+    def sequence(self, seq: int = 0) -> array:
+        """The tokens of sequence `seq` (the trie's own array: do not modify)."""
+        return self._seqs.get(seq, array("i"))
+
+    def truncate(self, seq: int, keep: int) -> None:
+        """Cut sequence `seq` back to its first `keep` tokens (`keep = 0` removes it): what its later positions added
+        is taken out (counts and totals decremented, nodes that reach zero released), walking only from the starts
+        that reach position `keep` or later: O((len - keep + depth) * depth), not a rebuild of the kept part."""
+        tokens = self._seqs.get(seq)
+        if tokens is None:
+            return
+        count, total = self._count, self._total
         n = len(tokens)
         for start in range(max(0, keep - self.depth + 1), n):
             node = 0
             for pos in range(start, min(start + self.depth, n)):
+                if node < 0:
+                    break  # below an implicit node lies only this occurrence, stored nowhere
                 t = tokens[pos]
-                child = children[node][t]
+                child = self._child(node, t)
                 if pos >= keep:
-                    counts[child] -= 1
-                    totals[node] -= 1
-                    if counts[child] == 0:
-                        # Nothing longer through it is left either (a longer substring occurs at most as often).
-                        del children[node][t]
-                        self._release(child)
+                    total[node] -= 1
+                    if child < 0 or count[child] == 1:
+                        # The last occurrence goes: nothing longer through it is left either.
+                        self._del_child(node, t)
+                        if child >= 0:
+                            self._release(child)
                         break
+                    count[child] -= 1
                 node = child
+        if keep == 0:
+            del self._seqs[seq]
+        else:
+            del tokens[keep:]
 
-    def insert(self, tokens: list[int]) -> None:
-        active: list[int] = []
-        for t in tokens:
-            active = self.extend(active, t)
-
-    def remove(self, tokens: list[int]) -> None:
-        """Undo `insert(tokens)`: decrement the same counts, drop nodes that reach zero."""
-        self.truncate(tokens, 0)
-
-    def copy(self) -> SuffixTrie:
-        """An independent copy (benchmarks replay a call from the same state)."""
-        new = SuffixTrie(self.depth)
-        new.children = [dict(c) for c in self.children]
-        new.counts, new.totals, new._free = list(self.counts), list(self.totals), list(self._free)
-        return new
+    def remove(self, seq: int) -> None:
+        """Undo `insert`: the sequence and everything only it held go."""
+        self.truncate(seq, 0)
 
     def _release(self, node: int) -> None:
         stack = [node]
         while stack:
             n = stack.pop()
-            stack.extend(self.children[n].values())
-            self.children[n] = {}
-            self.counts[n] = self.totals[n] = 0
+            kt = self._kid_token[n]
+            if kt == self._MANY:
+                stack.extend(c for c in self._many.pop(n).values() if c >= 0)
+            elif kt != self._NONE and self._kid[n] >= 0:
+                stack.append(self._kid[n])
+            self._count[n] = self._total[n] = 0
+            self._kid_token[n] = self._NONE
             self._free.append(n)
+
+    # ------------------------------------------------------------------ size
+    @property
+    def num_nodes(self) -> int:
+        """Explicit nodes held (the root included)."""
+        return len(self._count) - len(self._free)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self._seqs.values())
+
+    def nbytes(self) -> int:
+        """An estimate of the memory the trie holds: its arrays and sequences, and ~100 bytes per entry of the
+        several-children dicts (a dict slot and its int objects)."""
+        arrays = (self._count, self._total, self._kid_token, self._kid, *self._seqs.values())
+        entries = sum(len(d) for d in self._many.values())
+        return sum(a.itemsize * len(a) for a in arrays) + 100 * entries + 240 * len(self._many)
+
+    def copy(self) -> SuffixTrie:
+        """An independent copy (benchmarks replay a call from the same state)."""
+        new = SuffixTrie(self.depth)
+        new._count, new._total = array("i", self._count), array("i", self._total)
+        new._kid_token, new._kid = array("i", self._kid_token), array("q", self._kid)
+        new._many = {n: dict(d) for n, d in self._many.items()}
+        new._free = list(self._free)
+        new._seqs = {k: array("i", v) for k, v in self._seqs.items()}
+        new._next_seq = self._next_seq
+        return new
 
 
 class GlobalSuffixCache:
     """Process-wide state of the suffix drafters of one model / tokenizer (thread-safe):
 
-    - `trie`: every earlier output (the newest `max_outputs`), SuffixDecoding's global tree;
-    - `finished`: the request tries of the last `MAX_FINISHED` requests (at most `MAX_FINISHED_NODES` nodes in all,
-      ~270 bytes each: a 2,000-token prompt's trie holds up to ~90k), with the tokens each was built from. A
-      request whose prompt starts with most of a finished request's tokens (the next call of an agent loop carries
-      the earlier prompt and its output) takes that trie over instead of building its own from the first token:
-      `SuffixTrie.truncate` cuts it back to the common prefix and only the rest of the prompt is inserted. The trie
-      is the same either way (so are the drafts); building one costs ~10-17 us per prompt token at the default depth
-      (`max_match_length + max_depth` = 40: node visits per token), ~140 ms for an 8k-token context.
+    - `trie`: earlier outputs, SuffixDecoding's global tree;
+    - `finished`: the request tries of the last `MAX_FINISHED` requests. A request whose prompt starts with most of a
+      finished request's tokens (the next call of an agent loop carries the earlier prompt and its output) takes that
+      trie over instead of building its own from the first token: `SuffixTrie.truncate` cuts it back to the common
+      prefix and only the rest of the prompt is inserted. The trie is the same either way (so are the drafts);
+      building one costs ~10-17 us per prompt token at the default depth (`max_match_length + max_depth` = 40: node
+      visits per token).
+
+    Bounded by `max_outputs` outputs and by `max_tokens` tokens in all (outputs and kept tries): the oldest go first
+    (kept tries before outputs), and a trie over the budget on its own is not kept at all. Memory is about
+    proportional to the tokens held (`SuffixTrie`: docs/benchmarks.md measures the bytes per cached token).
     """
 
     MAX_FINISHED = 4
-    MAX_FINISHED_NODES = 1_000_000
 
-    def __init__(self, depth: int, max_outputs: int):
+    def __init__(self, depth: int, max_outputs: int, max_tokens: int = 2_000_000):
         self.trie = SuffixTrie(depth)
         self.max_outputs = max_outputs
-        self.outputs: deque[list[int]] = deque()
-        self.finished: deque[tuple[list[int], SuffixTrie]] = deque()
+        self.max_tokens = max_tokens
+        self.outputs: deque[tuple[int, int]] = deque()  # (sequence id in `trie`, tokens), oldest first
+        self.output_tokens = 0
+        self.finished: deque[SuffixTrie] = deque()  # each built from exactly its sequence 0
         self.lock = threading.Lock()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.output_tokens + sum(t.num_tokens for t in self.finished)
+
+    def nbytes(self) -> int:
+        with self.lock:
+            return self.trie.nbytes() + sum(t.nbytes() for t in self.finished)
 
     def copy(self) -> GlobalSuffixCache:
         """An independent copy (its own tries, outputs and lock)."""
         with self.lock:
-            new = GlobalSuffixCache(self.trie.depth, self.max_outputs)
-            new.trie, new.outputs = self.trie.copy(), deque(self.outputs)
-            new.finished = deque((list(tokens), trie.copy()) for tokens, trie in self.finished)
+            new = GlobalSuffixCache(self.trie.depth, self.max_outputs, self.max_tokens)
+            new.trie, new.outputs, new.output_tokens = self.trie.copy(), deque(self.outputs), self.output_tokens
+            new.finished = deque(trie.copy() for trie in self.finished)
         return new
 
-    def keep_trie(self, tokens: list[int], trie: SuffixTrie) -> None:
-        """Keep a finished request's trie, built from exactly `tokens` (prompt + output); the caller gives it up."""
+    def keep_trie(self, trie: SuffixTrie) -> None:
+        """Keep a finished request's trie (built from its sequence 0, prompt + output); the caller gives it up."""
         with self.lock:
-            self.finished.append((tokens, trie))
-            # Oldest out first; a trie over the node budget on its own is not kept at all.
-            while self.finished and (len(self.finished) > self.MAX_FINISHED
-                                     or sum(t.num_nodes for _, t in self.finished) > self.MAX_FINISHED_NODES):
-                self.finished.popleft()
+            self.finished.append(trie)
+            self._evict()
 
     def take_trie(self, tokens: list[int]) -> tuple[SuffixTrie, int] | None:
         """The kept trie sharing the longest prefix with `tokens`, cut back to that prefix, and its length; None when
         no kept trie shares more than it would take to cut (a fresh build is cheaper). The trie leaves the cache."""
+        wanted = array("i", tokens)
         with self.lock:
             best, best_keep = None, 0
-            for i, (old, _) in enumerate(self.finished):
-                keep = _common_prefix(old, tokens)
+            for i, trie in enumerate(self.finished):
+                old = trie.sequence(0)
+                keep = _common_prefix(old, wanted)
                 if keep > best_keep and len(old) - keep < keep:
                     best, best_keep = i, keep
             if best is None:
                 return None
-            old, trie = self.finished[best]
+            trie = self.finished[best]
             del self.finished[best]
-        trie.truncate(old, best_keep)
+        trie.truncate(0, best_keep)
         return trie, best_keep
 
     def add(self, tokens: list[int]) -> None:
         if not tokens:
             return
         with self.lock:
-            self.trie.insert(tokens)
-            self.outputs.append(tokens)
-            while len(self.outputs) > self.max_outputs:
-                self.trie.remove(self.outputs.popleft())
+            self.outputs.append((self.trie.insert(tokens), len(tokens)))
+            self.output_tokens += len(tokens)
+            self._evict()
+
+    def _evict(self) -> None:
+        while self.finished and (len(self.finished) > self.MAX_FINISHED or self.num_tokens > self.max_tokens):
+            self.finished.popleft()
+        while self.outputs and (len(self.outputs) > self.max_outputs or self.output_tokens > self.max_tokens):
+            seq, n = self.outputs.popleft()
+            self.trie.remove(seq)
+            self.output_tokens -= n
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists (binary search over C-speed slice comparisons)."""
+def _common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two token arrays (binary search over C-speed slice comparisons)."""
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -225,19 +388,25 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 _GLOBAL: dict[tuple, GlobalSuffixCache] = {}
+_GLOBAL_LOCK = threading.Lock()
 
 
-def global_suffix_cache(key: tuple, depth: int, max_outputs: int) -> GlobalSuffixCache:
-    """The shared cache for `key` (a model/tokenizer identity): outputs of different vocabularies never mix."""
-    cache = _GLOBAL.get((key, depth))
-    if cache is None:
-        cache = _GLOBAL[(key, depth)] = GlobalSuffixCache(depth, max_outputs)
-    cache.max_outputs = max_outputs
+def global_suffix_cache(key: tuple, depth: int, max_outputs: int, max_tokens: int = 2_000_000) -> GlobalSuffixCache:
+    """The shared cache for `key` (a model/tokenizer identity): outputs of different vocabularies never mix. The
+    bounds are the latest caller's."""
+    with _GLOBAL_LOCK:
+        cache = _GLOBAL.get((key, depth))
+        if cache is None:
+            cache = _GLOBAL[(key, depth)] = GlobalSuffixCache(depth, max_outputs, max_tokens)
+    with cache.lock:
+        cache.max_outputs, cache.max_tokens = max_outputs, max_tokens
+        cache._evict()
     return cache
 
 
 def clear_global_suffix_cache() -> None:
-    _GLOBAL.clear()
+    with _GLOBAL_LOCK:
+        _GLOBAL.clear()
 
 
 class SuffixDrafter(Drafter):
@@ -257,6 +426,7 @@ class SuffixDrafter(Drafter):
         use_global: bool = True,
         max_cached_outputs: int = 256,
         tree: bool = True,
+        max_cached_tokens: int = 2_000_000,
     ):
         self.max_match_length = max_match_length
         self.max_spec_factor = max_spec_factor
@@ -268,7 +438,7 @@ class SuffixDrafter(Drafter):
         self.local = SuffixTrie(depth)
         # The process-wide cache is looked up when a request begins, not here: a drafter built ahead of its request
         # (HVD's, or one made before `clear_global_suffix_cache()`) must learn from, and add to, the live cache.
-        self._global_args = (cache_key, depth, max_cached_outputs) if use_global else None
+        self._global_args = (cache_key, depth, max_cached_outputs, max_cached_tokens) if use_global else None
         self.global_cache: GlobalSuffixCache | None = None
         self._local_active: list[int] = []
         self._global_active: list[int] = []
@@ -302,7 +472,7 @@ class SuffixDrafter(Drafter):
             if self._seen < len(tokens):
                 self._feed(tokens[self._seen :])
             self.global_cache.add(tokens[self._prompt_length :])
-            self.global_cache.keep_trie(tokens, self.local)
+            self.global_cache.keep_trie(self.local)
             # The trie is the cache's now: this drafter starts from an empty one if it begins again.
             self.local, self._local_active, self._seen = SuffixTrie(self.local.depth), [], 0
 
@@ -327,8 +497,8 @@ class SuffixDrafter(Drafter):
             # Longest match first; a shorter match with the same count has the same continuations.
             for m in range(min(len(active), self.max_match_length), 0, -1):
                 node = active[m - 1]
-                count = trie.counts[node]
-                if trie.totals[node] == 0 or count == prev_count:
+                count = trie.count(node)
+                if trie.total(node, m) == 0 or count == prev_count:
                     prev_count = count
                     continue
                 prev_count = count
@@ -348,17 +518,23 @@ class SuffixDrafter(Drafter):
             return None
         tie = itertools.count()
         heap: list = []
-        children, counts, totals = trie.children, trie.counts, trie.totals
+        count = trie.count
 
         def push_children(parent_node: int, parent_prob: float, parent_idx: int, depth: int):
-            total = totals[parent_node]
-            if depth > budget.max_depth or total == 0:
+            # `depth`: the children's depth below the draft's root; the parent's in the trie is match_length + it - 1.
+            if depth > budget.max_depth:
                 return
-            items = children[parent_node].items()
+            trie_depth = match_length + depth - 1
+            total = trie.total(parent_node, trie_depth)
+            if total == 0:
+                return
+            items = trie.children(parent_node, trie_depth)
+            if not items:
+                return
             if not self.tree:
-                items = [max(items, key=lambda kv: counts[kv[1]])]
+                items = [max(items, key=lambda kv: count(kv[1]))]
             for tok, child in items:
-                p = parent_prob * counts[child] / total
+                p = parent_prob * count(child) / total
                 if p >= self.min_token_prob:
                     heapq.heappush(heap, (-p, next(tie), tok, child, parent_idx, depth))
 
