@@ -1,8 +1,55 @@
-"""Hub format helpers shared by the package's small trained models (CoSpec arbiter, HVD payoff predictor)."""
+"""Hub format helpers shared by the package's loadable objects (configs, drafters, arbiters, predictors).
+
+- `resolve_source`: a local path or a Hub repository id, told apart before anything is downloaded, so that a
+  mistyped local path fails at once with "no such file or directory" (huggingface_hub would otherwise retry the
+  network for tens of seconds, or complain about the form of a repository id).
+- `LocalFirstMixin`: `from_pretrained` of a `PreTrainedModel` checked through `resolve_source` first.
+- `ModelCardMixin`: `save_pretrained` also writes the model card.
+"""
 
 from __future__ import annotations
 
 import os
+
+__all__ = ["resolve_source", "LocalFirstMixin", "ModelCardMixin"]
+
+# Endings of files the package loads: a name ending so is a path, never a repository id.
+_FILE_ENDINGS = (".json", ".safetensors", ".bin", ".pt", ".pth", ".yaml", ".yml")
+
+
+def _looks_local(path: str) -> bool:
+    return (os.path.isabs(path) or path in (".", "..") or path.startswith(("./", "../", "~", ".\\", "..\\"))
+            or "\\" in path or path.count("/") > 1 or path.endswith(_FILE_ENDINGS))
+
+
+def resolve_source(path_or_repo_id: str | os.PathLike, what: str) -> str:
+    """`path_or_repo_id` as a string, checked: an existing local path, or a valid Hub repository id ("org/name").
+
+    Raises FileNotFoundError for anything else (a local-looking path that does not exist, or a string that cannot
+    be a repository id); `what` names the object in the message ("assistant config", "EAGLE drafter", ...).
+    """
+    path = os.fspath(path_or_repo_id)
+    if os.path.exists(path):
+        return path
+    if _looks_local(path):
+        raise FileNotFoundError(f"{what}: no such file or directory: {path!r}")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        raise FileNotFoundError(f"{what}: {path!r} is neither an existing local path nor a Hub repository id "
+                                "(org/name)") from None
+    return path
+
+
+class LocalFirstMixin:
+    """For a `PreTrainedModel`: `from_pretrained` fails at once, clearly, on a local path that does not exist."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        source = resolve_source(pretrained_model_name_or_path, cls.__name__)
+        return super().from_pretrained(source, *args, **kwargs)
 
 
 class ModelCardMixin:

@@ -48,7 +48,7 @@ from .tree import VerifyTree
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["StaticTreeRunner", "StaticForwardOutput", "DEFAULT_BUCKETS", "static_runner"]
+__all__ = ["StaticTreeRunner", "StaticForwardOutput", "DEFAULT_BUCKETS", "static_runner", "release_runner", "capture_key"]
 
 DEFAULT_BUCKETS = (8, 16, 32, 64)
 
@@ -77,8 +77,10 @@ class StaticForwardOutput:
 class _Bucket:
     """Static buffers (and, on CUDA, the graph) of one tree size."""
 
-    def __init__(self, n: int, max_length: int, device: torch.device, mask_dtype: torch.dtype):
+    def __init__(self, n: int, max_length: int, device: torch.device, mask_dtype: torch.dtype,
+                 offsets: torch.Tensor | None = None):
         self.n = n
+        self.offsets = offsets  # [R, 1] multimodal RoPE offsets (the runner's, shared by its buckets), or None
         # Every per-step input in one device buffer, so one copy fills it: tokens [n], parent pointers [n] and
         # [prefix_length, root_position] (committed tokens in the cache, the root's position id). The graph reads
         # the views below; `staging` is its host twin (pinned on CUDA, so the copy is asynchronous).
@@ -108,6 +110,8 @@ class _Bucket:
         depth = anc.sum(-1) - 1
         self.anc, self.depth = anc, depth
         positions = (self.scalars[1] + depth).view(1, -1)
+        if self.offsets is not None:
+            positions = positions[None] + self.offsets[:, :, None]  # [R, 1, n]
         self.write_pos.copy_(prefix + torch.arange(self.n, device=prefix.device))
         rel = torch.arange(self.max_length, device=prefix.device) - prefix  # key slot relative to the tree
         in_tree = (rel >= 0) & (rel < self.n)
@@ -132,6 +136,8 @@ class StaticTreeRunner(Leased):
         use_graphs: capture CUDA graphs (default: when the model is on CUDA).
         fuse: run the model's pure regions Inductor-compiled in the verify forward (`hf_hybrid_spec.fusion`), its
             independent projections side by side and its attention on the tree-attention kernel.
+        rope_rows: rows of multimodal RoPE position ids (Qwen3.5's vision-language model: 4), 0 for plain positions;
+            the offsets of each request are set with `set_position_offsets`.
     """
 
     def __init__(
@@ -143,11 +149,14 @@ class StaticTreeRunner(Leased):
         history_layers: tuple[int, ...] = (),
         use_graphs: bool | None = None,
         fuse: bool = False,
+        rope_rows: int = 0,
     ):
         if not cache.is_static:
             raise ValueError("StaticTreeRunner needs a HybridTreeCache built with static_length")
         adapter = get_adapter(model)  # route the recurrent mixers (else a tree forward would run the stock one)
-        self.model = model
+        # The model and its modules are held weakly: the runner pool keeps runners per model, and a runner must not
+        # be what keeps a deleted model (and its static cache) alive.
+        self._model = weakref.ref(model)
         self.cache = cache
         self.device = model.device
         self.buckets = tuple(sorted(set(int(b) for b in buckets)))
@@ -159,15 +168,18 @@ class StaticTreeRunner(Leased):
             use_graphs = self.device.type == "cuda" and len(devices) == 1
         self.use_graphs = use_graphs
         self.fuse = fuse
-        self._fused_modules = fusable_modules(model) if fuse else None
+        self._fused_modules = weakref.WeakSet(fusable_modules(model)) if fuse else None
         # With fuse, independent projections run side by side (the MLPs through their adapter's forward,
         # `models.mlp`), as set when the runner was built (`fusion.set_parallel`)...
         self._parallel = fuse and parallel_enabled()
-        self._fused_forwards = adapter.fused_forwards(model) if self._parallel else {}
+        self._fused_forwards = weakref.WeakKeyDictionary(adapter.fused_forwards(model) if self._parallel else {})
         # ...and the attention layers our tree-attention kernel (`models.tree_attention`).
-        self._fused_attention = adapter.attention_modules(model) if fuse and tree_attention_enabled() else []
+        self._fused_attention = weakref.WeakSet(adapter.attention_modules(model) if fuse and tree_attention_enabled()
+                                                else [])
         max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
-        self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype) for n in self.buckets}
+        self.rope_rows = rope_rows
+        self._offsets = torch.zeros(rope_rows, 1, dtype=torch.long, device=self.device) if rope_rows else None
+        self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype, self._offsets) for n in self.buckets}
         # [layers, 1, max_length, hidden]: the history_layers' hidden states of the committed tokens, by position.
         self.history = None
         if self.history_layers:
@@ -183,6 +195,13 @@ class StaticTreeRunner(Leased):
         self._graph_commit = None
 
     @property
+    def model(self) -> nn.Module:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the model of this static runner has been deleted")
+        return model
+
+    @property
     def max_nodes(self) -> int:
         return self.buckets[-1]
 
@@ -191,6 +210,13 @@ class StaticTreeRunner(Leased):
         for b in self._buckets.values():
             b.prefix_valid.fill_(True)
             b.prefix_valid[: valid.numel()].copy_(valid.bool().view(-1))
+
+    def set_position_offsets(self, offsets: torch.Tensor) -> None:
+        """[R, 1] multimodal RoPE offsets of the request (`VerifyTree.position_ids`), copied into the graphs' input."""
+        if self._offsets is None or offsets.shape != self._offsets.shape:
+            raise ValueError(f"this runner takes offsets of shape {None if self._offsets is None else tuple(self._offsets.shape)}, "
+                             f"got {tuple(offsets.shape)}")
+        self._offsets.copy_(offsets)
 
     def forward(self, tree: VerifyTree, prefix_length: int, root_position: int) -> StaticForwardOutput:
         """Run `tree` (n <= max bucket nodes) and leave the cache in tree mode (commit or abort next)."""
@@ -324,10 +350,10 @@ class StaticTreeRunner(Leased):
         try:
             with contextlib.ExitStack() as fused:
                 if self.fuse:
-                    regions = fused_regions(self.model, self._fused_modules, self._fused_forwards,
+                    regions = fused_regions(self.model, list(self._fused_modules), dict(self._fused_forwards),
                                             parallel=self._parallel)
                     fused.enter_context(regions)
-                    fused.enter_context(routed_attention(self._fused_attention))
+                    fused.enter_context(routed_attention(list(self._fused_attention)))
                 out = forward_tokens(
                     self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
                     logits_to_keep=0, output_hidden_states=self.output_hidden_states or bool(self.history_layers),
@@ -366,30 +392,44 @@ class StaticTreeRunner(Leased):
 
 
 # Runners outlive one `generate` call: their graphs point at the static cache's buffers, so the cache is reset
-# and reused by the next request instead of rebuilt (which would mean capturing again). Keyed weakly by model.
-# Per model, the runners of the last few (buckets, hidden states) settings, most recently used last. A server
-# that alternates drafters (one reads the target's hidden states, one does not) keeps both sets of graphs
-# instead of recapturing every bucket on each switch; each runner holds a static cache, so the count is bounded.
+# and reused by the next request instead of rebuilt (which would mean capturing again). Keyed weakly by model (a
+# runner holds its model weakly too, so a deleted model is freed with its runners), then by everything the captures
+# depend on. Per model, the runners of the last few settings, most recently used last. A server that alternates
+# drafters (one reads the target's hidden states, one does not) keeps both sets of graphs instead of recapturing every
+# bucket on each switch; each runner holds a static cache, so the count is bounded, and a runner longer than
+# MAX_KEPT_LENGTH (one huge request) is dropped when its call ends instead of being kept.
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _RUNNERS_LOCK = threading.Lock()
 MAX_RUNNERS_PER_MODEL = 4
+MAX_KEPT_LENGTH = 16_384
+
+
+def capture_key(model: nn.Module) -> tuple:
+    """What a captured forward of `model` depends on besides the runner's own settings: the device, the dtype and the
+    address of every weight (`model.to(...)` or a reload allocates new ones, which old graphs would still read), the
+    attention implementation, and the kernel backend in effect (which kernels a capture records)."""
+    params = [p for p in model.parameters()]
+    weights = hash(tuple((p.data_ptr(), p.dtype) for p in params))
+    attention = getattr(model.config, "_attn_implementation", None)
+    return (str(model.device), str(model.dtype), len(params), weights, attention, resolve(model.device))
 
 
 def static_runner(
     model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool, owner=None,
-    history_layers: tuple[int, ...] = (), fuse: bool = False,
+    history_layers: tuple[int, ...] = (), fuse: bool = False, rope_rows: int = 0,
 ) -> StaticTreeRunner:
     """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits),
-    leased to `owner` (`graphs.Leased`) when given.
+    leased to `owner` (`graphs.Leased`) when given; hand it back with `release_runner`.
 
-    Runners are kept per (buckets, output_hidden_states, history_layers, fuse, device); one that is too short for a
-    request is replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently used is
-    dropped. A runner leased to a call still running (another thread) is never handed out twice: that request gets a
-    runner of its own, not kept (correct, but it captures its own graphs).
+    Runners are kept per (buckets, output_hidden_states, history_layers, fuse, rope_rows, `capture_key(model)`); one
+    that is too
+    short for a request is replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently
+    used is dropped. A runner leased to a call still running (another thread) is never handed out twice: that request
+    gets a runner of its own, not kept (correct, but it captures its own graphs).
     """
     history_layers = tuple(int(i) for i in history_layers)
     key = (tuple(sorted({int(b) for b in buckets})), bool(output_hidden_states), history_layers, bool(fuse),
-           str(model.device))
+           int(rope_rows), capture_key(model))
     with _RUNNERS_LOCK:
         runners = _RUNNERS.setdefault(model, {})
         runner = runners.get(key)
@@ -398,7 +438,7 @@ def static_runner(
                                 "its own (concurrent calls with compile=True each capture their own graphs)")
             runner = StaticTreeRunner(model, HybridTreeCache(model.config, static_length=static_length), buckets,
                                       output_hidden_states=output_hidden_states, history_layers=history_layers,
-                                      fuse=fuse)
+                                      fuse=fuse, rope_rows=rope_rows)
         else:
             runners.pop(key, None)
             if runner is not None and runner.static_length >= static_length:
@@ -407,10 +447,22 @@ def static_runner(
                 runner = None  # drop the short one before allocating the new cache
                 cache = HybridTreeCache(model.config, static_length=static_length)
                 runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states,
-                                          history_layers=history_layers, fuse=fuse)
+                                          history_layers=history_layers, fuse=fuse, rope_rows=rope_rows)
             runners[key] = runner  # most recently used last
             while len(runners) > MAX_RUNNERS_PER_MODEL:
                 runners.pop(next(iter(runners)))
         if owner is not None:
             runner.lease(owner)
     return runner
+
+
+def release_runner(model: nn.Module, runner: StaticTreeRunner) -> None:
+    """End `runner`'s lease; a runner longer than `MAX_KEPT_LENGTH` is dropped from the pool (its static cache and
+    graphs are freed once the caller lets go of it) rather than kept for later requests."""
+    runner.release()
+    if runner.static_length <= MAX_KEPT_LENGTH:
+        return
+    with _RUNNERS_LOCK:
+        runners = _RUNNERS.get(model, {})
+        for key in [k for k, r in runners.items() if r is runner]:
+            del runners[key]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 
 import torch
@@ -92,9 +91,7 @@ def main() -> None:
     from hf_hybrid_spec.eagle import EagleDrafter
 
     eagle = EagleDrafter.from_pretrained(eagle_path).to(device=bargs.device, dtype=dtype).eval()
-    # A fresh path: an existing profile file would be loaded instead of measuring this machine.
-    profile_path = os.path.join(tempfile.mkdtemp(prefix="hvd_rest_split_"), "cost_profile.json")
-    methods = hvd_bench.Methods(bargs, model, eagle, predictor, profile_path)
+    methods = hvd_bench.Methods(bargs, model, eagle, predictor, None)  # profiled here, kept in memory
     make_cost_profile(methods.learned, model, eagle)
     layers = tuple(make_drafter(methods.learned, model, eagle).target_hidden_layers)
 

@@ -20,7 +20,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 
-from ..hub import ModelCardMixin
+from ..hub import LocalFirstMixin, ModelCardMixin
 from .arbiters import Arbiter, Mismatch
 from .features import FEATURE_NAMES, mismatch_features
 
@@ -69,7 +69,7 @@ class CoSpecArbiterConfig(PretrainedConfig):
         super().__post_init__(**kwargs)
 
 
-class CoSpecArbiter(ModelCardMixin, PreTrainedModel, Arbiter):
+class CoSpecArbiter(LocalFirstMixin, ModelCardMixin, PreTrainedModel, Arbiter):
     """Policy over mismatches: `forward(features [B, F], target_hidden [B, H] | None) -> accept log-odds [B]`.
 
     As an `Arbiter`, `decide(mismatch)` keeps the draft's token when sigmoid(log-odds) > `config.threshold`.

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
+from ..hub import LocalFirstMixin
 from .configuration import EagleConfig, attention_layer_flags
 
 logger = logging.get_logger(__name__)
@@ -89,7 +90,7 @@ class _SharedEmbedding:
     module: nn.Module
 
 
-class EagleDrafter(PreTrainedModel):
+class EagleDrafter(LocalFirstMixin, PreTrainedModel):
     """EAGLE-3 draft model for a hybrid (or attention-only) target. See the module docstring."""
 
     config_class = EagleConfig

@@ -59,6 +59,7 @@ class StaticEagleTree(Leased):
     MAX_FUSED = 1  # draft budgets whose expansion is compiled before capture (one Inductor compile each)
     MAX_ADVANCE = 16  # steps per accept run with fixed shapes (and a graph per count); longer ones (begin, HVD's
     # buffered accepts) go through `write` and the caller's eager pass
+    MAX_KEPT_CAPACITY = 16_384  # storage longer than this (one huge request) is not kept for later requests
 
     def __init__(self, model: EagleDrafter, top_k: int, capacity: int, use_graphs: bool | None = None,
                  fuse: bool = False):
@@ -211,7 +212,15 @@ class StaticEagleTree(Leased):
                            self.values, prefix, tables)
 
 
-# Per EagleDrafter (weakly), the static trees of the (top-k, device) settings in use.
+    def release(self) -> None:
+        """End the lease and let go of the drafter: kept in the pool between requests, the storage must not keep a
+        deleted EagleDrafter alive (`static_eagle_tree` hands it the drafter again with the next lease)."""
+        super().release()
+        self.model = None
+
+
+# Per EagleDrafter (weakly), the static trees of the (top-k, device) settings in use. A tree holds its drafter only
+# while leased (`StaticEagleTree.release`), so the pool never keeps a drafter alive.
 _TREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _TREES_LOCK = threading.Lock()
 
@@ -223,7 +232,8 @@ def static_eagle_tree(model: EagleDrafter, top_k: int, capacity: int, owner=None
     that request gets storage of its own, not kept."""
     # The graphs read the bound target's embedding table (and tied head) too: a drafter rebound to another target
     # gets new ones.
-    key = (top_k, str(model.fc.weight.device), model.shared_weight_ptrs(), fuse)
+    weight = model.fc.weight
+    key = (top_k, str(weight.device), str(weight.dtype), weight.data_ptr(), model.shared_weight_ptrs(), fuse)
     with _TREES_LOCK:
         trees = _TREES.setdefault(model, {})
         tree = trees.get(key)
@@ -231,7 +241,10 @@ def static_eagle_tree(model: EagleDrafter, top_k: int, capacity: int, owner=None
             tree = StaticEagleTree(model, top_k, capacity, fuse=fuse)
         elif tree is None or tree.capacity < capacity:
             trees.pop(key, None)  # drop the short one (and its graphs) before allocating
-            tree = trees[key] = StaticEagleTree(model, top_k, capacity, fuse=fuse)
+            tree = StaticEagleTree(model, top_k, capacity, fuse=fuse)
+            if capacity <= StaticEagleTree.MAX_KEPT_CAPACITY:
+                trees[key] = tree
+        tree.model = model
         if owner is not None:
             tree.lease(owner)
     return tree

@@ -165,7 +165,7 @@ def _default(path: str | None, folder: str, model: str, suffix: str = "") -> str
 class Methods:
     """The configurations and drafters of every method, built per call."""
 
-    def __init__(self, args, model, eagle, predictor_path: str, profile_path: str):
+    def __init__(self, args, model, eagle, predictor_path: str, profile_path: str | None):
         self.model, self.eagle = model, eagle
         compiled = dict(compile=args.compile, compile_drafter=args.compile_drafter, compile_verify=args.compile_verify)
         budget = dict(max_draft_tokens=args.max_draft_tokens, max_depth=args.max_depth, **compiled)
@@ -304,12 +304,12 @@ def main(argv=None) -> dict:
         gen_kwargs.update(eos_token_id=None, min_new_tokens=args.max_new_tokens)
     out_dir = args.out or "."
     os.makedirs(out_dir, exist_ok=True)
-    profile_path = args.cost_profile or os.path.join(out_dir, "cost_profile.json")
-    if args.cost_profile is None and os.path.exists(profile_path):
-        os.remove(profile_path)  # measure this machine now, not an earlier run's
-    # The learned configuration needs a predictor path to validate; the other methods never read it.
-    methods = Methods(args, model, eagle, predictor_path or "unused", profile_path)
+    # The learned configuration needs a predictor path to validate; the other methods never read it. Without
+    # --cost-profile every method shares the profile measured here (kept in memory), saved for later tools.
+    methods = Methods(args, model, eagle, predictor_path or "unused", args.cost_profile)
     profile = make_cost_profile(methods.learned, model, eagle)
+    if args.cost_profile is None:
+        profile.save(os.path.join(out_dir, "cost_profile.json"))
     verify = ", ".join(f"N={n}: {s * 1e3:.2f}ms" for n, s in zip(profile.tree_sizes, profile.verify_seconds))
     print(f"cost profile: verify {verify}; cache draft {profile.cache_draft_seconds * 1e3:.2f}ms; "
           f"model draft {profile.model_draft_seconds * 1e3:.2f}ms; "

@@ -204,6 +204,12 @@ class HybridDrafter(Drafter):
             self.model_drafter.end(input_ids)
         self._model_begin, self._model_begun = None, False
 
+    def release(self) -> None:
+        self._pending_cache, self._unsettled, self._deferred = None, None, []
+        self._model_begin, self._model_begun = None, False
+        self.cache_drafter.release()
+        self.model_drafter.release()
+
     def _catch_up_model(self, input_ids: torch.Tensor) -> None:
         """Begin the model drafter if it has not yet, then hand it the buffered accepts as one (see the module
         docstring)."""
@@ -323,6 +329,7 @@ class HybridDrafter(Drafter):
 def make_model_drafter(config, target: nn.Module, draft_model) -> Drafter:
     """The model drafter for `drafter="hvd"`: an `EagleTreeDrafter` for an `EagleDrafter`, a `ModelDrafter` for any
     other causal LM with the target's vocabulary, or a `Drafter` instance as it is."""
+    from ..drafters import check_top_k
     from ..drafters.model import ModelDrafter, check_same_vocabulary
     from ..eagle import EagleDrafter
     from ..eagle.drafter import make_eagle_drafter
@@ -339,16 +346,21 @@ def make_model_drafter(config, target: nn.Module, draft_model) -> Drafter:
         raise TypeError("draft_model must be an EagleDrafter, a causal LM or a Drafter, got "
                         f"{type(draft_model).__name__}")
     check_same_vocabulary(target, draft_model)
+    check_top_k(config.draft_top_k, draft_model)
     return ModelDrafter(draft_model, top_k=config.draft_top_k)
 
 
 def make_cost_profile(config, target: nn.Module, draft_model) -> CostProfile:
-    """`config.hvd_cost_profile` when it names an existing JSON file; otherwise profiled on this machine (once per
-    process for a target / device / dtype / model drafter, and saved to `hvd_cost_profile` when that is a path)."""
+    """`config.hvd_cost_profile` loaded when it names a file (read only: FileNotFoundError when it does not exist);
+    otherwise profiled on this machine, once per process for a target / device / dtype / model drafter, and kept in
+    memory. Nothing is written: a config (maybe downloaded) never chooses where the library writes."""
     from ..drafters import make_drafter
 
     path = config.hvd_cost_profile
-    if path is not None and os.path.isfile(path):
+    if path is not None:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"hvd_cost_profile: no such file: {path!r} (leave it None to profile this "
+                                    "machine; save a profile with CostProfile.save)")
         return CostProfile.load(path)
     probe = make_model_drafter(config, target, draft_model)
     key = (profile_key(target, probe), config.hvd_model_tokens, config.hvd_model_depth, config.max_depth,
@@ -362,10 +374,7 @@ def make_cost_profile(config, target: nn.Module, draft_model) -> CostProfile:
                              tree_sizes=tuple(sorted({1, 2, 4, 8, 16, 32, 64, config.max_draft_tokens + 1})),
                              compile=config.compile, compile_verify=config.compile_verify)
 
-    profile = cached_profile(key, measure)
-    if path is not None:
-        profile.save(path)
-    return profile
+    return cached_profile(key, measure)
 
 
 def make_hvd_drafter(config, target: nn.Module, draft_model) -> HybridDrafter:

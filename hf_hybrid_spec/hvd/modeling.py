@@ -29,7 +29,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from ..hub import ModelCardMixin
+from ..hub import LocalFirstMixin, ModelCardMixin
 from .features import CACHE_FEATURES, FEATURE_NAMES
 
 __all__ = ["PayoffPredictorConfig", "PayoffPredictor", "PayoffOutput", "HEADS", "load_predictor"]
@@ -169,7 +169,7 @@ def _mlp(inputs: int, width: int, layers: int, outputs: int) -> nn.Sequential:
     return nn.Sequential(*mods)
 
 
-class PayoffPredictor(ModelCardMixin, PreTrainedModel):
+class PayoffPredictor(LocalFirstMixin, ModelCardMixin, PreTrainedModel):
     """`forward(features [B, len(FEATURE_NAMES)], labels [B, 3] | None) -> PayoffOutput`. See the module docstring."""
 
     config_class = PayoffPredictorConfig
