@@ -31,9 +31,11 @@ from transformers.cache_utils import CacheLayerMixin, LinearAttentionLayer
 
 from .kernels import (
     TreeGatedDeltaOutput,
+    TreeMamba1Output,
     TreeMamba2Output,
     commit_causal_conv1d,
     commit_gated_delta_rule,
+    commit_mamba1,
     commit_mamba2,
 )
 from .kernels.tree import validate_parent
@@ -74,12 +76,14 @@ class PendingRecurrent:
         conv_inputs: [B, N, C] inputs of the short causal conv (before it), or None if the layer has none.
         gated_delta: factors of a gated-delta layer, or None.
         mamba2: factors of a Mamba-2 layer, or None.
+        mamba1: factors of a Mamba-1 layer, or None.
         state_idx: which of the layer's conv/recurrent states these belong to.
     """
 
     conv_inputs: torch.Tensor | None = None
     gated_delta: TreeGatedDeltaOutput | None = None
     mamba2: TreeMamba2Output | None = None
+    mamba1: TreeMamba1Output | None = None
     state_idx: int = 0
 
 
@@ -421,10 +425,12 @@ class HybridTreeCache(DynamicCache):
             new_conv = commit_causal_conv1d(conv, pending.conv_inputs, parent, leaf, on_path=on_path)
             # In place, so compiled graphs that captured the buffer's address stay valid.
             conv.copy_(new_conv)
-        if pending.gated_delta is not None or pending.mamba2 is not None:
+        if pending.gated_delta is not None or pending.mamba2 is not None or pending.mamba1 is not None:
             state = layer.recurrent_states[s]
             if pending.gated_delta is not None:
                 new_state = commit_gated_delta_rule(state, pending.gated_delta, parent, leaf, on_path=on_path)
-            else:
+            elif pending.mamba2 is not None:
                 new_state = commit_mamba2(state, pending.mamba2, parent, leaf, on_path=on_path)
+            else:
+                new_state = commit_mamba1(state, pending.mamba1, parent, leaf, on_path=on_path)
             state.copy_(new_state.to(state.dtype))

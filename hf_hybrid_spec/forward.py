@@ -67,9 +67,14 @@ def forward_tokens(
     attention_mask: torch.Tensor | None = None,
     logits_to_keep: int = 1,
     output_hidden_states: bool = False,
+    output_attentions: bool = False,
+    **model_inputs,
 ):
-    """An ordinary (causal) forward of `input_ids` [B, T] that appends to `cache`."""
-    kwargs = {cache_kwarg(model): cache}
+    """An ordinary (causal) forward of `input_ids` [B, T] that appends to `cache` (`model_inputs`: more inputs of the
+    model's forward, e.g. a multimodal prompt's pixel values)."""
+    kwargs = {cache_kwarg(model): cache, **model_inputs}
+    if output_attentions:
+        kwargs["output_attentions"] = True
     return model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -89,6 +94,8 @@ def forward_tree(
     root_position: torch.Tensor,
     prefix_mask: torch.Tensor | None = None,
     output_hidden_states: bool = False,
+    output_attentions: bool = False,
+    position_offsets: torch.Tensor | None = None,
 ):
     """Run the whole tree through `model` in one forward, leaving `cache` in tree mode (commit or abort next).
 
@@ -97,6 +104,7 @@ def forward_tree(
         prefix_length: tokens already committed in `cache`.
         root_position: [B] position id of the root.
         prefix_mask: optional [B, prefix_length] padding mask of the committed tokens.
+        position_offsets: [R, B] multimodal RoPE offsets (`VerifyTree.position_ids`), for models that take them.
     """
     b = tree.tokens.shape[0]
     if prefix_mask is None:
@@ -108,10 +116,11 @@ def forward_tree(
             model,
             tree.tokens,
             cache,
-            position_ids=tree.position_ids(root_position),
+            position_ids=tree.position_ids(root_position, position_offsets),
             attention_mask=mask,
             logits_to_keep=0,
             output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
         )
     except BaseException:
         cache.abort()

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-__all__ = ["TINY_FAMILIES", "tiny_config", "tiny_model", "fixture_path", "FIXTURES"]
+__all__ = ["TINY_FAMILIES", "tiny_config", "tiny_model", "tiny_vlm", "fixture_path", "FIXTURES"]
 
 FIXTURES = ("qwen3_5-small", "falcon_h1-small")
 
@@ -23,6 +23,12 @@ TINY_FAMILIES: dict[str, dict] = {
     "qwen3_5_text": dict(
         num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
         linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    ),
+    "qwen3_5_moe_text": dict(
+        num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32,
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
     ),
     "qwen3_next": dict(
@@ -49,6 +55,10 @@ TINY_FAMILIES: dict[str, dict] = {
         layer_types=["mamba", "attention", "mamba"],
     ),
     "lfm2": dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"]),
+    "jamba": dict(
+        num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+        num_experts=2, num_experts_per_tok=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8,
+    ),
     "llama": dict(num_hidden_layers=2),
 }
 
@@ -75,6 +85,43 @@ def tiny_model(family: str, seed: int = 0, vocab_size: int = 96, dtype=torch.flo
     model.generation_config.pad_token_id = 1
     model.generation_config.bos_token_id = 0
     return model
+
+
+# Token ids the tiny vision-language models reserve (within the 96-token vocabulary).
+VLM_TOKENS = dict(image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93)
+
+
+def tiny_vlm(family: str = "qwen3_5", seed: int | None = None, vocab_size: int = 96):
+    """A random-weight Qwen3.5 vision-language model (`family`: "qwen3_5" or "qwen3_5_moe") and the inputs of a prompt
+    with one image: `(model, inputs)`, `inputs` being what a processor returns (input_ids, pixel_values,
+    image_grid_thw, mm_token_type_ids) for text, a 16x16-pixel image (4x4 patches of 4x4 pixels, merged 2x2 into four
+    image tokens), then more text. The default seeds (5, and 1 for the MoE) give greedy outputs that vary over the
+    tokens and change with the image."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig
+    from transformers import Qwen3_5MoeForConditionalGeneration
+
+    text_family = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}[family]
+    text = tiny_config(text_family, vocab_size=vocab_size).to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=64)
+    config_cls, model_cls = {"qwen3_5": (Qwen3_5Config, Qwen3_5ForConditionalGeneration),
+                             "qwen3_5_moe": (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration)}[family]
+    config = config_cls(text_config=text, vision_config=vision, **VLM_TOKENS)
+    torch.manual_seed(({"qwen3_5": 5, "qwen3_5_moe": 1}[family]) if seed is None else seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)  # as tiny_model: no near-ties in greedy decoding
+    model.generation_config.eos_token_id = 0
+    model.generation_config.pad_token_id = 1
+    patches = 4  # per side: 4x4 patches of 4x4 pixels, merged 2x2 into 4 tokens
+    ids = torch.tensor([[5, 6, VLM_TOKENS["vision_start_token_id"]] + [VLM_TOKENS["image_token_id"]] * 4
+                        + [VLM_TOKENS["vision_end_token_id"], 7, 8, 9, 10, 7, 8, 9]])
+    inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                  pixel_values=torch.randn(patches * patches, 3 * 2 * 4 * 4,
+                                           generator=torch.Generator().manual_seed(100)),
+                  image_grid_thw=torch.tensor([[1, patches, patches]]),
+                  mm_token_type_ids=(ids == VLM_TOKENS["image_token_id"]).int())
+    return model, inputs
 
 
 def fixture_path(name: str) -> Path | None:

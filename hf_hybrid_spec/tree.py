@@ -242,9 +242,16 @@ class VerifyTree:
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[:, None]
 
-    def position_ids(self, root_position: torch.Tensor) -> torch.Tensor:
-        """[B, N] positions: the root's position plus depth. root_position: [B]."""
-        return root_position[:, None] + self.depth
+    def position_ids(self, root_position: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, N] positions: the root's position plus depth. root_position: [B].
+
+        offsets: [R, B] for models with multimodal RoPE (rows of position ids: text, then temporal / height / width):
+        then [R, B, N], row r the text position plus offsets[r] (a generated token's rows are its text position
+        shifted by what the prompt's images added, as in stock decoding)."""
+        positions = root_position[:, None] + self.depth
+        if offsets is None:
+            return positions
+        return positions[None] + offsets.to(positions.device)[:, :, None]
 
 
 def build_verify_tree(root: torch.Tensor, draft: DraftTree, device: torch.device | str | None = None) -> VerifyTree:

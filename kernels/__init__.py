@@ -10,6 +10,8 @@ children of the committed state):
     tree_gated_delta_rule / commit_gated_delta_rule   Qwen3.5, Qwen3-Next, OLMo-hybrid linear attention
     tree_causal_conv1d / commit_causal_conv1d         the short conv in front of those layers and of Mamba
     tree_mamba2 / commit_mamba2                       Falcon-H1, Bamba, Nemotron-H, GraniteMoeHybrid mixers
+    tree_mamba1 / commit_mamba1                       Jamba's Mamba-1 mixers (no Triton kernel: `mamba1.common`
+                                                      says why; the PyTorch form runs on every device)
 """
 
 from __future__ import annotations
@@ -35,11 +37,19 @@ from .gated_delta_rule import (
     torch_commit_gated_delta_rule,
     torch_tree_gated_delta_rule,
 )
+from .mamba1 import TreeMamba1Output, naive_commit_mamba1, naive_tree_mamba1, torch_commit_mamba1, torch_tree_mamba1
 from .mamba2 import TreeMamba2Output, naive_commit_mamba2, naive_tree_mamba2, torch_commit_mamba2, torch_tree_mamba2
 
 __all__ = [
     "TreeGatedDeltaOutput",
     "TreeMamba2Output",
+    "TreeMamba1Output",
+    "tree_mamba1",
+    "commit_mamba1",
+    "naive_tree_mamba1",
+    "naive_commit_mamba1",
+    "torch_tree_mamba1",
+    "torch_commit_mamba1",
     "tree_gated_delta_rule",
     "commit_gated_delta_rule",
     "tree_causal_conv1d",
@@ -72,6 +82,8 @@ _NAIVE = {
     "commit_causal_conv1d": naive_commit_causal_conv1d,
     "tree_mamba2": naive_tree_mamba2,
     "commit_mamba2": naive_commit_mamba2,
+    "tree_mamba1": naive_tree_mamba1,
+    "commit_mamba1": naive_commit_mamba1,
 }
 _TORCH = {
     "tree_gated_delta_rule": torch_tree_gated_delta_rule,
@@ -80,6 +92,8 @@ _TORCH = {
     "commit_causal_conv1d": torch_commit_causal_conv1d,
     "tree_mamba2": torch_tree_mamba2,
     "commit_mamba2": torch_commit_mamba2,
+    "tree_mamba1": torch_tree_mamba1,
+    "commit_mamba1": torch_commit_mamba1,
 }
 # Triton implementations are imported on first use so that importing the package never needs triton.
 _TRITON_MODULES = {
@@ -96,7 +110,7 @@ def _impl(op: str, device: torch.device):
     backend = resolve(device)
     if backend == "naive":
         return _NAIVE[op]
-    if backend == "torch":
+    if backend == "torch" or op not in _TRITON_MODULES:
         return _TORCH[op]
     module, name = _TRITON_MODULES[op]
     kernel = getattr(importlib.import_module(f"{__name__}.{module}"), name)
@@ -194,3 +208,24 @@ def tree_mamba2(
 def commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf, on_path=None) -> torch.Tensor:
     """Exact SSM state after the root->leaf path, [B, H, P, S] float32; leaf = -1 leaves a row unchanged."""
     return _commit("commit_mamba2", initial_state.device, (initial_state, out, parent, leaf), on_path)
+
+
+def tree_mamba1(x, dt, A, B, C, parent, initial_state, D=None, z=None, dt_bias=None,
+                dt_softplus=True) -> TreeMamba1Output:
+    """Verify a draft tree on a Mamba-1 (selective scan) layer.
+
+    Args:
+        x: [B, N, D] (after the conv); dt: [B, N, D] raw step sizes; A: [D, S] (negative); B, C: [B, N, S].
+        parent: [B, N]; initial_state: [B, D, S] float32, never modified.
+        D: [D] skip, z: [B, N, D] gate (y *= silu(z)), dt_bias: [D]; dt = softplus(dt + dt_bias).
+
+    Returns:
+        TreeMamba1Output with y [B, N, D] and the factors `commit_mamba1` needs.
+    """
+    return _impl("tree_mamba1", x.device)(x, dt, A, B, C, parent, initial_state, D=D, z=z, dt_bias=dt_bias,
+                                          dt_softplus=dt_softplus)
+
+
+def commit_mamba1(initial_state, out: TreeMamba1Output, parent, leaf, on_path=None) -> torch.Tensor:
+    """Exact SSM state after the root->leaf path, [B, D, S] float32; leaf = -1 leaves a row unchanged."""
+    return _commit("commit_mamba1", initial_state.device, (initial_state, out, parent, leaf), on_path)

@@ -199,14 +199,13 @@ def still_usable(model, ids):
 
 
 def test_unsupported_model_lists_supported_families():
-    cfg = AutoConfig.for_model("jamba", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, mamba_d_state=8, num_experts=1,
-                               attn_layer_period=2, attn_layer_offset=1, expert_layer_period=1,
-                               expert_layer_offset=0, pad_token_id=1, eos_token_id=0, bos_token_id=0)
+    # Pure Mamba-1 (its own MambaCache, no attention layer): not a family the package serves.
+    cfg = AutoConfig.for_model("mamba", vocab_size=96, hidden_size=64, num_hidden_layers=2, state_size=8,
+                               pad_token_id=1, eos_token_id=0, bos_token_id=0)
     model = AutoModelForCausalLM.from_config(cfg).eval()
-    with pytest.raises(ValueError, match="Supported families: qwen3_5"):
+    with pytest.raises(ValueError, match="Supported families: qwen3_5.*jamba"):
         model.generate(ids_of(), max_new_tokens=4, custom_generate=H.speculative_generate)
-    with pytest.raises(ValueError, match="jamba"):
+    with pytest.raises(ValueError, match="'mamba'"):
         H.enable(model)
 
 
@@ -232,9 +231,9 @@ def test_unsupported_options_raise_clearly():
     ids = ids_of()
     with pytest.raises(NotImplementedError, match="batch size 1"):
         model.generate(torch.cat([ids, ids]), max_new_tokens=4, custom_generate=H.speculative_generate)
-    with pytest.raises(NotImplementedError, match="output_attentions"):
+    with pytest.raises(NotImplementedError, match="output_attentions / output_hidden_states need the eager path"):
         model.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate, output_attentions=True,
-                       return_dict_in_generate=True)
+                       return_dict_in_generate=True, assistant_config=H.AssistantConfig(compile=True))
     with pytest.raises(NotImplementedError, match="num_return_sequences"):
         model.generate(ids, max_new_tokens=4, do_sample=True, num_return_sequences=2,
                        custom_generate=H.speculative_generate)
@@ -325,41 +324,48 @@ def test_suffix_drafter_reads_the_live_global_cache():
 
 
 def _trie_table(trie):
-    """{substring: (count, total)} of every node of a SuffixTrie."""
+    """{substring: (count, total)} of every node of a SuffixTrie, explicit or implicit (its logical content)."""
     table, stack = {}, [((), trie.ROOT)]
     while stack:
         path, node = stack.pop()
         if path:
-            table[path] = (trie.counts[node], trie.totals[node])
-        stack += [(path + (t,), c) for t, c in trie.children[node].items()]
+            table[path] = (trie.count(node), trie.total(node, len(path)))
+        stack += [(path + (t,), c) for t, c in trie.children(node, len(path))]
     return table
+
+
+def _expected_table(seqs, depth):
+    """{substring: (count, total)} of the substrings (length <= depth) of `seqs`, counted directly."""
+    from collections import Counter
+
+    counts = Counter(tuple(s[i:j]) for s in seqs for i in range(len(s)) for j in range(i + 1, min(len(s), i + depth) + 1))
+    totals = Counter()
+    for k, c in counts.items():
+        if len(k) > 1:
+            totals[k[:-1]] += c
+    return {k: (c, totals[k]) for k, c in counts.items()}
 
 
 def test_suffix_trie_counts_and_eviction():
     """The trie counts every substring up to its depth; removing a sequence (the global cache evicting its oldest
     output) leaves exactly the trie of what remains, and freed nodes are reused."""
-    from collections import Counter
-
     from hf_hybrid_spec.drafters.suffix import SuffixTrie
 
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, 5, (n,), generator=g).tolist() for n in (40, 25, 33)]
     trie = SuffixTrie(depth=6)
-    for s in seqs:
-        trie.insert(s)
-    expected = Counter(tuple(s[i:j]) for s in seqs for i in range(len(s)) for j in range(i + 1, min(len(s), i + 6) + 1))
+    ids = [trie.insert(s) for s in seqs]
     table = _trie_table(trie)
-    assert {k: v[0] for k, v in table.items()} == dict(expected)
-    assert all(v[1] == sum(c for k2, (c, _) in table.items() if k2[:-1] == k) for k, v in table.items())
-    assert trie.num_nodes == len(expected) + 1
-    trie.remove(seqs[0])
-    fresh = SuffixTrie(depth=6)
-    for s in seqs[1:]:
-        fresh.insert(s)
-    assert _trie_table(trie) == _trie_table(fresh) and trie.num_nodes == fresh.num_nodes
-    size = len(trie.counts)
+    assert table == _expected_table(seqs, 6)
+    # Only the substrings seen more than once are stored as nodes (the root too); the rest are positions.
+    repeated = sum(1 for c, _ in table.values() if c > 1)
+    assert trie.num_nodes <= repeated + 1 < len(table)
+    trie.remove(ids[0])
+    fresh = fresh_of(seqs[1:])
+    assert _trie_table(trie) == _trie_table(fresh) == _expected_table(seqs[1:], 6)
+    size = len(trie._count)
     trie.insert(seqs[0])
-    assert len(trie.counts) == size and _trie_table(trie) == table  # freed ids were reused, nothing grew
+    assert len(trie._count) == size and _trie_table(trie) == table  # freed ids were reused, nothing grew
 
     # A copy is independent: what one learns, the other does not see (benchmarks replay calls from a snapshot).
     from hf_hybrid_spec.drafters.suffix import GlobalSuffixCache
@@ -370,6 +376,11 @@ def test_suffix_trie_counts_and_eviction():
     cache.add(seqs[2])
     assert _trie_table(snap.trie) == _trie_table(fresh_of([seqs[1]])) and len(snap.outputs) == 1
     assert _trie_table(cache.trie) == _trie_table(fresh_of(seqs[1:]))
+    # Bounded by tokens too: past the budget the oldest outputs go.
+    cache.max_tokens = len(seqs[0]) + 5
+    cache.add(seqs[0])
+    assert [n for _, n in cache.outputs] == [len(seqs[0])] and cache.output_tokens == len(seqs[0])
+    assert _trie_table(cache.trie) == _trie_table(fresh_of([seqs[0]]))
 
 
 def fresh_of(seqs, depth=6):
@@ -382,33 +393,40 @@ def fresh_of(seqs, depth=6):
     return trie
 
 
+def _request_trie(tokens, depth=6):
+    """A request's trie: one sequence, extended token by token."""
+    from hf_hybrid_spec.drafters.suffix import SuffixTrie
+
+    trie, active = SuffixTrie(depth=depth), []
+    for t in tokens:
+        active = trie.extend(active, t)
+    return trie, active
+
+
 def test_suffix_trie_truncate_leaves_the_trie_of_the_prefix():
-    """`truncate(tokens, keep)` on the trie built from `tokens` gives exactly the trie of `tokens[:keep]` (counts,
-    totals, node count), for cuts anywhere, repeats included (a small vocabulary), and its `active_after` state is
-    the one extending would have left."""
+    """`truncate(0, keep)` on a request's trie gives exactly the trie of its first `keep` tokens (counts, totals),
+    for cuts anywhere, repeats included (a small vocabulary), and its `active_after` state is the one extending would
+    have left."""
     g = torch.Generator().manual_seed(3)
     for trial in range(30):
         tokens = torch.randint(0, 4, (int(torch.randint(1, 60, (1,), generator=g)),), generator=g).tolist()
         keep = int(torch.randint(0, len(tokens) + 1, (1,), generator=g))
-        trie = fresh_of([tokens])
-        trie.truncate(tokens, keep)
-        expected = fresh_of([tokens[:keep]])
-        assert _trie_table(trie) == _trie_table(expected) and trie.num_nodes == expected.num_nodes, (trial, keep)
+        trie, _ = _request_trie(tokens)
+        trie.truncate(0, keep)
+        expected, active = _request_trie(tokens[:keep])
+        assert _trie_table(trie) == _trie_table(expected) == _expected_table([tokens[:keep]], 6), (trial, keep)
         # The active suffixes after the prefix, as paths: what extending token by token leaves.
-        active: list[int] = []
-        for t in tokens[:keep]:
-            active = expected.extend(active, t)
         expected_paths = [tuple(tokens[keep - 1 - i : keep]) for i in range(len(active))]
-        assert [trie.counts[n] for n in trie.active_after(tokens[:keep])] == \
+        assert [trie.count(n) for n in trie.active_after(tokens[:keep])] == \
             [_trie_table(trie)[p][0] for p in expected_paths]
     # The trie keeps working after a cut: extending it again gives the trie of the new sequence.
     tokens = torch.randint(0, 4, (50,), generator=g).tolist()
-    trie = fresh_of([tokens])
-    trie.truncate(tokens, 30)
+    trie, _ = _request_trie(tokens)
+    trie.truncate(0, 30)
     active = trie.active_after(tokens[:30])
     for t in [3, 1, 2, 2, 0]:
         active = trie.extend(active, t)
-    assert _trie_table(trie) == _trie_table(fresh_of([tokens[:30] + [3, 1, 2, 2, 0]]))
+    assert _trie_table(trie) == _trie_table(_request_trie(tokens[:30] + [3, 1, 2, 2, 0])[0])
 
 
 def test_suffix_drafter_takes_over_the_trie_of_an_earlier_call():
@@ -462,8 +480,8 @@ def test_suffix_drafter_takes_over_the_trie_of_an_earlier_call():
     other = torch.randint(0, 7, (1, 50), generator=g)
     unrelated.begin(other)
     assert len(reference_cache.finished) == 1 and unrelated.local.num_nodes > 1
-    # The kept tries stay within their node budget (oldest out first); one over it on its own is not kept.
-    reference_cache.MAX_FINISHED_NODES = unrelated.local.num_nodes - 1
+    # The kept tries stay within the token budget (oldest out first); one over it on its own is not kept.
+    reference_cache.max_tokens = unrelated.local.num_tokens - 1
     unrelated.end(other)
     assert len(reference_cache.finished) == 0
     H.clear_global_suffix_cache()

@@ -542,3 +542,81 @@ def test_branch_baselines_vs_naive():
     out = run("triton", triton_branch_mamba2, x, dt, a, b, c, parent, h0, **kwargs)
     assert_close("y", ref.y, out.y)
     assert_close("state", kernels.naive_commit_mamba2(h0, ref, parent, leaf), branch_commit(h0, out.states, leaf))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Mamba-1 (Jamba's selective scan): naive and PyTorch forms, no Triton kernel (kernels/mamba1/common.py says why)
+# ----------------------------------------------------------------------------------------------------------
+def mamba1_inputs(bsz, n, d, s, extras, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(DEVICE)
+
+    x, dt = randn(bsz, n, d), randn(bsz, n, d)
+    a = -torch.exp(torch.rand(d, s, generator=gen)).to(DEVICE)
+    b, c = randn(bsz, n, s), randn(bsz, n, s)
+    h0 = randn(bsz, d, s)
+    kwargs = {"D": randn(d), "z": randn(bsz, n, d), "dt_bias": randn(d)} if extras else {}
+    return (x, dt, a, b, c, h0), kwargs
+
+
+MAMBA1_CASES = [
+    # B, N, D, S, depth, extras (D, z, dt_bias)
+    pytest.param(2, 37, 24, 8, 8, True, id="B2-N37-D24-S8-D8"),
+    pytest.param(1, 64, 16, 16, 8, False, id="B1-N64-D16-S16-D8"),
+    pytest.param(3, 9, 70, 4, 2, True, id="B3-N9-D70-S4-D2"),
+    pytest.param(2, 17, 8, 16, 1, True, id="B2-N17-D8-S16-D1"),
+]
+
+
+@pytest.mark.parametrize("bsz, n, d, s, depth, extras", MAMBA1_CASES)
+def test_mamba1_vs_naive(bsz, n, d, s, depth, extras):
+    (x, dt, a, b, c, h0), kwargs = mamba1_inputs(bsz, n, d, s, extras, seed=n)
+    parent = random_tree(bsz, n, depth, seed=depth)
+    h0_before = h0.clone()
+    ref = kernels.naive_tree_mamba1(x, dt, a, b, c, parent, h0, **kwargs)
+    out = kernels.torch_tree_mamba1(x, dt, a, b, c, parent, h0, **kwargs)
+    for name in ("y", "x", "b", "dt"):
+        assert_close(name, getattr(ref, name), getattr(out, name))
+    leaf = random_leaf(bsz, n, seed=s)
+    expected = kernels.naive_commit_mamba1(h0, ref, parent, leaf)
+    # Walked on the host, and with the path mask (fixed-shape device ops, what a captured commit runs).
+    assert_close("committed state", expected, kernels.torch_commit_mamba1(h0, out, parent, leaf))
+    on_path = tree.path_mask(parent, leaf)
+    masked = kernels.torch_commit_mamba1(h0, out, parent, leaf, on_path=on_path)
+    assert_close("committed state (masked)", expected, masked)
+    assert torch.equal(h0, h0_before), "initial_state must not be modified"
+    for row in (leaf < 0).nonzero().flatten().tolist():
+        assert torch.equal(masked[row], h0[row]), "leaf = -1 must leave the state bit-identical"
+
+
+@pytest.mark.parametrize("backend", ["torch", "naive"])
+def test_mamba1_chain_is_the_selective_scan(backend):
+    """A chain from the committed state gives the decode step's outputs, token after token (transformers' Jamba
+    single-token update, `selective_state_update`), and its final state."""
+    jamba = pytest.importorskip("transformers.models.jamba.modeling_jamba")
+    bsz, n, d, s = 2, 13, 24, 8
+    (x, dt, a, b, c, h0), kwargs = mamba1_inputs(bsz, n, d, s, True, seed=3)
+    state = h0.clone()
+    ys = []
+    for i in range(n):
+        ys.append(jamba.mamba_selective_state_update(state, x[:, i], dt[:, i], a, b[:, i], c[:, i], kwargs["D"],
+                                                     dt_bias=kwargs["dt_bias"], dt_softplus=True, z=kwargs["z"][:, i]))
+    parent = chain(bsz, n)
+    fn = kernels.torch_tree_mamba1 if backend == "torch" else kernels.naive_tree_mamba1
+    out = fn(x, dt, a, b, c, parent, h0, **kwargs)
+    assert_close("y", torch.stack(ys, dim=1), out.y)
+    leaf = torch.full((bsz,), n - 1, device=DEVICE)
+    assert_close("final state", state, kernels.commit_mamba1(h0, out, parent, leaf))
+
+
+def test_mamba1_validation():
+    (x, dt, a, b, c, h0), _ = mamba1_inputs(1, 4, 8, 4, False)
+    parent = chain(1, 4)
+    with pytest.raises(ValueError, match="A must be"):
+        kernels.tree_mamba1(x, dt, a[:, :2].T, b, c, parent, h0)
+    with pytest.raises(ValueError, match="initial_state"):
+        kernels.tree_mamba1(x, dt, a, b, c, parent, h0[:, :4])
+    with pytest.raises(ValueError, match="parent"):
+        kernels.tree_mamba1(x, dt, a, b, c, torch.tensor([[0, 0, 1, 2]], device=DEVICE), h0)

@@ -116,8 +116,8 @@ def sampled_pairs(model, ids, n, **kw):
     return counts
 
 
-@pytest.mark.parametrize("family,mode", [("falcon_h1", "chain"), ("qwen3_5_text", "tree")],
-                         ids=["falcon_h1-chain-sampled-q", "qwen3_5-deterministic-tree"])
+@pytest.mark.parametrize("family,mode", [("falcon_h1", "chain"), ("qwen3_5_text", "tree"), ("jamba", "tree")],
+                         ids=["falcon_h1-chain-sampled-q", "qwen3_5-deterministic-tree", "jamba-deterministic-tree"])
 def test_generate_sampling_matches_target_distribution(family, mode):
     model = tiny_model(family, vocab_size=V, seed=3)
     ids = torch.tensor([[2, 5, 3, 7, 2, 5]])

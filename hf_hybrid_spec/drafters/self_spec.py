@@ -124,7 +124,8 @@ class SelfSpecDrafter(Drafter):
         try:
             with self.restricted():
                 out = forward_tree(self.target, tree, cache, prefix_length=length - 1,
-                                   root_position=torch.tensor([length - 1], device=dev))
+                                   root_position=torch.tensor([length - 1], device=dev),
+                                   position_offsets=self.context.position_offsets)
         finally:
             cache.abort()
         rows = torch.tensor([f + 1 for f in frontier], device=out.logits.device)

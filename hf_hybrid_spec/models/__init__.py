@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import attention, bamba, falcon_h1, granitemoehybrid, lfm2, nemotron_h, qwen3_5, qwen3_next
+from . import attention, bamba, falcon_h1, granitemoehybrid, jamba, lfm2, nemotron_h, qwen3_5, qwen3_next
 from .base import ModelAdapter
 from .tree_attention import TREE_ATTENTION
 
@@ -22,6 +22,7 @@ ADAPTERS: tuple[ModelAdapter, ...] = (
     nemotron_h.ADAPTER,
     granitemoehybrid.ADAPTER,
     lfm2.ADAPTER,
+    jamba.ADAPTER,
     attention.ADAPTER,
 )
 _BY_TYPE = {t: a for a in ADAPTERS for t in a.model_types}
