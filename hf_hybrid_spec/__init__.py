@@ -7,36 +7,73 @@
     out.spec_stats  # target forwards, accepted lengths, drafted tokens
 
 Layers (imports point one way): kernels -> cache -> models (adapters) -> drafters -> verify -> generate.
+
+The names below are imported on first use (PEP 562): `import hf_hybrid_spec` itself costs almost nothing, and
+only what a program touches pulls in transformers' generation and modeling code.
 """
 
-from .cache import HybridTreeCache
-from .config import AssistantConfig
-from .drafters import Drafter, DraftBudget, ModelDrafter, NgramDrafter, SuffixDrafter, clear_global_suffix_cache
-from .generate import SpeculativeDecoderOnlyOutput, SpecStats, enable, speculative_generate
-from .models import get_adapter, supported_model_types
-from .tree import DraftTree, VerifyTree
-# Self-speculative drafters (issue #5).
-from .drafters import LayerSkipDrafter, SelfSSMDrafter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AssistantConfig",
-    "speculative_generate",
-    "enable",
-    "SpecStats",
-    "SpeculativeDecoderOnlyOutput",
-    "HybridTreeCache",
-    "DraftTree",
-    "VerifyTree",
-    "Drafter",
-    "DraftBudget",
-    "SuffixDrafter",
-    "NgramDrafter",
-    "ModelDrafter",
-    "clear_global_suffix_cache",
-    "get_adapter",
-    "supported_model_types",
-    "SelfSSMDrafter",
-    "LayerSkipDrafter",
-]
+# public name -> the submodule that defines it
+_EXPORTS = {
+    "AssistantConfig": "config",
+    "speculative_generate": "generate",
+    "enable": "generate",
+    "SpecStats": "generate",
+    "SpeculativeDecoderOnlyOutput": "generate",
+    "HybridTreeCache": "cache",
+    "DraftTree": "tree",
+    "VerifyTree": "tree",
+    "Drafter": "drafters",
+    "DraftBudget": "drafters",
+    "SuffixDrafter": "drafters",
+    "NgramDrafter": "drafters",
+    "ModelDrafter": "drafters",
+    "SelfSSMDrafter": "drafters",
+    "LayerSkipDrafter": "drafters",
+    "clear_global_suffix_cache": "drafters",
+    "get_adapter": "models",
+    "supported_model_types": "models",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from .cache import HybridTreeCache
+    from .config import AssistantConfig
+    from .drafters import (
+        DraftBudget,
+        Drafter,
+        LayerSkipDrafter,
+        ModelDrafter,
+        NgramDrafter,
+        SelfSSMDrafter,
+        SuffixDrafter,
+        clear_global_suffix_cache,
+    )
+    from .generate import SpecStats, SpeculativeDecoderOnlyOutput, enable, speculative_generate
+    from .models import get_adapter, supported_model_types
+    from .tree import DraftTree, VerifyTree
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    try:  # a submodule, as `hf_hybrid_spec.drafters` after a plain `import hf_hybrid_spec`
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as err:
+        if err.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["AssistantConfig", "DRAFTERS", "VERIFICATIONS", "CONFIG_NAME"]
+__all__ = ["AssistantConfig", "DRAFTERS", "DRAFTER_DEFAULTS", "VERIFICATIONS", "CONFIG_NAME"]
 
 CONFIG_NAME = "assistant_config.json"
 
@@ -27,6 +27,13 @@ KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
 # How `drafter="self_ssm"` suppresses attention; hf_hybrid_spec.models.base.SSM_VARIANTS documents each.
 SSM_VARIANTS = ("zero_attention", "rescale_ssm", "skip_layer")
 HVD_POLICIES = ("learned", "threshold")
+# The tree budget a drafter gets when the config leaves it unset: EAGLE-2's dynamic tree for "eagle" (60 nodes, depth
+# 6, 10 children per expanded node), a chain of up to 8 tokens from a 24-node budget for the others (a cache drafter's
+# tree is shaped by its matches, not by draft_top_k).
+DRAFTER_DEFAULTS = {
+    "default": dict(max_draft_tokens=24, max_depth=8, draft_top_k=1),
+    "eagle": dict(max_draft_tokens=60, max_depth=6, draft_top_k=10),
+}
 # Nesting allowed in `extra` (JSON from a file could otherwise nest deep enough to overflow the stack later).
 MAX_EXTRA_DEPTH = 8
 
@@ -35,7 +42,9 @@ MAX_EXTRA_DEPTH = 8
 class AssistantConfig:
     """Configuration of speculative decoding.
 
-    Tree budget:
+    Tree budget (left unset, `max_draft_tokens`, `max_depth` and `draft_top_k` take the drafter's defaults,
+    `DRAFTER_DEFAULTS`: 60 / 6 / 10 for "eagle", 24 / 8 / 1 for the others; `replace(drafter=...)` keeps the numbers a
+    config already holds):
         max_draft_tokens: most draft nodes verified per target forward (the root comes on top).
         max_depth: deepest draft node below the root; also bounds the tokens one forward can commit
             (max_depth + 1 with the bonus token).
@@ -82,9 +91,11 @@ class AssistantConfig:
         kernel_backend: "auto" (Triton on CUDA, closed-form PyTorch on CPU), "triton", "torch" or "naive".
 
     Static shapes and CUDA graphs (`hf_hybrid_spec.static`):
-        compile: verify with a static cache and fixed tree sizes, each verify forward captured once as a CUDA graph
-            and replayed (on CPU the same static code runs eagerly). Also turned on by
-            `generate(..., cache_implementation="static")`.
+        compile: True verifies with a static cache and fixed tree sizes, each verify forward captured once as a CUDA
+            graph and replayed (on CPU the same static code runs eagerly); False verifies eagerly (dynamic cache,
+            every kernel launched from Python); "auto" (the default) is True for a model on one CUDA device, unless
+            the call asks for attentions or hidden states (eager only), and False elsewhere (on a CPU eager is the
+            faster path). Also turned on by `generate(..., cache_implementation="static")`.
         compile_buckets: tree sizes (root included) captured; a tree is padded to the smallest that fits and the
             draft budget is capped at the largest minus one.
         compile_drafter: with `compile`, also compile the EAGLE drafter's passes with Inductor (before they are
@@ -131,8 +142,8 @@ class AssistantConfig:
     """
 
     drafter: str = "suffix"
-    max_draft_tokens: int = 24
-    max_depth: int = 8
+    max_draft_tokens: int | None = None  # None: the drafter's default (DRAFTER_DEFAULTS)
+    max_depth: int | None = None
     max_verify_nodes: int = 256
     # suffix drafter
     max_spec_factor: float = 1.0
@@ -146,7 +157,7 @@ class AssistantConfig:
     # n-gram drafter
     ngram_size: int = 3
     # model drafter
-    draft_top_k: int = 1
+    draft_top_k: int | None = None
     # self-speculative drafters
     ssm_variant: str = "zero_attention"
     ssm_scale: float = 1.5
@@ -156,7 +167,7 @@ class AssistantConfig:
     kernel_backend: str = "auto"
     extra: dict = field(default_factory=dict)
     # static shapes / CUDA graphs (issue #8)
-    compile: bool = False
+    compile: bool | str = "auto"
     compile_buckets: tuple[int, ...] = (8, 16, 32, 64)
     compile_drafter: bool = False
     compile_verify: bool = False
@@ -178,6 +189,10 @@ class AssistantConfig:
     hvd_cost_profile: str | None = None
 
     def __post_init__(self):
+        # The tree budget left unset takes the drafter's defaults, once, here: the stored config holds numbers.
+        for name, value in DRAFTER_DEFAULTS.get(self.drafter, DRAFTER_DEFAULTS["default"]).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         if self.hvd_policy == "oracle":
             self._validate_hvd()  # its own message
         for name, choices in _CHOICES.items():
@@ -190,6 +205,8 @@ class AssistantConfig:
         for name in _BOOLS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.compile, bool) and self.compile != "auto":
+            raise ValueError(f"compile must be True, False or 'auto', got {self.compile!r}")
         for name, (low, high, low_open) in _NUMBERS.items():
             setattr(self, name, _check_number(name, getattr(self, name), low, high, low_open))
         if not self.max_spec_offset > -self.max_match_length:
@@ -300,7 +317,7 @@ _CHOICES = {"drafter": DRAFTERS, "verification": VERIFICATIONS, "kernel_backend"
             "ssm_variant": SSM_VARIANTS, "hvd_policy": HVD_POLICIES}
 _POSITIVE_INTS = ("max_draft_tokens", "max_depth", "max_verify_nodes", "max_match_length", "max_cached_outputs",
                   "max_cached_tokens", "ngram_size", "draft_top_k", "fly_window", "hvd_model_tokens", "hvd_model_depth")
-_BOOLS = ("global_cache", "tree", "compile", "compile_drafter", "compile_verify", "hvd_merge")
+_BOOLS = ("global_cache", "tree", "compile_drafter", "compile_verify", "hvd_merge")
 # name -> (low, high, low is open); every number must also be finite.
 _NUMBERS = {
     "max_spec_factor": (0.0, None, False),

@@ -281,7 +281,9 @@ def test_static_cache_implies_static_eagle_drafting_and_compile_drafter_needs_it
     out = target.generate(ids, assistant_config=cfg, cache_implementation="static", **kw)
     assert torch.equal(out, ref) and len(_TREES.get(model, {})) == 1  # the drafter's static storage was used
     with pytest.raises(ValueError, match="compile_drafter=True .* needs compile=True"):
-        target.generate(ids, assistant_config=cfg.replace(compile_drafter=True), **kw)
+        target.generate(ids, assistant_config=cfg.replace(compile=False, compile_drafter=True), **kw)
+    # compile='auto' (the default) runs a CPU call eagerly: compile_drafter does not apply there, and is no error.
+    assert torch.equal(target.generate(ids, assistant_config=cfg.replace(compile_drafter=True), **kw), ref)
 
 
 def test_compile_drafter_on_cpu_drafts_the_same_trees():

@@ -141,7 +141,7 @@ def test_compile_verify_needs_compile():
     model = tiny_model("qwen3_5_text")
     with pytest.raises(ValueError, match="compile_verify=True .* needs compile=True"):
         model.generate(ids_of(), max_new_tokens=4, custom_generate=H.speculative_generate,
-                       assistant_config=H.AssistantConfig(compile_verify=True))
+                       assistant_config=H.AssistantConfig(compile=False, compile_verify=True))
     with pytest.raises(ValueError, match="compile_verify must be a bool"):
         H.AssistantConfig(compile_verify="yes")
 

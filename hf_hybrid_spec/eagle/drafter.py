@@ -174,5 +174,6 @@ def make_eagle_drafter(config, target: nn.Module, draft_model: nn.Module | None)
     """The drafter `AssistantConfig(drafter="eagle")` names: `draft_model` must be an `EagleDrafter`."""
     if draft_model is None:
         raise ValueError("the 'eagle' drafter needs draft_model=EagleDrafter.from_pretrained(...)")
-    return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k, static=config.compile,
-                            fuse=config.compile and config.compile_drafter)
+    static = config.compile is True  # speculative_generate resolves "auto" before it builds the drafter
+    return EagleTreeDrafter(draft_model, target, top_k=config.draft_top_k, static=static,
+                            fuse=static and config.compile_drafter)

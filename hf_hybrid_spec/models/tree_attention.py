@@ -21,10 +21,10 @@ import contextvars
 import threading
 from collections.abc import Iterator
 
+import functools
+
 import torch
 from torch import nn
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 __all__ = ["TREE_ATTENTION", "routed_attention", "tree_attention_forward", "kernel_applies", "kernel_supports",
            "set_tree_attention", "tree_attention_enabled"]
@@ -83,12 +83,21 @@ def tree_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
         on_device = torch.cuda.device(query.device) if query.is_cuda else contextlib.nullcontext()
         with on_device:
             return triton_tree_attention(*contiguous, scale), None
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                           **kwargs)
 
 
-ALL_ATTENTION_FUNCTIONS.register(TREE_ATTENTION, tree_attention_forward)
-ALL_MASK_ATTENTION_FUNCTIONS.register(TREE_ATTENTION, sdpa_mask)
+@functools.cache
+def register() -> None:
+    """Register `TREE_ATTENTION` with transformers' attention and mask interfaces (once; before the first block that
+    switches a layer to it: importing transformers' modeling code takes seconds, so not at import)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    ALL_ATTENTION_FUNCTIONS.register(TREE_ATTENTION, tree_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(TREE_ATTENTION, sdpa_mask)
 
 
 @contextlib.contextmanager
@@ -96,6 +105,7 @@ def routed_attention(modules: list[nn.Module]) -> Iterator[None]:
     """Within the block, the given attention modules (`ModelAdapter.attention_modules`) run on the tree-attention
     kernel, in this thread (see the module docstring). Configs on sdpa only: an eager layer keeps its own numerics
     (its eager function is the model file's own)."""
+    register()
     configs = [m.config for m in modules if getattr(m, "config", None) is not None]
     held = []
     with _SWITCH_LOCK:
