@@ -1,9 +1,11 @@
 """Tree verification and factorized state commit for recurrent layers (installed as `hf_hybrid_spec.kernels`).
 
-Math on tensors only: nothing here imports transformers. Each op has three implementations with one contract:
+Math on tensors only: nothing here imports transformers. Each op has up to three implementations with one contract:
 `naive_*` (the recurrence walked node by node, the test oracle), `torch_*` (closed form, vectorized; the CPU
-path) and a Triton kernel (CUDA, and the Triton interpreter in tests). The un-prefixed functions dispatch on
-the tensors' device and `backend.set_backend`.
+path) and a Triton kernel (CUDA, and the Triton interpreter in tests); each op folder registers them (`ops`), and the
+un-prefixed functions dispatch on the tensors' device and the backend in effect (`backend`). A tree op's output
+knows how to commit its own path (`TreeGatedDeltaOutput.commit`, ...), so a cache commits any recurrent kind the
+same way.
 
 Ops (shapes follow fla: [B, N, H, K] with N tree nodes in topological order, `parent` [B, N] with -1 for
 children of the committed state):
@@ -12,17 +14,17 @@ children of the committed state):
     tree_mamba2 / commit_mamba2                       Falcon-H1, Bamba, Nemotron-H, GraniteMoeHybrid mixers
     tree_mamba1 / commit_mamba1                       Jamba's Mamba-1 mixers (no Triton kernel: `mamba1.common`
                                                       says why; the PyTorch form runs on every device)
+    tree_attention                                    attention of tree nodes over a KV cache (`compile_verify`)
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import math
 
 import torch
 
 from . import tree
+from .attention import naive_tree_attention, torch_tree_attention
 from .backend import get_backend, resolve, set_backend, triton_available, use_backend
 from .conv import (
     naive_commit_causal_conv1d,
@@ -39,6 +41,7 @@ from .gated_delta_rule import (
 )
 from .mamba1 import TreeMamba1Output, naive_commit_mamba1, naive_tree_mamba1, torch_commit_mamba1, torch_tree_mamba1
 from .mamba2 import TreeMamba2Output, naive_commit_mamba2, naive_tree_mamba2, torch_commit_mamba2, torch_tree_mamba2
+from .ops import implementation, registered, run_commit
 
 __all__ = [
     "TreeGatedDeltaOutput",
@@ -68,63 +71,17 @@ __all__ = [
     "torch_commit_causal_conv1d",
     "torch_tree_mamba2",
     "torch_commit_mamba2",
+    "tree_attention",
+    "naive_tree_attention",
+    "torch_tree_attention",
+    "registered",
+    "resolve",
     "set_backend",
     "get_backend",
     "use_backend",
     "triton_available",
     "tree",
 ]
-
-_NAIVE = {
-    "tree_gated_delta_rule": naive_tree_gated_delta_rule,
-    "commit_gated_delta_rule": naive_commit_gated_delta_rule,
-    "tree_causal_conv1d": naive_tree_causal_conv1d,
-    "commit_causal_conv1d": naive_commit_causal_conv1d,
-    "tree_mamba2": naive_tree_mamba2,
-    "commit_mamba2": naive_commit_mamba2,
-    "tree_mamba1": naive_tree_mamba1,
-    "commit_mamba1": naive_commit_mamba1,
-}
-_TORCH = {
-    "tree_gated_delta_rule": torch_tree_gated_delta_rule,
-    "commit_gated_delta_rule": torch_commit_gated_delta_rule,
-    "tree_causal_conv1d": torch_tree_causal_conv1d,
-    "commit_causal_conv1d": torch_commit_causal_conv1d,
-    "tree_mamba2": torch_tree_mamba2,
-    "commit_mamba2": torch_commit_mamba2,
-    "tree_mamba1": torch_tree_mamba1,
-    "commit_mamba1": torch_commit_mamba1,
-}
-# Triton implementations are imported on first use so that importing the package never needs triton.
-_TRITON_MODULES = {
-    "tree_gated_delta_rule": ("gated_delta_rule.triton_tree", "triton_tree_gated_delta_rule"),
-    "commit_gated_delta_rule": ("gated_delta_rule.triton_tree", "triton_commit_gated_delta_rule"),
-    "tree_causal_conv1d": ("conv.triton_tree", "triton_tree_causal_conv1d"),
-    "commit_causal_conv1d": ("conv.triton_tree", "triton_commit_causal_conv1d"),
-    "tree_mamba2": ("mamba2.triton_tree", "triton_tree_mamba2"),
-    "commit_mamba2": ("mamba2.triton_tree", "triton_commit_mamba2"),
-}
-
-
-def _impl(op: str, device: torch.device):
-    backend = resolve(device)
-    if backend == "naive":
-        return _NAIVE[op]
-    if backend == "torch" or op not in _TRITON_MODULES:
-        return _TORCH[op]
-    module, name = _TRITON_MODULES[op]
-    kernel = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    # Triton launches on the current device's stream: tensors on cuda:1 while cuda:0 is current (a model split over
-    # GPUs by device_map) must run with their own device made current.
-    if device.index is None or device.index == torch.cuda.current_device():
-        return kernel
-    return functools.partial(_on_device, kernel, device)
-
-
-def _on_device(kernel, device: torch.device, *args, **kwargs):
-    with torch.cuda.device(device):
-        return kernel(*args, **kwargs)
-
 
 def tree_gated_delta_rule(
     q, k, v, g, beta, parent, initial_state, scale=None, use_qk_l2norm=False, num_nodes=None
@@ -143,17 +100,9 @@ def tree_gated_delta_rule(
         TreeGatedDeltaOutput with o [B, N, HV, V] and the token-level factors that `commit_gated_delta_rule`
         needs to rebuild the state of any root path.
     """
-    return _impl("tree_gated_delta_rule", q.device)(
+    return implementation("tree_gated_delta_rule", q.device)(
         q, k, v, g, beta, parent, initial_state, scale=scale, use_qk_l2norm=use_qk_l2norm, num_nodes=num_nodes
     )
-
-
-def _commit(op: str, device, args, on_path):
-    impl = _impl(op, device)
-    # Only the PyTorch path walks parents on the host; a caller that already has the path mask spares it that.
-    if on_path is not None and impl is _TORCH[op]:
-        return impl(*args, on_path=on_path)
-    return impl(*args)
 
 
 def commit_gated_delta_rule(initial_state, out: TreeGatedDeltaOutput, parent, leaf, on_path=None) -> torch.Tensor:
@@ -162,7 +111,7 @@ def commit_gated_delta_rule(initial_state, out: TreeGatedDeltaOutput, parent, le
     leaf: [B] int, the accepted node per row; -1 leaves that row's state unchanged (bit-identical).
     on_path: optional [B, N] bool mask of each row's root->leaf path, when the caller has it already.
     """
-    return _commit("commit_gated_delta_rule", initial_state.device, (initial_state, out, parent, leaf), on_path)
+    return out.commit(initial_state, parent, leaf, on_path)
 
 
 def tree_causal_conv1d(x, weight, bias, parent, conv_state, activation="silu") -> torch.Tensor:
@@ -176,12 +125,12 @@ def tree_causal_conv1d(x, weight, bias, parent, conv_state, activation="silu") -
     Returns:
         [B, N, C] in the dtype of x.
     """
-    return _impl("tree_causal_conv1d", x.device)(x, weight, bias, parent, conv_state, activation)
+    return implementation("tree_causal_conv1d", x.device)(x, weight, bias, parent, conv_state, activation)
 
 
 def commit_causal_conv1d(conv_state, x, parent, leaf, on_path=None) -> torch.Tensor:
     """Conv window after the root->leaf path: the last S entries of [conv_state, x[path]], [B, C, S]."""
-    return _commit("commit_causal_conv1d", conv_state.device, (conv_state, x, parent, leaf), on_path)
+    return run_commit("commit_causal_conv1d", conv_state.device, (conv_state, x, parent, leaf), on_path)
 
 
 def tree_mamba2(
@@ -199,7 +148,7 @@ def tree_mamba2(
     Returns:
         TreeMamba2Output with y [B, N, H, P] and the factors `commit_mamba2` needs.
     """
-    return _impl("tree_mamba2", x.device)(
+    return implementation("tree_mamba2", x.device)(
         x, dt, A, B, C, parent, initial_state, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
         dt_limit=dt_limit, num_nodes=num_nodes,
     )
@@ -207,7 +156,7 @@ def tree_mamba2(
 
 def commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf, on_path=None) -> torch.Tensor:
     """Exact SSM state after the root->leaf path, [B, H, P, S] float32; leaf = -1 leaves a row unchanged."""
-    return _commit("commit_mamba2", initial_state.device, (initial_state, out, parent, leaf), on_path)
+    return out.commit(initial_state, parent, leaf, on_path)
 
 
 def tree_mamba1(x, dt, A, B, C, parent, initial_state, D=None, z=None, dt_bias=None,
@@ -222,10 +171,16 @@ def tree_mamba1(x, dt, A, B, C, parent, initial_state, D=None, z=None, dt_bias=N
     Returns:
         TreeMamba1Output with y [B, N, D] and the factors `commit_mamba1` needs.
     """
-    return _impl("tree_mamba1", x.device)(x, dt, A, B, C, parent, initial_state, D=D, z=z, dt_bias=dt_bias,
+    return implementation("tree_mamba1", x.device)(x, dt, A, B, C, parent, initial_state, D=D, z=z, dt_bias=dt_bias,
                                           dt_softplus=dt_softplus)
 
 
 def commit_mamba1(initial_state, out: TreeMamba1Output, parent, leaf, on_path=None) -> torch.Tensor:
     """Exact SSM state after the root->leaf path, [B, D, S] float32; leaf = -1 leaves a row unchanged."""
-    return _commit("commit_mamba1", initial_state.device, (initial_state, out, parent, leaf), on_path)
+    return out.commit(initial_state, parent, leaf, on_path)
+
+
+def tree_attention(q, k, v, mask, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v: q [B, Hq, N, D], k / v [B, Hkv, L, D] (Hq a multiple of Hkv), mask [B or 1,
+    1, N, L] additive. Returns [B, N, Hq, D] in q's dtype."""
+    return implementation("tree_attention", q.device)(q, k, v, mask, scale)

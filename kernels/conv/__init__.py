@@ -1,3 +1,4 @@
+from ..ops import Op, register
 from .naive import naive_commit_causal_conv1d, naive_tree_causal_conv1d
 from .torch_tree import torch_commit_causal_conv1d, torch_tree_causal_conv1d
 
@@ -7,3 +8,10 @@ __all__ = [
     "torch_tree_causal_conv1d",
     "torch_commit_causal_conv1d",
 ]
+
+register(
+    Op("tree_causal_conv1d", naive_tree_causal_conv1d, torch_tree_causal_conv1d,
+       "conv.triton_tree:triton_tree_causal_conv1d"),
+    Op("commit_causal_conv1d", naive_commit_causal_conv1d, torch_commit_causal_conv1d,
+       "conv.triton_tree:triton_commit_causal_conv1d"),
+)

@@ -3,7 +3,6 @@ Mamba layers): input validation."""
 
 from __future__ import annotations
 
-
 from ..tree import validate_parent
 
 ACTIVATIONS = (None, "silu", "swish")

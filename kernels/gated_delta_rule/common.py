@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..ops import run_commit
 from ..tree import validate_parent
 
 
@@ -25,6 +26,15 @@ class TreeGatedDeltaOutput:
     u: torch.Tensor
     k: torch.Tensor
     g_cum: torch.Tensor
+
+    def commit(self, initial_state: torch.Tensor, parent: torch.Tensor, leaf: torch.Tensor,
+               on_path: torch.Tensor | None = None) -> torch.Tensor:
+        """The exact state [B, HV, K, V] (float32, a new tensor) after each row's root->leaf path, rebuilt from these
+        factors.
+
+        leaf: [B] the accepted node per row (-1: nothing accepted, the state comes back bit-identical); on_path:
+        optional [B, N] bool mask of each row's path, when the caller has it. Dispatches like the public ops."""
+        return run_commit("commit_gated_delta_rule", initial_state.device, (initial_state, self, parent, leaf), on_path)
 
 
 @dataclass

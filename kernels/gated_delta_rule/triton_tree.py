@@ -299,7 +299,7 @@ def tree_gated_delta_rule_fwd(
     """Launcher: no validation and no host sync (the public function validates). Shapes as the public op.
 
     block_v / num_warps override the V tile and warps per program (None: the defaults below); for tuning
-    sweeps on a GPU, e.g. from bench_tree_kernels.
+    sweeps on a GPU, e.g. from benchmarks/tree_kernels.py.
     """
     bsz, n, h, kdim = q.shape
     hv, vdim = v.shape[2:]
@@ -318,8 +318,8 @@ def tree_gated_delta_rule_fwd(
     # BT = 128): K chunks of 32, and narrower V tiles at BT = 128 to make room for the [BT, BT] matrices.
     bk = min(32, max(16, triton.next_power_of_2(kdim)))
     # V tiles of at least 32, as the Mamba-2 launcher's P tiles: with fp32 inputs (TF32x3 dots) at BT = 64 a 16-wide
-    # tile faulted with an illegal address on the H200 under Triton 3.6 (run 48: B1-N64-HV2-K32-V16 in fp32, the
-    # first run of tests/test_kernels.py compiled on a GPU); real layers (V = 128) never had 16-wide tiles.
+    # tile faulted with an illegal address on the H200 under Triton 3.6 (B1-N64-HV2-K32-V16 in fp32, the
+    # first run of tests/kernels/test_kernels.py compiled on a GPU); real layers (V = 128) never had 16-wide tiles.
     bv = block_v or min(64 if bt <= 64 else 32, max(32, triton.next_power_of_2(vdim)))
     o = torch.empty(bsz, n, hv, vdim, dtype=q.dtype, device=q.device)
     u = torch.empty(bsz, n, hv, vdim, dtype=torch.float32, device=q.device)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..ops import run_commit
 from ..tree import validate_parent
 
 
@@ -41,6 +42,14 @@ class TreeMamba1Output:
     b: torch.Tensor
     dt: torch.Tensor
     a: torch.Tensor
+
+    def commit(self, initial_state: torch.Tensor, parent: torch.Tensor, leaf: torch.Tensor,
+               on_path: torch.Tensor | None = None) -> torch.Tensor:
+        """The exact SSM state [B, D, S] (float32, a new tensor) after each row's root->leaf path.
+
+        leaf: [B] the accepted node per row (-1: nothing accepted, the state comes back bit-identical); on_path:
+        optional [B, N] bool mask of each row's path, when the caller has it. Dispatches like the public ops."""
+        return run_commit("commit_mamba1", initial_state.device, (initial_state, self, parent, leaf), on_path)
 
 
 @dataclass
@@ -102,7 +111,7 @@ def node_output(state: torch.Tensor, p: PreparedMamba1, rows, nodes, dtype: torc
     return y.to(dtype)
 
 
-def commit(initial_state: torch.Tensor, out: TreeMamba1Output, paths: list[list[int]]) -> torch.Tensor:
+def replay_paths(initial_state: torch.Tensor, out: TreeMamba1Output, paths: list[list[int]]) -> torch.Tensor:
     """The state [B, D, S] (fp32) after each row's path (node lists, root side first; empty: unchanged)."""
     new = initial_state.detach().clone().float()
     for row, nodes in enumerate(paths):

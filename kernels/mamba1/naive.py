@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import path_nodes
-from .common import TreeMamba1Output, commit, node_output, prepare_mamba1, step
+from .common import TreeMamba1Output, node_output, prepare_mamba1, replay_paths, step
 
 
 def naive_tree_mamba1(x, dt, A, B, C, parent, initial_state, D=None, z=None, dt_bias=None,
@@ -27,4 +27,4 @@ def naive_tree_mamba1(x, dt, A, B, C, parent, initial_state, D=None, z=None, dt_
 
 def naive_commit_mamba1(initial_state, out: TreeMamba1Output, parent, leaf) -> torch.Tensor:
     """Replay the recurrence along each row's root->leaf path from the stored factors. Returns [B, D, S] fp32."""
-    return commit(initial_state, out, [nodes.tolist() for nodes in path_nodes(parent, leaf)])
+    return replay_paths(initial_state, out, [nodes.tolist() for nodes in path_nodes(parent, leaf)])

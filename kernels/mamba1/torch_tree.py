@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import node_depth, path_nodes
-from .common import TreeMamba1Output, commit, node_output, prepare_mamba1, step
+from .common import TreeMamba1Output, node_output, prepare_mamba1, replay_paths, step
 
 
 def torch_tree_mamba1(x, dt, A, B, C, parent, initial_state, D=None, z=None, dt_bias=None,
@@ -38,7 +38,7 @@ def torch_commit_mamba1(initial_state, out: TreeMamba1Output, parent, leaf, on_p
     on the path: fixed-shape device ops, no host read (what a captured commit needs). Without it the path is walked
     on the host (fewer ops)."""
     if on_path is None:
-        return commit(initial_state, out, [nodes.tolist() for nodes in path_nodes(parent, leaf)])
+        return replay_paths(initial_state, out, [nodes.tolist() for nodes in path_nodes(parent, leaf)])
     state = initial_state.detach().float().clone()
     for i in range(out.dt.shape[1]):
         dt = out.dt[:, i]  # [B, D]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..ops import run_commit
 from ..tree import validate_parent
 
 
@@ -35,6 +36,14 @@ class TreeMamba2Output:
     b: torch.Tensor
     dt: torch.Tensor
     a_cum: torch.Tensor
+
+    def commit(self, initial_state: torch.Tensor, parent: torch.Tensor, leaf: torch.Tensor,
+               on_path: torch.Tensor | None = None) -> torch.Tensor:
+        """The exact SSM state [B, H, P, S] (float32, a new tensor) after each row's root->leaf path.
+
+        leaf: [B] the accepted node per row (-1: nothing accepted, the state comes back bit-identical); on_path:
+        optional [B, N] bool mask of each row's path, when the caller has it. Dispatches like the public ops."""
+        return run_commit("commit_mamba2", initial_state.device, (initial_state, self, parent, leaf), on_path)
 
 
 @dataclass
