@@ -6,7 +6,8 @@
     out.sequences   # identical to plain greedy generate
     out.spec_stats  # target forwards, accepted lengths, drafted tokens
 
-Layers (imports point one way): kernels -> cache -> models (adapters) -> drafters -> verify -> generate.
+Layers (imports point one way): kernels -> cache -> models (adapters) -> drafters -> verification -> engine ->
+generate (the API). docs/design.md draws them.
 
 The names below are imported on first use (PEP 562): `import hf_hybrid_spec` itself costs almost nothing, and
 only what a program touches pulls in transformers' generation and modeling code.
@@ -14,8 +15,9 @@ only what a program touches pulls in transformers' generation and modeling code.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -41,7 +43,11 @@ _EXPORTS = {
     "supported_model_types": "models",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AssistantConfig", "DraftBudget", "DraftTree", "Drafter", "HybridTreeCache", "LayerSkipDrafter", "ModelDrafter",
+    "NgramDrafter", "SelfSSMDrafter", "SpecStats", "SpeculativeDecoderOnlyOutput", "SuffixDrafter", "VerifyTree",
+    "clear_global_suffix_cache", "enable", "get_adapter", "speculative_generate", "supported_model_types",
+]
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .cache import HybridTreeCache
@@ -61,19 +67,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .tree import DraftTree, VerifyTree
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(f".{module}", __name__), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    try:  # a submodule, as `hf_hybrid_spec.drafters` after a plain `import hf_hybrid_spec`
-        return importlib.import_module(f".{name}", __name__)
-    except ModuleNotFoundError as err:
-        if err.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

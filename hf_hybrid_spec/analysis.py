@@ -1,4 +1,4 @@
-"""Which self-speculative draft fits a model: ablation perplexity and measured acceptance (issue #5).
+"""Which self-speculative draft fits a model: ablation perplexity and measured acceptance.
 
     python -m hf_hybrid_spec.analysis --model ../shared/models/falcon_h1-small --out analysis_out
 

@@ -13,15 +13,18 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from . import registry
+
 __all__ = ["AssistantConfig", "DRAFTERS", "DRAFTER_DEFAULTS", "VERIFICATIONS", "CONFIG_NAME"]
 
 CONFIG_NAME = "assistant_config.json"
 
-# Drafters `speculative_generate` knows: `model` drafts with `draft_model=` (any causal LM, same tokenizer), `eagle`
-# with an `hf_hybrid_spec.eagle.EagleDrafter`, `self_ssm` / `layerskip` with the target's own SSM pathway or first
-# layers, `hvd` picks per step between the suffix draft and a model draft (`hf_hybrid_spec.hvd`).
+# The built-in drafters: `model` drafts with `draft_model=` (any causal LM, same tokenizer), `eagle` with an
+# `hf_hybrid_spec.eagle.EagleDrafter`, `self_ssm` / `layerskip` with the target's own SSM pathway or first layers, `hvd`
+# picks per step between the suffix draft and a model draft (`hf_hybrid_spec.hvd`). `drafter=` and `verification=`
+# accept every name registered in `hf_hybrid_spec.registry` (these, and any registered since).
 DRAFTERS = ("suffix", "ngram", "model", "eagle", "self_ssm", "layerskip", "hvd")
-# Lossy, opt-in rules (`hf_hybrid_spec.cospec`) keep the draft's token at some mismatches.
+# Lossy, opt-in rules (`hf_hybrid_spec.verification.arbitrated`) keep the draft's token at some mismatches.
 VERIFICATIONS = ("lossless", "cospec", "fly", "typical")
 KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
 # How `drafter="self_ssm"` suppresses attention; hf_hybrid_spec.models.base.SSM_VARIANTS documents each.
@@ -90,7 +93,7 @@ class AssistantConfig:
             distribution).
         kernel_backend: "auto" (Triton on CUDA, closed-form PyTorch on CPU), "triton", "torch" or "naive".
 
-    Static shapes and CUDA graphs (`hf_hybrid_spec.static`):
+    Static shapes and CUDA graphs (`hf_hybrid_spec.engine.static`):
         compile: True verifies with a static cache and fixed tree sizes, each verify forward captured once as a CUDA
             graph and replayed (on CPU the same static code runs eagerly); False verifies eagerly (dynamic cache,
             every kernel launched from Python); "auto" (the default) is True for a model on one CUDA device, unless
@@ -166,19 +169,19 @@ class AssistantConfig:
     verification: str = "lossless"
     kernel_backend: str = "auto"
     extra: dict = field(default_factory=dict)
-    # static shapes / CUDA graphs (issue #8)
+    # static shapes / CUDA graphs
     compile: bool | str = "auto"
     compile_buckets: tuple[int, ...] = (8, 16, 32, 64)
     compile_drafter: bool = False
     compile_verify: bool = False
-    # lossy verification (issue #9): read only when verification != "lossless"
+    # lossy verification: read only when verification != "lossless"
     arbiter: object = None  # "cospec": a saved CoSpecArbiter (directory or Hub id) or an Arbiter instance
     fly_entropy_threshold: float = 0.3  # FLy's gate (top-3 entropy of the target, nats)
     fly_window: int = 6  # FLy's deferred window: the mismatch plus this many - 1 exactly accepted tokens
     typical_epsilon: float = 0.09  # Medusa's posterior_threshold
     typical_delta: float = 0.3  # Medusa's posterior_alpha
     typical_temperature: float = 0.7
-    # Hybrid Verified Decoding (issue #6): read only when drafter == "hvd"
+    # Hybrid Verified Decoding: read only when drafter == "hvd"
     hvd_policy: str = "learned"
     hvd_predictor: str | None = None  # a saved PayoffPredictor (directory or Hub id)
     hvd_threshold: float = 2.0
@@ -195,7 +198,8 @@ class AssistantConfig:
                 setattr(self, name, value)
         if self.hvd_policy == "oracle":
             self._validate_hvd()  # its own message
-        for name, choices in _CHOICES.items():
+        for name, choices in (("drafter", registry.DRAFTERS.names()), ("verification", registry.VERIFICATIONS.names()),
+                              *_CHOICES.items()):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         for name in _POSITIVE_INTS:
@@ -254,11 +258,11 @@ class AssistantConfig:
                 setattr(self, name, os.fspath(value))
         if self.drafter == "hvd" and self.hvd_policy == "learned" and self.hvd_predictor is None:
             raise ValueError("drafter='hvd' with hvd_policy='learned' needs hvd_predictor= (a saved PayoffPredictor, "
-                             "e.g. examples/payoff/qwen3_5-small), or use hvd_policy='threshold'")
+                             "e.g. checkpoints/payoff/qwen3_5-small), or use hvd_policy='threshold'")
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict:
-        # An in-memory arbiter (issue #9) is written as the directory / Hub id it was saved to or loaded from.
+        # An in-memory arbiter is written as the directory / Hub id it was saved to or loaded from.
         shallow = copy.copy(self)
         shallow.arbiter = _arbiter_reference(self.arbiter)
         return dataclasses.asdict(shallow)
@@ -313,8 +317,8 @@ class AssistantConfig:
         return dataclasses.replace(self, **changes)
 
 # ---------------------------------------------------------------------- validation tables
-_CHOICES = {"drafter": DRAFTERS, "verification": VERIFICATIONS, "kernel_backend": KERNEL_BACKENDS,
-            "ssm_variant": SSM_VARIANTS, "hvd_policy": HVD_POLICIES}
+# Fixed choices; drafter and verification names are checked against their registries.
+_CHOICES = {"kernel_backend": KERNEL_BACKENDS, "ssm_variant": SSM_VARIANTS, "hvd_policy": HVD_POLICIES}
 _POSITIVE_INTS = ("max_draft_tokens", "max_depth", "max_verify_nodes", "max_match_length", "max_cached_outputs",
                   "max_cached_tokens", "ngram_size", "draft_top_k", "fly_window", "hvd_model_tokens", "hvd_model_depth")
 _BOOLS = ("global_cache", "tree", "compile_drafter", "compile_verify", "hvd_merge")

@@ -15,7 +15,7 @@ cache's bookkeeping and our Triton kernels sit inside it), so we compile the pur
 - `parallel_linears`: independent projections of one input (a gated-delta mixer's qkv / z / b / a, an MLP's gate
   and up) run on side streams next to the largest one, so in the captured graph they are parallel branches. At a
   few rows a linear layer is a weight read of a few microseconds, and cuBLAS reaches the bandwidth only on the
-  large ones (H200, 9 rows: 8192x2048 at 10.7 us, 2048x2048 at 6.3 us, 32x2048 at 4.9 us; run 50): run one after
+  large ones (H200, 9 rows: 8192x2048 at 10.7 us, 2048x2048 at 6.3 us, 32x2048 at 4.9 us): run one after
   the other, the small ones cost their latency in full. Model adapters give MLP forwards that use it
   (`ModelAdapter.mlps`); they replace the compiled class forward of those modules within the regions.
 
@@ -55,7 +55,7 @@ _parallel = True
 def set_parallel(enabled: bool) -> None:
     """Turn the parallel projections on (the default) or off, process-wide, for static runners built afterwards
     (each keeps the setting it was built with, `parallel_enabled`, and hands it to `fused_regions`); off is the
-    fused forward as it was before them, for A/B measurements (`scripts/ab_parallel_linears.py`)."""
+    fused forward as it was before them, for A/B measurements (`benchmarks/ab_parallel_linears.py`)."""
     global _parallel
     _parallel = bool(enabled)
 

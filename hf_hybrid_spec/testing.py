@@ -97,8 +97,12 @@ def tiny_vlm(family: str = "qwen3_5", seed: int | None = None, vocab_size: int =
     image_grid_thw, mm_token_type_ids) for text, a 16x16-pixel image (4x4 patches of 4x4 pixels, merged 2x2 into four
     image tokens), then more text. The default seeds (5, and 1 for the MoE) give greedy outputs that vary over the
     tokens and change with the image."""
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig
-    from transformers import Qwen3_5MoeForConditionalGeneration
+    from transformers import (
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForConditionalGeneration,
+    )
 
     text_family = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}[family]
     text = tiny_config(text_family, vocab_size=vocab_size).to_dict()

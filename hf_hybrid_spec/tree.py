@@ -13,7 +13,8 @@ import torch
 
 from .kernels.tree import ancestor_mask, node_depth, validate_parent
 
-__all__ = ["DraftTree", "HostTree", "VerifyTree", "build_verify_tree", "chain_tree", "empty_draft"]
+__all__ = ["DraftTree", "HostTree", "VerifyTree", "VerifyResult", "build_verify_tree", "chain_tree", "empty_draft",
+           "tree_attention_mask"]
 
 
 @dataclass
@@ -42,7 +43,7 @@ class DraftTree:
             length...), recorded for analysis and payoff prediction; never used by verification.
         next_probs: optional [B, M + 1, V] float32; the drafter's full next-token distribution after the root
             (row 0) and after each draft node j (row j + 1), leaves included. Only lossy verification
-            (`verification="cospec" | "fly" | "typical"`, issue #9) reads it, to know the draft's own choice at
+            (`verification="cospec" | "fly" | "typical"`) reads it, to know the draft's own choice at
             every node; unlike `probs` it says nothing about how the nodes were drawn.
     """
 
@@ -125,7 +126,7 @@ class DraftTree:
     def truncate_depth(self, max_depth: int) -> DraftTree:
         """Drop nodes deeper than `max_depth` below the root (batch size 1)."""
         if max_depth <= 0 and self.next_probs is not None:
-            # Lossy verification still arbitrates the token after the root (issue #9): keep row 0.
+            # Lossy verification still arbitrates the token after the root: keep row 0.
             return self.select(torch.zeros(0, dtype=torch.long, device=self.tokens.device))
         if self.num_nodes == 0 or max_depth <= 0:
             return empty_draft(self.tokens.shape[0], self.tokens.device) if max_depth <= 0 else self
@@ -230,17 +231,13 @@ class VerifyTree:
     def attention_mask(self, prefix_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """Additive 4D mask [B, 1, N, P + N]: every node sees the committed prefix and its own root path.
 
-        prefix_mask: optional [B, P] 0/1 padding mask of the committed prefix (None: no padding).
+        prefix_mask: [B, P] 0/1 padding mask of the committed prefix (torch.ones for no padding).
         """
-        b, n = self.tokens.shape
-        allowed_tree = self.ancestors
         if prefix_mask is None:
             raise ValueError("prefix_mask must be given (use torch.ones for no padding)")
-        allowed_prefix = prefix_mask.bool()[:, None, :].expand(b, n, prefix_mask.shape[1])
-        allowed = torch.cat([allowed_prefix, allowed_tree], dim=-1)
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.tokens.device)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[:, None]
+        b, n = self.tokens.shape
+        key_valid = torch.cat([prefix_mask.bool(), torch.ones(b, n, dtype=torch.bool, device=prefix_mask.device)], 1)
+        return tree_attention_mask(self.ancestors, key_valid.to(self.tokens.device), prefix_mask.shape[1], dtype)
 
     def position_ids(self, root_position: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """[B, N] positions: the root's position plus depth. root_position: [B].
@@ -252,6 +249,31 @@ class VerifyTree:
         if offsets is None:
             return positions
         return positions[None] + offsets.to(positions.device)[:, :, None]
+
+
+def tree_attention_mask(ancestors: torch.Tensor, key_valid: torch.Tensor, prefix_length: int | torch.Tensor,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention mask [B, 1, N, L] of a verify tree whose N nodes sit in key slots prefix_length ..
+    prefix_length + N - 1 of L: a committed slot (before the tree) is open where `key_valid` says (the padding mask),
+    a tree slot where the node there is on the query node's root path (itself included), later slots are closed.
+
+    Args:
+        ancestors: [B, N, N] bool, [b, i, j] = node j is on node i's root path (`VerifyTree.ancestors`).
+        key_valid: [B, L] or [L] bool over the key slots (only the committed ones are read).
+        prefix_length: where the tree's keys start: an int, or a 0-dim tensor (the static runner's, on the device).
+
+    Fixed shapes and no host read: the static runner computes it inside its captured forward, the eager path with
+    L = prefix_length + N.
+    """
+    b, n, _ = ancestors.shape
+    key_length = key_valid.shape[-1]
+    rel = torch.arange(key_length, device=ancestors.device) - prefix_length  # key slot relative to the tree
+    in_tree = (rel >= 0) & (rel < n)
+    tree_part = ancestors[:, :, rel.clamp(0, n - 1)] & in_tree  # [B, N, L]
+    allowed = ((rel < 0) & key_valid.view(-1, key_length))[:, None, :] | tree_part
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=ancestors.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
 
 
 def build_verify_tree(root: torch.Tensor, draft: DraftTree, device: torch.device | str | None = None) -> VerifyTree:
@@ -274,3 +296,37 @@ def build_verify_tree(root: torch.Tensor, draft: DraftTree, device: torch.device
     move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
     return VerifyTree(tokens=move(tree.tokens), parent=move(parent), draft=draft, _ancestors=move(tree.ancestors),
                       _depth=move(tree.depth))
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of verifying one tree (batch size 1).
+
+    Attributes:
+        path: node indices from the root to the last accepted node (path[0] = 0, the root).
+        tokens: [k] int64, the committed new tokens: the accepted draft tokens then the bonus token.
+        score_nodes: for each new token, the node whose processed scores chose it (its parent in the path).
+        token_list: the same tokens as a Python list when the verifier knows them on the host (the loop's stopping
+            checks and the cache drafters read them there instead of copying `tokens` back).
+    """
+
+    path: list[int]
+    tokens: torch.Tensor
+    score_nodes: list[int]
+    token_list: list[int] | None = None
+
+    @classmethod
+    def from_host(cls, path: list[int], tokens: list[int], device: torch.device, **fields) -> VerifyResult:
+        """A result whose committed tokens the verifier chose on the host: `token_list` is `tokens`, and `tokens`
+        their copy on `device`, made without waiting for the stream (a plain `torch.tensor(..., device="cuda")`
+        waits for all queued work). `score_nodes` is the path: each token was chosen at the node before it."""
+        on_device = torch.tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
+        return cls(path=path, tokens=on_device, score_nodes=path[:], token_list=tokens, **fields)
+
+    @property
+    def leaf(self) -> int:
+        return self.path[-1]
+
+    @property
+    def num_accepted_drafts(self) -> int:
+        return len(self.path) - 1

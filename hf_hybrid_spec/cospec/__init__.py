@@ -1,4 +1,4 @@
-"""CoSpec and training-free relatives: lossy, opt-in verification that may keep the draft's token (issue #9).
+"""CoSpec and training-free relatives: lossy, opt-in verification that may keep the draft's token.
 
     from hf_hybrid_spec import AssistantConfig
     AssistantConfig(drafter="model", verification="cospec", arbiter="path/or/hub-id")   # learned arbiter
@@ -6,32 +6,19 @@
     AssistantConfig(drafter="model", verification="typical")   # Medusa typical acceptance
 
 Modules: `arbiters` (the `Mismatch` an arbiter sees; constant, FLy and typical rules), `features` (the learned
-arbiter's inputs), `modeling` (`CoSpecArbiterConfig` / `CoSpecArbiter`, a Hub-ready model), `verify` (arbitrated
-greedy verification and the generate-loop hook), `rollout` (sampled decisions for RL training).
+arbiter's inputs), `modeling` (`CoSpecArbiterConfig` / `CoSpecArbiter`, a Hub-ready model), `rollout` (sampled
+decisions for RL training). The verification rule that consults an arbiter is `hf_hybrid_spec.verification.arbitrated`.
+Names are imported on first use.
 """
 
-from .arbiters import Arbiter, ConstantArbiter, FlyGate, Mismatch, TypicalAcceptance
-from .features import FEATURE_NAMES, mismatch_features
-from .modeling import CoSpecArbiter, CoSpecArbiterConfig
-from .rollout import Decision, SamplingArbiter, decision_log_probs
-from .verify import ArbitratedResult, LossyVerifier, load_arbiter, make_lossy_verifier, verify_arbitrated
+from .._lazy import lazy_exports
 
-__all__ = [
-    "Arbiter",
-    "ConstantArbiter",
-    "FlyGate",
-    "TypicalAcceptance",
-    "Mismatch",
-    "FEATURE_NAMES",
-    "mismatch_features",
-    "CoSpecArbiter",
-    "CoSpecArbiterConfig",
-    "SamplingArbiter",
-    "Decision",
-    "decision_log_probs",
-    "ArbitratedResult",
-    "LossyVerifier",
-    "load_arbiter",
-    "make_lossy_verifier",
-    "verify_arbitrated",
-]
+_EXPORTS = {
+    "Arbiter": "arbiters", "ConstantArbiter": "arbiters", "FlyGate": "arbiters", "Mismatch": "arbiters",
+    "TypicalAcceptance": "arbiters", "FEATURE_NAMES": "features", "mismatch_features": "features",
+    "CoSpecArbiter": "modeling", "CoSpecArbiterConfig": "modeling", "Decision": "rollout",
+    "SamplingArbiter": "rollout", "decision_log_probs": "rollout",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+

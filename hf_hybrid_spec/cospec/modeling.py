@@ -5,7 +5,7 @@ hidden state at the node) that outputs the log-odds of keeping the draft's token
 so `save_pretrained` / `from_pretrained` / `push_to_hub` work as for any Hub model; `save_pretrained` also writes
 a model card (README.md) that records how the arbiter was trained.
 
-    arbiter = CoSpecArbiter.from_pretrained("examples/arbiters/qwen3_5-small_drafted-by_falcon_h1-small")
+    arbiter = CoSpecArbiter.from_pretrained("checkpoints/arbiters/qwen3_5-small_drafted-by_falcon_h1-small")
     cfg = AssistantConfig(drafter="model", verification="cospec", arbiter=arbiter)   # or the directory path
 """
 

@@ -11,9 +11,9 @@ One drafter object serves one `generate` call (one request). The generate loop c
 
 Only `propose` is required. `overlap` is where a drafter may do bookkeeping it deferred from an earlier `accept`:
 on a GPU the host would otherwise sit waiting for the verify forward there (callers other than the loop may never
-call it, so deferred work must also be done before anything reads it). A drafter that sets `target_hidden_layers` receives the target's hidden states
-of those layers for every token the target ran (the prompt at `begin`, the accepted path at `accept`),
-taken from the verify forward itself: no second target pass. Drafters that draft with the target's own
+call it, so deferred work must also be done before anything reads it). A drafter that sets
+`target_hidden_layers` receives the target's hidden states of those layers for every token the target ran (the
+prompt at `begin`, the accepted path at `accept`), taken from the verify forward itself: no second target pass. Drafters that draft with the target's own
 weights (self-speculation) may run tree-mode forwards on `context.cache` between steps, and must `abort()`
 them: the committed state is the loop's.
 """
@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..tree import DraftTree
-from ..verify import VerifyResult
+from ..tree import DraftTree, VerifyResult
 
 if TYPE_CHECKING:
     from torch import nn
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
     from ..cache import HybridTreeCache
     from ..models import ModelAdapter
 
-__all__ = ["Drafter", "DraftBudget", "DraftContext", "HistoryHidden", "TargetHidden"]
+__all__ = ["Drafter", "DraftBudget", "DraftContext", "HistoryHidden", "TargetHidden", "check_top_k", "committed_since"]
 
 
 @dataclass
@@ -118,6 +117,13 @@ class DraftBudget:
 
     max_nodes: int
     max_depth: int
+
+
+def check_top_k(top_k: int, model: nn.Module) -> None:
+    """ValueError unless `top_k` children per node fit in `model`'s vocabulary."""
+    vocab = model.config.get_text_config().vocab_size
+    if top_k > vocab:
+        raise ValueError(f"draft_top_k={top_k} exceeds the drafting model's vocabulary of {vocab} tokens")
 
 
 def committed_since(input_ids: torch.Tensor, seen: int, result: VerifyResult) -> list[int]:

@@ -11,7 +11,7 @@ the tokens committed since the last one (the root included), then drafts
 
 Drafts are deterministic, so sampling verification stays lossless without draft probabilities.
 
-With `next_probs=True` (set by `speculative_generate` for lossy verification, issue #9) every proposal also
+With `next_probs=True` (set by the lossy verification rules, `verification.arbitrated`) every proposal also
 carries the assistant's full next-token distribution after the root and after every node, leaves included:
 a chain costs one more assistant forward (the last token's), a tree one more tree forward over the kept nodes.
 """
@@ -27,9 +27,9 @@ from ..cache import HybridTreeCache
 from ..forward import forward_tokens, forward_tree
 from ..models import get_adapter
 from ..tree import DraftTree, VerifyTree, chain_tree, empty_draft
-from .base import DraftBudget, Drafter
+from .base import DraftBudget, Drafter, check_top_k
 
-__all__ = ["ModelDrafter", "check_same_vocabulary"]
+__all__ = ["ModelDrafter", "check_same_vocabulary", "from_config"]
 
 
 def check_same_vocabulary(target: nn.Module, draft: nn.Module) -> None:
@@ -58,19 +58,13 @@ class ModelDrafter(Drafter):
         get_adapter(draft_model)  # routes its recurrent layers for tree forwards, or raises for unsupported models
         self.cache: HybridTreeCache | None = None
         self.processed = 0
-        self._prompt: torch.Tensor | None = None
 
     def begin(self, input_ids: torch.Tensor, context=None, hidden=None) -> None:
-        # Lossy verification begins the drafter before the loop does, to arbitrate the first new token (issue #9);
-        # a second begin() on the same prompt keeps the assistant's prefilled cache.
-        if self.cache is not None and self._prompt is input_ids:
-            return
-        self._prompt = input_ids
         self.cache = HybridTreeCache(self.model.config)
         self.processed = 0
 
-    def end(self, input_ids: torch.Tensor) -> None:
-        self._prompt = None
+    def release(self) -> None:
+        self.cache = None
 
     @torch.no_grad()
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
@@ -176,3 +170,13 @@ class ModelDrafter(Drafter):
             )
         return kept
 
+
+def from_config(config, target: nn.Module, draft_model: nn.Module | None) -> ModelDrafter:
+    """`drafter="model"`: `draft_model` any causal LM with the target's vocabulary."""
+    if draft_model is None:
+        raise ValueError("the 'model' drafter needs a draft model: pass draft_model= (or assistant_model= after enable())")
+    if getattr(getattr(draft_model, "config", None), "model_type", None) == "hf_hybrid_spec_eagle3":
+        raise ValueError("draft_model is an EagleDrafter: pass assistant_config=AssistantConfig(drafter='eagle', ...)")
+    check_same_vocabulary(target, draft_model)
+    check_top_k(config.draft_top_k, draft_model)
+    return ModelDrafter(draft_model, top_k=config.draft_top_k)

@@ -52,3 +52,8 @@ class NgramDrafter(Drafter):
                 if start is not None and start < length - n:
                     return chain_tree(torch.tensor([seq[start + n : start + n + want]], dtype=torch.long))
         return empty_draft(1, "cpu")
+
+
+def from_config(config, target, draft_model=None) -> NgramDrafter:
+    """`drafter="ngram"`: prompt lookup, a chain of up to `max_draft_tokens` tokens."""
+    return NgramDrafter(ngram_size=config.ngram_size, num_tokens=config.max_draft_tokens)

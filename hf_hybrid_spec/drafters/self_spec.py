@@ -1,4 +1,4 @@
-"""Self-speculative drafters: the target drafts for itself with part of its own computation (issue #5).
+"""Self-speculative drafters: the target drafts for itself with part of its own computation.
 
 - `SelfSSMDrafter` (`drafter="self_ssm"`): the target with its attention pathway suppressed
   (`ModelAdapter.suppress_attention`; component-aware self-speculation, arXiv 2605.01106). On a parallel
@@ -31,9 +31,9 @@ from torch import nn
 from ..forward import forward_tree
 from ..models import get_adapter
 from ..tree import DraftTree, VerifyTree, empty_draft
-from .base import DraftBudget, DraftContext, Drafter, TargetHidden
+from .base import DraftBudget, DraftContext, Drafter, TargetHidden, check_top_k
 
-__all__ = ["SelfSpecDrafter", "SelfSSMDrafter", "LayerSkipDrafter"]
+__all__ = ["SelfSpecDrafter", "SelfSSMDrafter", "LayerSkipDrafter", "self_ssm_from_config", "layerskip_from_config"]
 
 
 class SelfSpecDrafter(Drafter):
@@ -184,3 +184,15 @@ def restriction(model: nn.Module, kind: str, ssm_variant: str = "zero_attention"
     if kind == "layerskip":
         return lambda: adapter.early_exit(model, exit_layer)
     raise ValueError(f"kind must be 'self_ssm' or 'layerskip', got {kind!r}")
+
+
+def self_ssm_from_config(config, target: nn.Module, draft_model=None) -> SelfSSMDrafter:
+    """`drafter="self_ssm"`: the target with its attention pathway suppressed (`ssm_variant`, `ssm_scale`)."""
+    check_top_k(config.draft_top_k, target)
+    return SelfSSMDrafter(target, variant=config.ssm_variant, ssm_scale=config.ssm_scale, top_k=config.draft_top_k)
+
+
+def layerskip_from_config(config, target: nn.Module, draft_model=None) -> LayerSkipDrafter:
+    """`drafter="layerskip"`: the target's first `exit_layer` layers."""
+    check_top_k(config.draft_top_k, target)
+    return LayerSkipDrafter(target, exit_layer=config.exit_layer, top_k=config.draft_top_k)

@@ -22,7 +22,8 @@ import torch
 from ..tree import DraftTree, empty_draft
 from .base import DraftBudget, Drafter, committed_since
 
-__all__ = ["SuffixTrie", "SuffixDrafter", "clear_global_suffix_cache", "global_suffix_cache"]
+__all__ = ["SuffixTrie", "SuffixDrafter", "GlobalSuffixCache", "clear_global_suffix_cache", "global_suffix_cache",
+           "from_config"]
 
 
 class SuffixTrie:
@@ -549,3 +550,21 @@ class SuffixDrafter(Drafter):
         if not tokens:
             return None
         return sum(probs), tokens, parents, probs
+
+
+def from_config(config, target, draft_model=None) -> SuffixDrafter:
+    """`drafter="suffix"`: the process-wide cache is shared by the model's name and vocabulary."""
+    text_config = target.config.get_text_config()
+    key = (getattr(target.config, "_name_or_path", ""), text_config.vocab_size)
+    return SuffixDrafter(
+        cache_key=key,
+        max_match_length=config.max_match_length,
+        max_depth=config.max_depth,
+        max_spec_factor=config.max_spec_factor,
+        max_spec_offset=config.max_spec_offset,
+        min_token_prob=config.min_token_prob,
+        use_global=config.global_cache,
+        max_cached_outputs=config.max_cached_outputs,
+        max_cached_tokens=config.max_cached_tokens,
+        tree=config.tree,
+    )

@@ -25,13 +25,12 @@ import torch
 from torch import nn
 
 from ..drafters.base import DraftBudget, DraftContext, Drafter, TargetHidden
-from ..tree import DraftTree, empty_draft
-from ..verify import VerifyResult
+from ..tree import DraftTree, VerifyResult, empty_draft
 from .modeling import EagleDrafter
 from .static import StaticEagleTree, static_eagle_tree
 from .tree import TreeCandidates, expand_tree
 
-__all__ = ["EagleTreeDrafter", "make_eagle_drafter"]
+__all__ = ["EagleTreeDrafter", "from_config"]
 
 
 class EagleTreeDrafter(Drafter):
@@ -170,7 +169,7 @@ def _host_draft(cands: TreeCandidates) -> DraftTree:
     return full.select(ints[2 * n :])
 
 
-def make_eagle_drafter(config, target: nn.Module, draft_model: nn.Module | None) -> EagleTreeDrafter:
+def from_config(config, target: nn.Module, draft_model: nn.Module | None) -> EagleTreeDrafter:
     """The drafter `AssistantConfig(drafter="eagle")` names: `draft_model` must be an `EagleDrafter`."""
     if draft_model is None:
         raise ValueError("the 'eagle' drafter needs draft_model=EagleDrafter.from_pretrained(...)")

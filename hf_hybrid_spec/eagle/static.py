@@ -6,15 +6,15 @@ GPU. `StaticEagleTree` keeps the committed steps' keys and values in a [1, kv_he
 `tree.expand_tree` sees the same shapes at every step (the committed length is a device scalar and a mask), and on
 CUDA captures it once per draft budget and replays it. The accept pass (the drafter's steps for the tokens the target
 just committed, 1 .. depth + 1 of them) is fixed-shape too, one graph per count: eager it was ~30 launches and ~1.5-2 ms
-per step on the H200 (run 29), the largest part of an EAGLE step. On CPU the same code runs eagerly (what the tests
+per step on the H200), the largest part of an EAGLE step. On CPU the same code runs eagerly (what the tests
 exercise).
 
 Graph replay removes the launch cost but not the kernels: one EAGLE-2 expansion is ~780 aten ops (~450 kernels, each a
-few microseconds on the GPU even when replayed), 1.5-2 ms per tree on the H200 (runs 33-39), more than the verify
+few microseconds on the GPU even when replayed), 1.5-2 ms per tree on the H200, more than the verify
 forward it feeds. With `fuse=True` (`AssistantConfig(compile=True, compile_drafter=True)`) the expansion and the
 accept pass are compiled by Inductor (`torch.compile(fullgraph=True)`, which fuses the elementwise ops of the small
 drafter layer, the masks and the score arithmetic) before they are captured, and the graphs replay the fused kernels
-(run 40: 2.02 -> 1.25 ms per 60-node tree, 1.54 -> 0.86 ms per 6-token chain). Each compile costs ~20 s on the
+(on the H200: 2.02 -> 1.25 ms per 60-node tree, 1.54 -> 0.86 ms per 6-token chain). Each compile costs ~20 s on the
 H200's host, once per process: the expansion is compiled for the first draft budget only (a request's full budget;
 the shorter ones of its last steps replay unfused graphs), the accept pass twice (one step, and a dynamic count). Any
 compile error falls back to the unfused graph with a warning (drafting never decides what is committed). Without

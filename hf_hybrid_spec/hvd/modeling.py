@@ -11,8 +11,8 @@ stored in the config):
 Outputs are non-negative (softplus). A `PreTrainedModel`, so `save_pretrained` / `from_pretrained` /
 `push_to_hub` work as for any Hub model; `save_pretrained` also writes a model card (README.md).
 
-    predictor = PayoffPredictor.from_pretrained("examples/payoff/qwen3_5-small")
-    cfg = AssistantConfig(drafter="hvd", hvd_predictor="examples/payoff/qwen3_5-small", ...)
+    predictor = PayoffPredictor.from_pretrained("checkpoints/payoff/qwen3_5-small")
+    cfg = AssistantConfig(drafter="hvd", hvd_predictor="checkpoints/payoff/qwen3_5-small", ...)
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from torch import nn
 from ..config import SSM_VARIANTS
 from ..routing import ROUTED_FLAG, TreeForward, find_mixer_cache, overriding, route
 
-# SSM_VARIANTS: how `ModelAdapter.suppress_attention` removes the attention pathway (self-speculation, issue #5):
+# SSM_VARIANTS: how `ModelAdapter.suppress_attention` removes the attention pathway (self-speculation):
 #   "zero_attention": every attention module outputs zeros; the rest of its layer runs (parallel hybrids: the
 #       SSM branch alone feeds the residual; sequential hybrids: attention layers keep only their MLP).
 #   "rescale_ssm": parallel hybrids only; attention zeroed and the SSM branch multiplied by `ssm_scale`, so
@@ -71,7 +71,7 @@ class ModelAdapter:
         for module in self.mixer_modules(model):
             route(module, self.mixers[type(module).__name__])
 
-    # ------------------------------------------------------------------ self-speculation (issue #5)
+    # ------------------------------------------------------------------ self-speculation
     def decoder_layers(self, model: nn.Module) -> nn.ModuleList:
         """The decoder's layer list (the text backbone's, for multimodal wrappers)."""
         layers = getattr(model.get_decoder(), "layers", None)

@@ -74,7 +74,7 @@ def make_gated_delta_tree_forward(project: Callable[[nn.Module, torch.Tensor], G
             q, k, v, g, beta, tree.parent_on(hidden_states.device), recurrent_state, use_qk_l2norm=True,
             num_nodes=tree.num_nodes,
         )
-        cache.stash(mod.layer_idx, PendingRecurrent(conv_inputs=proj.qkv, gated_delta=out))
+        cache.stash(mod.layer_idx, PendingRecurrent(conv_inputs=proj.qkv, recurrent=out))
         core = out.o.reshape(-1, mod.head_v_dim)
         core = mod.norm(core, proj.z.reshape(-1, mod.head_v_dim)).reshape(bsz, n, -1)
         return mod.out_proj(core)

@@ -31,7 +31,7 @@ def jamba_tree_forward(mod: nn.Module, hidden_states: torch.Tensor, cache: Hybri
     dt = time_step @ mod.dt_proj.weight.t()  # the bias goes in with the softplus, as in the stock scan
     out = tree_mamba1(x, dt, -torch.exp(mod.A_log.float()), b, c, parent, recurrent_state, D=mod.D, z=gate,
                       dt_bias=None if mod.dt_proj.bias is None else mod.dt_proj.bias.float(), dt_softplus=True)
-    cache.stash(mod.layer_idx, PendingRecurrent(conv_inputs=xbc, mamba1=out))
+    cache.stash(mod.layer_idx, PendingRecurrent(conv_inputs=xbc, recurrent=out))
     return mod.out_proj(out.y.to(dtype))
 
 

@@ -61,7 +61,7 @@ def make_mamba2_tree_forward(
             dt_limit=(0.0, math.inf),
             num_nodes=tree.num_nodes,
         )
-        cache.stash(mod.layer_idx, PendingRecurrent(conv_inputs=xbc, mamba2=out))
+        cache.stash(mod.layer_idx, PendingRecurrent(conv_inputs=xbc, recurrent=out))
         y = gate(mod, out.y.reshape(bsz, n, -1), z)
         return mod.out_proj(y.to(dtype))
 

@@ -9,19 +9,18 @@ tree's shape, no dropout, sliding window or soft-capping), and otherwise sdpa, t
 layers on sdpa are switched). The switch itself is the layers' shared config (`_attn_implementation`): transformers
 picks the function from it, and there is no per-call way in. So it is counted (the first block in switches, the last
 out switches back), and any other caller that runs meanwhile (another thread) reaches the registered function with no
-block of its own active and gets exactly sdpa. The tree's mask is always given as a prepared 4D tensor, which transformers' mask
-creation returns as is whatever the implementation (a mask function is registered under the same name all the
-same).
+block of its own active and gets exactly sdpa. The tree's mask is always given as a prepared 4D tensor, which
+transformers' mask creation returns as is whatever the implementation (a mask function is registered under the same
+name all the same).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import threading
 from collections.abc import Iterator
-
-import functools
 
 import torch
 from torch import nn
@@ -41,7 +40,7 @@ _SWITCH_LOCK = threading.Lock()
 def set_tree_attention(enabled: bool) -> None:
     """Route the fused verify forward's attention to the kernel (the default) or not, process-wide, for runners
     built afterwards; off is the forward as it was before it, for A/B measurements
-    (`scripts/ab_parallel_linears.py`)."""
+    (`benchmarks/ab_parallel_linears.py`)."""
     global _enabled
     _enabled = bool(enabled)
 

@@ -1,4 +1,4 @@
-"""Verification of a draft tree against the target's logits: greedy and lossless sampling.
+"""Exact verification of a draft tree against the target's logits: greedy and lossless sampling.
 
 Greedy: walk from the root, at each node follow the child whose token is the target's argmax; the first
 node without such a child yields the bonus token (the argmax itself). The committed tokens are exactly what
@@ -18,48 +18,35 @@ the like behave as they do without speculation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import LogitsProcessorList
 
-from .tree import VerifyTree
+from ..tree import VerifyResult, VerifyTree
+from .base import FirstToken, StepInputs, Verifier
 
-__all__ = ["VerifyResult", "process_tree_logits", "verify_greedy", "verify_sampling"]
+__all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "from_config"]
 
 
-@dataclass
-class VerifyResult:
-    """Outcome of verifying one tree (batch size 1).
+class ExactVerifier(Verifier):
+    """`verification="lossless"`: greedy output is stock greedy's, sampled output an exact sample of the target."""
 
-    Attributes:
-        path: node indices from the root to the last accepted node (path[0] = 0, the root).
-        tokens: [k] int64, the committed new tokens: the accepted draft tokens then the bonus token.
-        score_nodes: for each new token, the node whose processed scores chose it (its parent in the path).
-        token_list: the same tokens as a Python list when the verifier knows them on the host (the loop's stopping
-            checks and the cache drafters read them there instead of copying `tokens` back).
-    """
+    def __init__(self, do_sample: bool):
+        self.do_sample = do_sample
+        self.raw_greedy = not do_sample
 
-    path: list[int]
-    tokens: torch.Tensor
-    score_nodes: list[int]
-    token_list: list[int] | None = None
+    def first_token(self, scores: torch.Tensor, inputs: FirstToken) -> VerifyResult:
+        if self.do_sample:
+            token = torch.multinomial(torch.softmax(scores, dim=-1), 1).view(1)
+        else:
+            token = scores.argmax(dim=-1).view(1)
+        return VerifyResult(path=[0], tokens=token, score_nodes=[0], token_list=token.tolist())
 
-    @classmethod
-    def from_host(cls, path: list[int], tokens: list[int], device: torch.device, **fields) -> VerifyResult:
-        """A result whose committed tokens the verifier chose on the host: `token_list` is `tokens`, and `tokens`
-        their copy on `device`, made without waiting for the stream (a plain `torch.tensor(..., device="cuda")`
-        waits for all queued work). `score_nodes` is the path: each token was chosen at the node before it."""
-        on_device = torch.tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
-        return cls(path=path, tokens=on_device, score_nodes=path[:], token_list=tokens, **fields)
+    def verify(self, tree: VerifyTree, scores: torch.Tensor, inputs: StepInputs) -> VerifyResult:
+        return verify_sampling(tree, scores) if self.do_sample else verify_greedy(tree, scores)
 
-    @property
-    def leaf(self) -> int:
-        return self.path[-1]
 
-    @property
-    def num_accepted_drafts(self) -> int:
-        return len(self.path) - 1
+def from_config(config, do_sample: bool, drafter) -> ExactVerifier:
+    return ExactVerifier(do_sample)
 
 
 def process_tree_logits(

@@ -1,4 +1,4 @@
-"""Arbitrated (lossy) greedy verification of a draft tree, and the hook the generate loop calls.
+"""Arbitrated (lossy, opt-in) greedy verification of a draft tree: CoSpec, FLy and typical acceptance.
 
 At every node on the way down, the target's choice t is its argmax; the draft's choice d is the argmax of the
 drafter's `next_probs` at that node (or, for drafters that report no distributions, the node's first child).
@@ -11,7 +11,8 @@ arbitrated like every other one, which is what makes the two constant arbiters e
   (the drafter reports its distribution after the leaf), and the first new token is arbitrated too (the drafter
   is begun before the first token is committed), so the output is the draft model's plain greedy output.
 
-Sampling is not defined for these rules: `make_lossy_verifier` refuses `do_sample=True`.
+Sampling is not defined for these rules: `from_config` refuses `do_sample=True`. The arbiters themselves (the learned
+CoSpec model, FLy's gate, Medusa's typical acceptance) live in `hf_hybrid_spec.cospec`.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters import DraftBudget, DraftContext, Drafter, TargetHidden
-from ..tree import VerifyTree, build_verify_tree
-from ..verify import VerifyResult
-from .arbiters import Arbiter, FlyGate, Mismatch, TypicalAcceptance
+from ..cospec.arbiters import Arbiter, FlyGate, Mismatch, TypicalAcceptance
+from ..drafters import DraftBudget
+from ..tree import VerifyResult, VerifyTree, build_verify_tree
+from .base import FirstToken, StepInputs, Verifier
 
-__all__ = ["ArbitratedResult", "verify_arbitrated", "LossyVerifier", "make_lossy_verifier", "load_arbiter"]
+__all__ = ["ArbitratedResult", "verify_arbitrated", "ArbitratedVerifier", "from_config", "load_arbiter"]
 
 
 @dataclass
@@ -105,7 +106,7 @@ def verify_arbitrated(
 
 @functools.lru_cache(maxsize=8)
 def _load_cached(path: str) -> Arbiter:
-    from .modeling import CoSpecArbiter
+    from ..cospec.modeling import CoSpecArbiter
 
     return CoSpecArbiter.from_pretrained(path).eval()
 
@@ -119,45 +120,37 @@ def load_arbiter(arbiter) -> Arbiter:
     raise TypeError(f"arbiter must be an Arbiter or the path / Hub id of a saved CoSpecArbiter, got {arbiter!r}")
 
 
-class LossyVerifier:
-    """What the generate loop calls when `verification != "lossless"`."""
+class ArbitratedVerifier(Verifier):
+    """Greedy verification with an arbiter at every draft / target mismatch (see the module docstring)."""
+
+    wants_empty_drafts = True  # the token after the root is arbitrated too, at the end of a request included
 
     def __init__(self, arbiter: Arbiter):
         self.arbiter = arbiter
+        self.uses_target_hidden = bool(arbiter.uses_target_hidden)
 
-    @property
-    def uses_target_hidden(self) -> bool:
-        return bool(self.arbiter.uses_target_hidden)
+    def verify(self, tree: VerifyTree, scores: torch.Tensor, inputs: StepInputs) -> ArbitratedResult:
+        hidden = inputs.hidden_states[-1][0] if self.uses_target_hidden else None
+        return verify_arbitrated(tree, scores, self.arbiter, inputs.length, hidden)
 
-    def verify(self, tree: VerifyTree, scores: torch.Tensor, length: int, outputs) -> ArbitratedResult:
-        """Verify one tree; `outputs` is the target's forward output (hidden states when asked for)."""
-        hidden = outputs.hidden_states[-1][0] if self.uses_target_hidden else None
-        return verify_arbitrated(tree, scores, self.arbiter, length, hidden)
-
-    def first_token(
-        self, drafter: Drafter, input_ids: torch.Tensor, context: DraftContext, prompt_hidden: TargetHidden | None,
-        scores: torch.Tensor, outputs, max_nodes: int,
-    ) -> ArbitratedResult | None:
-        """Arbitrate the first new token: `scores` [1, V] are the target's processed prefill scores.
-
-        Begins `drafter` on the prompt to read its choice after it; only for drafters that report `next_probs`
-        and keep their state across a second `begin` on the same prompt (the model drafter). None otherwise.
-        """
-        if not getattr(drafter, "next_probs", False):
-            return None
-        drafter.begin(input_ids, context, prompt_hidden)
-        draft = drafter.propose(input_ids, DraftBudget(max_nodes=max_nodes, max_depth=0)).truncate_depth(0)
-        if draft.next_probs is None:
-            return None
-        tree = build_verify_tree(input_ids[:, -1], draft)
-        hidden = outputs.hidden_states[-1][0, -1:] if self.uses_target_hidden else None
-        return verify_arbitrated(tree, scores, self.arbiter, input_ids.shape[1], hidden)
+    def first_token(self, scores: torch.Tensor, inputs: FirstToken) -> ArbitratedResult:
+        """The first new token is arbitrated too: the drafter (begun on the prompt) is asked for its choice after it,
+        for drafters that report distributions; the target's argmax otherwise."""
+        drafter = inputs.drafter
+        draft = None
+        if getattr(drafter, "next_probs", False):
+            draft = drafter.propose(inputs.input_ids, DraftBudget(max_nodes=inputs.max_nodes, max_depth=0))
+            draft = draft.truncate_depth(0)
+        if draft is None or draft.next_probs is None:
+            token = scores.argmax(dim=-1).view(1)
+            return ArbitratedResult(path=[0], tokens=token, score_nodes=[0], token_list=token.tolist())
+        tree = build_verify_tree(inputs.input_ids[:, -1], draft)
+        hidden = inputs.outputs.hidden_states[-1][0, -1:] if self.uses_target_hidden else None
+        return verify_arbitrated(tree, scores, self.arbiter, inputs.input_ids.shape[1], hidden)
 
 
-def make_lossy_verifier(config, do_sample: bool, drafter: Drafter) -> LossyVerifier | None:
-    """The verifier `config.verification` asks for; None for "lossless" (the default, untouched path)."""
-    if config.verification == "lossless":
-        return None
+def from_config(config, do_sample: bool, drafter) -> ArbitratedVerifier:
+    """The arbitrated rule `config.verification` names ("cospec", "fly" or "typical")."""
     if do_sample:
         raise NotImplementedError(
             f"verification={config.verification!r} is defined for greedy decoding only; pass do_sample=False "
@@ -169,9 +162,11 @@ def make_lossy_verifier(config, do_sample: bool, drafter: Drafter) -> LossyVerif
         arbiter = TypicalAcceptance(config.typical_epsilon, config.typical_delta, config.typical_temperature)
     else:
         arbiter = load_arbiter(config.arbiter)
+    if hasattr(drafter, "next_probs"):
+        drafter.next_probs = True  # a drafter that can report its distributions does, for the arbiter to read
     if arbiter.needs_draft_probs and not getattr(drafter, "next_probs", False):
         raise ValueError(
             f"the {type(arbiter).__name__} arbiter reads the draft's next-token distributions: use drafter='model' "
             "with draft_model= (or a drafter with next_probs=True)"
         )
-    return LossyVerifier(arbiter)
+    return ArbitratedVerifier(arbiter)

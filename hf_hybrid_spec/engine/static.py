@@ -35,16 +35,16 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from .cache import HybridTreeCache, StaticKVMixin, TreeState, _TreeBook
-from .forward import forward_tokens
-from .fusion import fusable_modules, fused_regions, parallel_enabled
-from .graphs import Leased, capture
-from .kernels.backend import resolve
-from .kernels.rows import gather_rows
-from .kernels.tree import ancestor_mask
-from .models import get_adapter
-from .models.tree_attention import routed_attention, tree_attention_enabled
-from .tree import VerifyTree
+from ..cache import HybridTreeCache
+from ..forward import forward_tokens
+from ..fusion import fusable_modules, fused_regions, parallel_enabled
+from ..graphs import Leased, capture
+from ..kernels.backend import resolve
+from ..kernels.rows import gather_rows
+from ..kernels.tree import ancestor_mask
+from ..models import get_adapter
+from ..models.tree_attention import routed_attention, tree_attention_enabled
+from ..tree import VerifyTree, tree_attention_mask
 
 logger = logging.get_logger(__name__)
 
@@ -106,20 +106,14 @@ class _Bucket:
     def prepare(self):
         """Mask [1, 1, n, L], positions [1, n] and write positions from the buffers (graph-safe: no host reads)."""
         prefix = self.scalars[0]
-        anc = ancestor_mask(self.parent, include_self=True)[0]  # [n, n]
-        depth = anc.sum(-1) - 1
-        self.anc, self.depth = anc, depth
+        anc = ancestor_mask(self.parent, include_self=True)  # [1, n, n]
+        depth = anc[0].sum(-1) - 1
+        self.anc, self.depth = anc[0], depth
         positions = (self.scalars[1] + depth).view(1, -1)
         if self.offsets is not None:
             positions = positions[None] + self.offsets[:, :, None]  # [R, 1, n]
         self.write_pos.copy_(prefix + torch.arange(self.n, device=prefix.device))
-        rel = torch.arange(self.max_length, device=prefix.device) - prefix  # key slot relative to the tree
-        in_tree = (rel >= 0) & (rel < self.n)
-        tree_part = anc[:, rel.clamp(0, self.n - 1)] & in_tree  # [n, L]
-        allowed = ((rel < 0) & self.prefix_valid) | tree_part
-        mask = torch.zeros(allowed.shape, dtype=self.mask_dtype, device=prefix.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.mask_dtype).min)
-        return mask.view(1, 1, self.n, self.max_length), positions
+        return tree_attention_mask(anc, self.prefix_valid, prefix, self.mask_dtype), positions
 
 
 class StaticTreeRunner(Leased):
@@ -240,12 +234,11 @@ class StaticTreeRunner(Leased):
         if self.use_graphs:
             if bucket.graph is None:
                 self._capture(bucket, prefix_length)
-            self._enter_tree(bucket, prefix_length)
+            # The graph rewrites the captured factor tensors in place: the stash from capture time stays valid.
+            self.cache.begin_tree(bucket.parent, prefix_length, pending=bucket.pending, check=False)
             bucket.graph.replay()
         else:
-            self._enter_tree(bucket, prefix_length)
-            bucket.out = self._run(bucket)
-            self.cache._book.pending = bucket.pending
+            bucket.out = self._run(bucket, prefix_length)
         self._active = bucket
         out = bucket.out
         hidden = None
@@ -268,23 +261,24 @@ class StaticTreeRunner(Leased):
         Replays the bucket's commit graph on CUDA (the host writes the leaf and the attention layers' lengths),
         runs the same code eagerly elsewhere.
         """
-        bucket, book = self._active, self.cache._book
-        if book is None or bucket is None:
+        bucket, tree = self._active, self.cache.tree
+        if tree is None or bucket is None:
             raise RuntimeError("commit called without a pending tree from this runner's forward")
         if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])) or path[-1] >= bucket.n:
             raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
+        committed = tree.prefix_length + len(path)
         try:
             bucket.leaf.fill_(path[-1])
             if bucket.commit_graph is not None:
                 bucket.commit_graph.replay()
             else:
                 self._commit_body(bucket)
-            for layer in self.cache.layers:
-                if isinstance(layer, StaticKVMixin) and layer.is_initialized:
-                    layer.length = book.tree.prefix_length + len(path)
+        except BaseException:
+            self.cache.abort()
+            raise
         finally:
-            self.cache._book = None
             self._active = None
+        self.cache.end_tree(committed)
 
     def abort(self) -> None:
         """Drop the pending tree (nothing committed changes)."""
@@ -307,7 +301,6 @@ class StaticTreeRunner(Leased):
         leaf = -1 commits nothing: recurrent states stay bit-identical and the attention copies only touch the
         slots from the prefix on (the warm-up before capture relies on that).
         """
-        cache, book = self.cache, self.cache._book
         leaf, n = bucket.leaf, bucket.n
         nodes = torch.arange(n, device=leaf.device)
         on_path = bucket.anc[leaf.clamp(min=0)] & (leaf >= 0).view(1, 1)  # [1, n]
@@ -315,15 +308,8 @@ class StaticTreeRunner(Leased):
         # copies land past the new committed length.
         at_depth = on_path & (bucket.depth.view(1, n) == nodes.view(n, 1))  # [n (depth), n (node)]
         order = at_depth.to(torch.int32).argmax(-1)
-        src, dst = bucket.scalars[0] + order, bucket.write_pos
-        for idx, layer in enumerate(cache.layers):
-            if isinstance(layer, StaticKVMixin) and layer.is_initialized:
-                s, d = src.to(layer.keys.device), dst.to(layer.keys.device)
-                # index_select copies first, so overlapping source and destination slots are safe.
-                layer.keys.index_copy_(2, d, layer.keys.index_select(2, s))
-                layer.values.index_copy_(2, d, layer.values.index_select(2, s))
-            for pending in book.pending.get(idx, []):
-                HybridTreeCache._commit_recurrent(layer, pending, bucket.parent, leaf, on_path)
+        dst = bucket.write_pos
+        self.cache.commit_on_device(leaf, on_path, bucket.scalars[0] + order, dst)
         if self.history is not None:
             # The path's hidden states by depth, at the positions its keys and values went to (rows past the leaf
             # land beyond the committed length, as there).
@@ -332,21 +318,13 @@ class StaticTreeRunner(Leased):
             states = bucket.out.hidden_states
             gather_rows(self.history, tuple(states[i] for i in self.history_layers), order, dst)
 
-    def _enter_tree(self, bucket: _Bucket, prefix_length: int) -> None:
-        if self.cache.in_tree_mode:
-            raise RuntimeError("a tree is already pending on this cache; commit or abort it first")
-        book = _TreeBook(tree=TreeState(parent=bucket.parent, prefix_length=prefix_length))
-        if bucket.pending is not None:
-            # The graph rewrites the captured factor tensors in place: the stash from capture time stays valid.
-            book.pending = bucket.pending
-        self.cache._book = book
-
-    def _run(self, bucket: _Bucket):
-        """The forward itself, in tree mode; records the recurrent factors the adapters stash."""
+    def _run(self, bucket: _Bucket, prefix_length: int):
+        """The forward itself, in tree mode; keeps the recurrent factors the adapters stash (the cache stays in tree
+        mode: commit or abort next)."""
         cursor = self.cache.cursor
+        self.cache.begin_tree(bucket.parent, prefix_length, check=False)
         mask, positions = bucket.prepare()
         cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
-        self.cache._book.pending = {}
         try:
             with contextlib.ExitStack() as fused:
                 if self.fuse:
@@ -358,25 +336,37 @@ class StaticTreeRunner(Leased):
                     self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
                     logits_to_keep=0, output_hidden_states=self.output_hidden_states or bool(self.history_layers),
                 )
+        except BaseException:
+            self.cache.abort()
+            raise
         finally:
             cursor.tree_mode = False
-        bucket.pending = self.cache._book.pending
+        bucket.pending = self.cache.pending
         return out
 
-    def _in_tree(self, bucket: _Bucket, prefix_length: int, body):
-        """`body(bucket)` with the cache in tree mode for `bucket`'s tree, leaving it again after (captures)."""
-        self._enter_tree(bucket, prefix_length)
+    def _forward_and_leave(self, bucket: _Bucket, prefix_length: int):
+        """One forward of `bucket`'s tree, the cache back out of tree mode after it (nothing committed): what a
+        capture records."""
         try:
-            return body(bucket)
+            return self._run(bucket, prefix_length)
         finally:
-            self.cache._book = None
+            self.cache.end_tree()
+
+    def _commit_and_leave(self, bucket: _Bucket, prefix_length: int) -> None:
+        """The commit body over `bucket`'s captured tree (with leaf = -1 at capture: nothing changes), the cache out
+        of tree mode after it."""
+        self.cache.begin_tree(bucket.parent, prefix_length, pending=bucket.pending, check=False)
+        try:
+            self._commit_body(bucket)
+        finally:
+            self.cache.end_tree()
 
     def _capture(self, bucket: _Bucket, prefix_length: int) -> None:
         # Warm-up forwards only write tree keys beyond the committed prefix and stash factors: nothing committed
         # changes. The last call (the captured one) leaves the bucket's mask, depth and factors in the graph's pool.
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        bucket.graph, bucket.out = capture(lambda: self._in_tree(bucket, prefix_length, self._run), self._pool,
+        bucket.graph, bucket.out = capture(lambda: self._forward_and_leave(bucket, prefix_length), self._pool,
                                            self.device)
         self.captures += 1
         CAPTURES.total += 1
@@ -386,7 +376,7 @@ class StaticTreeRunner(Leased):
             # Warmed up with leaf = -1 (commits nothing: recurrent states stay as they are, attention copies only
             # write slots from the prefix on), so Triton compiles the commit kernels outside the capture.
             bucket.leaf.fill_(-1)
-            bucket.commit_graph, _ = capture(lambda: self._in_tree(bucket, prefix_length, self._commit_body),
+            bucket.commit_graph, _ = capture(lambda: self._commit_and_leave(bucket, prefix_length),
                                              self._pool, self.device, warmups=1)
         logger.info("captured the verify forward for trees of %d nodes", bucket.n)
 

@@ -1,0 +1,9 @@
+"""The tree cache: a transformers `DynamicCache` that verifies a whole draft tree in one forward (`tree_cache`), the
+static layers of its CUDA-graph variant (`layers`), and what a pending tree holds (`state`)."""
+
+from .layers import StaticCursor, StaticKVLayer, StaticKVMixin, StaticLinearKVLayer
+from .state import CacheSnapshot, CommitsPath, PendingRecurrent, TreeState
+from .tree_cache import HybridTreeCache
+
+__all__ = ["HybridTreeCache", "TreeState", "PendingRecurrent", "CommitsPath", "CacheSnapshot", "StaticCursor",
+           "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer"]

@@ -1,0 +1,288 @@
+"""HybridTreeCache: a transformers `DynamicCache` that verifies a whole draft tree in one forward.
+
+Outside tree mode it is exactly the `DynamicCache` transformers builds for the model's config (prefill and
+any ordinary forward go through the model's own code). In tree mode (`begin_tree` .. `commit`):
+
+- attention layers append the N tree nodes after the committed prefix through the stock `update`; the
+  tree attention mask (built by the generate loop) keeps each node on its own root path. `commit` keeps the
+  prefix plus the accepted path's keys and values.
+- linear-attention / SSM / short-conv layers never touch the committed state during verification: the
+  model adapter computes the tree in closed form and `stash`es token-level factors here (no state per
+  node). `commit` rebuilds the accepted path's state and conv window from those factors, exactly, through
+  `hf_hybrid_spec.kernels`.
+
+`abort` drops a tree without committing anything, so an exception during verification leaves the cache as
+it was before `begin_tree`. A chain is the special case parent[i] = i - 1.
+
+Static variant (`HybridTreeCache(config, static_length=L)`): attention layers keep keys and values in
+preallocated [B, H, L, D] buffers; a tree forward writes its nodes at the positions held by a device tensor
+(`StaticCursor.write_pos`) and attends over the whole buffer under its mask, so every shape and address is
+fixed and the forward can be captured in a CUDA graph. Commit gathers the accepted path into place with index
+copies. Recurrent states are fixed-size in both variants and always updated in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from ..kernels import commit_causal_conv1d
+from ..kernels.tree import validate_parent
+from .layers import (
+    StaticCursor,
+    StaticKVLayer,
+    StaticKVMixin,
+    StaticLinearKVLayer,
+    has_kv,
+    is_linear,
+    kv_commit,
+    kv_crop,
+    kv_length,
+)
+from .state import CacheSnapshot, PendingRecurrent, TreeState
+
+__all__ = ["HybridTreeCache"]
+
+
+@dataclass
+class _TreeBook:
+    tree: TreeState
+    pending: dict[int, list[PendingRecurrent]] = field(default_factory=dict)
+
+
+class HybridTreeCache(DynamicCache):
+    """DynamicCache plus tree verification with factorized recurrent state (see module docstring).
+
+    Args:
+        config: the model config (the text config is taken from it), as for `DynamicCache(config=...)`.
+        static_length: if given, attention layers use preallocated buffers of this many tokens (prompt,
+            generated tokens and one tree), for CUDA-graph capture; see `cursor`.
+
+    Tree lifecycle, for the eager path: `begin_tree` -> the model's forward (adapters `stash` their factors) ->
+    `commit(leaf, path)` or `abort()`. The static path splits the commit in two so that the part on the device can be
+    captured in a graph: `commit_on_device(...)` (fixed shapes, no host read) then `end_tree(committed_length)`.
+    """
+
+    def __init__(self, config, static_length: int | None = None):
+        super().__init__(config=config)
+        self._book: _TreeBook | None = None
+        self.cursor = StaticCursor() if static_length is not None else None
+        for idx, layer in enumerate(self.layers):
+            if getattr(layer, "is_sliding", False):
+                raise NotImplementedError(
+                    f"layer {idx} uses sliding-window attention, which tree verification does not support yet"
+                )
+            if static_length is None or not has_kv(layer):
+                continue
+            if is_linear(layer):
+                self.layers[idx] = StaticLinearKVLayer(static_length, self.cursor, layer.number_of_states)
+            else:
+                self.layers[idx] = StaticKVLayer(static_length, self.cursor)
+
+    @property
+    def is_static(self) -> bool:
+        return self.cursor is not None
+
+    def reset(self) -> None:
+        """Empty the cache for a new request, keeping every buffer (and so its address) in place."""
+        self._book = None
+        super().reset()
+
+    # ------------------------------------------------------------------ tree lifecycle
+    @property
+    def tree(self) -> TreeState | None:
+        """The tree under verification, or None outside tree mode."""
+        return None if self._book is None else self._book.tree
+
+    @property
+    def in_tree_mode(self) -> bool:
+        return self._book is not None
+
+    @property
+    def pending(self) -> dict[int, list[PendingRecurrent]]:
+        """What the recurrent layers stashed for the pending tree, by layer (empty outside tree mode). A static runner
+        keeps the stash of a captured forward and hands it back to `begin_tree`: replays rewrite its tensors."""
+        return {} if self._book is None else self._book.pending
+
+    def begin_tree(
+        self, parent: torch.Tensor, prefix_length: int, num_nodes: torch.Tensor | None = None,
+        pending: dict[int, list[PendingRecurrent]] | None = None, check: bool = True,
+    ) -> TreeState:
+        """Enter tree mode for the next forward.
+
+        Args:
+            parent: [B, N] parent pointers over the verify input (root first, parent[:, 0] = -1).
+            prefix_length: committed tokens in the cache, i.e. where the tree's keys will be appended.
+            num_nodes: optional [B] real node counts.
+            pending: the stash of an earlier forward over the same (static) buffers, reused as it is: a CUDA graph
+                replay rewrites those tensors in place instead of stashing again.
+            check: validate `parent` and the layers' lengths (a static runner's device-side parents skip it).
+        """
+        if self._book is not None:
+            raise RuntimeError("begin_tree called while another tree is pending; commit or abort it first")
+        if check:
+            validate_parent(parent)
+            if not self.is_ready():
+                raise RuntimeError("the cache is empty: run the prompt (prefill) through the model before a tree")
+            for idx, layer in enumerate(self.layers):
+                length = kv_length(layer)
+                if length is not None and length != prefix_length:
+                    raise RuntimeError(f"layer {idx} holds {length} tokens but the tree expects a prefix of "
+                                       f"{prefix_length}")
+        tree = TreeState(parent=parent if parent.dtype == torch.long else parent.long(), prefix_length=prefix_length,
+                         num_nodes=num_nodes)
+        self._book = _TreeBook(tree=tree, pending={} if pending is None else pending)
+        return tree
+
+    def stash(self, layer_idx: int, pending: PendingRecurrent) -> None:
+        """Called by model adapters during the tree forward of a recurrent layer."""
+        if self._book is None:
+            raise RuntimeError("stash called outside tree mode")
+        self._book.pending.setdefault(layer_idx, []).append(pending)
+
+    def recurrent_states(self, layer_idx: int, state_idx: int = 0) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The committed (conv_state [B, C, S], recurrent_state) of a linear layer, read-only in tree mode."""
+        layer = self.layers[layer_idx]
+        if not is_linear(layer):
+            raise ValueError(f"layer {layer_idx} ({type(layer).__name__}) holds no recurrent state")
+        if not layer.has_previous_state[state_idx]:
+            raise RuntimeError(f"layer {layer_idx} has no committed state yet; prefill before verifying a tree")
+        return layer.conv_states[state_idx], layer.recurrent_states[state_idx]
+
+    def commit(self, leaf: torch.Tensor, path: list[int] | None = None) -> None:
+        """Keep the root->leaf path of the pending tree and leave tree mode.
+
+        leaf: [B] int64, the last accepted node per row (>= 0: the root itself is always committed).
+        path: optional, row 0's accepted nodes root first (node 0) down to `leaf`, as the verifier found them;
+            given, the commit reads nothing back from the device (no parent walk on the host).
+        """
+        if self._book is None:
+            raise RuntimeError("commit called outside tree mode")
+        book = self._book
+        parent = book.tree.parent
+        leaf = leaf.to(device=parent.device, dtype=torch.long)
+        if parent.shape[0] != 1:
+            raise NotImplementedError("committing trees with batch size > 1 is not supported yet")
+        if path is None:
+            if int(leaf.min()) < 0:
+                raise ValueError("leaf must be >= 0: the root of a verify tree is always accepted")
+            path = self._path(parent[0], int(leaf[0]))
+        else:
+            if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])):
+                raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
+            path = torch.tensor(path, dtype=torch.long, device=parent.device)
+        on_path = torch.zeros(parent.shape, dtype=torch.bool, device=parent.device)
+        on_path[0, path] = True
+        try:
+            for idx, layer in enumerate(self.layers):
+                if kv_length(layer) is not None:
+                    kv_commit(layer, book.tree.prefix_length, path.to(layer.keys.device))
+                self._commit_recurrent(idx, layer, leaf, on_path)
+        finally:
+            self._book = None
+
+    def commit_on_device(self, leaf: torch.Tensor, on_path: torch.Tensor, src: torch.Tensor,
+                         dst: torch.Tensor) -> None:
+        """The device part of a commit, with fixed shapes and no host read (what a CUDA graph captures), for a cache
+        built with `static_length`: each attention layer's key / value slots `src` [n] are copied to `dst` [n] (the
+        accepted path's nodes in order, then filler whose copies land past the committed length), and each recurrent
+        layer's state is rebuilt along `on_path` [B, N]. The cache stays in tree mode: `end_tree` leaves it.
+
+        leaf: [B] accepted node per row; -1 commits nothing (recurrent states stay bit-identical, the copies only
+        write slots past the committed prefix): a capture's warm-up relies on that.
+        """
+        if self._book is None:
+            raise RuntimeError("commit_on_device called outside tree mode")
+        for idx, layer in enumerate(self.layers):
+            if isinstance(layer, StaticKVMixin) and layer.is_initialized:
+                s, d = src.to(layer.keys.device), dst.to(layer.keys.device)
+                # index_select copies first, so overlapping source and destination slots are safe.
+                layer.keys.index_copy_(2, d, layer.keys.index_select(2, s))
+                layer.values.index_copy_(2, d, layer.values.index_select(2, s))
+            self._commit_recurrent(idx, layer, leaf, on_path)
+
+    def end_tree(self, committed_length: int | None = None) -> None:
+        """Leave tree mode after `commit_on_device`: the static attention layers now hold `committed_length` tokens
+        (None: as before the tree, nothing committed)."""
+        if self._book is None:
+            return
+        length = self._book.tree.prefix_length if committed_length is None else committed_length
+        for layer in self.layers:
+            if isinstance(layer, StaticKVMixin) and layer.is_initialized:
+                layer.length = length
+        self._book = None
+
+    def abort(self) -> None:
+        """Drop the pending tree: attention layers go back to the prefix, recurrent states were never touched."""
+        if self._book is None:
+            return
+        prefix = self._book.tree.prefix_length
+        for layer in self.layers:
+            if kv_length(layer) is not None:
+                kv_crop(layer, prefix)
+        self._book = None
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self) -> CacheSnapshot:
+        """Remember the current committed state (outside tree mode)."""
+        if self._book is not None:
+            raise RuntimeError("snapshot is not available in tree mode")
+        kv, conv, rec = {}, {}, {}
+        for idx, layer in enumerate(self.layers):
+            length = kv_length(layer)
+            if length is not None:
+                kv[idx] = length
+            if is_linear(layer):
+                for s, t in layer.conv_states.items():
+                    if t is not None:
+                        conv[(idx, s)] = t.clone()
+                for s, t in layer.recurrent_states.items():
+                    if t is not None:
+                        rec[(idx, s)] = t.clone()
+        return CacheSnapshot(kv_lengths=kv, conv_states=conv, recurrent_states=rec)
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """Roll back to `snap`: crop attention layers, copy recurrent states back in place."""
+        for idx, length in snap.kv_lengths.items():
+            kv_crop(self.layers[idx], length)
+        for (idx, s), t in snap.conv_states.items():
+            self.layers[idx].conv_states[s].copy_(t)
+        for (idx, s), t in snap.recurrent_states.items():
+            self.layers[idx].recurrent_states[s].copy_(t)
+
+    # ------------------------------------------------------------------ helpers
+    def is_ready(self) -> bool:
+        """Whether a prefill has gone through (some layers, e.g. MLP-only blocks, never hold state)."""
+        for layer in self.layers:
+            if is_linear(layer) and any(layer.has_previous_state.values()):
+                return True
+            if kv_length(layer):
+                return True
+        return False
+
+    @staticmethod
+    def _path(parent_row: torch.Tensor, leaf: int) -> torch.Tensor:
+        nodes = []
+        par = parent_row.tolist()
+        cur = leaf
+        while cur >= 0:
+            nodes.append(cur)
+            cur = par[cur]
+        return torch.tensor(nodes[::-1], dtype=torch.long, device=parent_row.device)
+
+    def _commit_recurrent(self, layer_idx: int, layer, leaf: torch.Tensor, on_path: torch.Tensor) -> None:
+        """Rebuild layer `layer_idx`'s conv window and recurrent state along the accepted path, in place (compiled
+        graphs that captured the buffers' addresses stay valid). The tree op's output commits its own kind."""
+        parent = self._book.tree.parent
+        for pending in self._book.pending.get(layer_idx, []):
+            s = pending.state_idx
+            dev = (pending.conv_inputs if pending.conv_inputs is not None else layer.recurrent_states[s]).device
+            par, lf, mask = parent.to(dev), leaf.to(dev), on_path.to(dev)
+            if pending.conv_inputs is not None:
+                conv = layer.conv_states[s]
+                conv.copy_(commit_causal_conv1d(conv, pending.conv_inputs, par, lf, on_path=mask))
+            if pending.recurrent is not None:
+                state = layer.recurrent_states[s]
+                state.copy_(pending.recurrent.commit(state, par, lf, on_path=mask).to(state.dtype))

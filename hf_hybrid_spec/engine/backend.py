@@ -1,0 +1,209 @@
+"""Where a request's trees are verified: the eager backend (a dynamic cache, every kernel launched from Python) and the
+static one (a static cache, each tree-size bucket's forward and commit captured as CUDA graphs), behind one
+interface the loop calls:
+
+    out = backend.prefill(input_ids, attention_mask, positions, ...)   # the prompt, as stock generate runs it
+    verified = backend.forward(tree, length)                           # one forward over a verify tree
+    hidden = backend.commit(result, length)                            # keep the accepted path; drafters' hidden states
+    backend.abort() / backend.release()                                # drop a pending tree / end the request
+
+Trees are [B, N] (root first in each row) and a commit keeps one root->leaf path per row; today's loop runs B = 1.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..cache import HybridTreeCache
+from ..drafters import HistoryHidden, TargetHidden
+from ..forward import forward_tokens, forward_tree
+from ..tree import VerifyResult, VerifyTree
+from .outputs import target_hidden
+from .static import StaticTreeRunner, release_runner, static_runner
+
+__all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "VerifyOutputs"]
+
+
+@dataclass
+class VerifyOutputs:
+    """One verify forward's outputs for the tree's N real nodes.
+
+    Attributes:
+        logits: [B, N, V].
+        hidden_states: every layer's [B, N, H] (embeddings first), when asked for.
+        attentions: every attention layer's weights [B, heads, N, keys], when asked for (eager backend only).
+    """
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class TreeBackend(ABC):
+    """Verification of one request's trees on its cache (see the module docstring).
+
+    Args (both backends):
+        model: the target. hidden_layers: indices into its hidden states that the drafter reads (for `commit`).
+        output_hidden_states: every forward returns every layer's hidden states (a lossy arbiter, or the caller).
+        offsets: [R, B] multimodal RoPE offsets of the request, or None.
+    """
+
+    cache: HybridTreeCache
+    static: bool = False
+
+    def __init__(self, model: nn.Module, hidden_layers: tuple[int, ...], output_hidden_states: bool,
+                 offsets: torch.Tensor | None):
+        self.model = model
+        self.hidden_layers = tuple(hidden_layers)
+        self.output_hidden_states = output_hidden_states
+        self.offsets = offsets
+        self.prompt_length = 0
+
+    @property
+    def max_nodes(self) -> int | None:
+        """The most nodes (root included) one verify forward takes; None: no limit of the backend's own."""
+        return None
+
+    @property
+    def tree_device(self) -> torch.device:
+        """Where a draft built on the host is laid out as a verify tree."""
+        return self.model.device
+
+    @property
+    def captures(self) -> int:
+        return 0
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
+                output_attentions: bool = False, **prompt_inputs):
+        """The prompt's forward, exactly as stock generate runs it: the model's outputs (last position's logits)."""
+        self.prompt_length = input_ids.shape[1]
+        return forward_tokens(self.model, input_ids, self.cache, position_ids=positions, attention_mask=attention_mask,
+                              logits_to_keep=1, output_hidden_states=bool(self.hidden_layers) or self.output_hidden_states,
+                              output_attentions=output_attentions, **prompt_inputs)
+
+    @abstractmethod
+    def forward(self, tree: VerifyTree, length: int) -> VerifyOutputs:
+        """Run `tree` (its root the last of `length` committed tokens); the cache stays in tree mode."""
+
+    @abstractmethod
+    def commit(self, result: VerifyResult, length: int) -> TargetHidden | None:
+        """Keep `result.path` of the pending tree; returns the drafter's hidden states of the path's tokens."""
+
+    def abort(self) -> None:
+        """Drop the pending tree (nothing committed changes)."""
+        self.cache.abort()
+
+    def release(self) -> None:
+        """The request is over (or failed): give back what it held."""
+
+
+class EagerBackend(TreeBackend):
+    """A `HybridTreeCache` built for the request; trees go through `forward_tree` with their attention mask."""
+
+    def __init__(self, model: nn.Module, hidden_layers: tuple[int, ...], output_hidden_states: bool,
+                 offsets: torch.Tensor | None, output_attentions: bool = False):
+        super().__init__(model, hidden_layers, output_hidden_states, offsets)
+        self.output_attentions = output_attentions
+        self.cache = HybridTreeCache(model.config)
+        self._mask: torch.Tensor | None = None  # [B, L] 0/1 padding mask of the committed tokens
+        self._last = None  # the pending tree's model outputs
+
+    def prefill(self, input_ids, attention_mask, positions, output_attentions=False, **prompt_inputs):
+        self._mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.device)
+        return super().prefill(input_ids, attention_mask, positions, output_attentions, **prompt_inputs)
+
+    def forward(self, tree: VerifyTree, length: int) -> VerifyOutputs:
+        mask = self._mask
+        if mask.shape[1] < length:  # generated tokens are never padding
+            mask = self._mask = torch.cat(
+                [mask, torch.ones(mask.shape[0], length - mask.shape[1], dtype=mask.dtype, device=mask.device)], 1)
+        out = forward_tree(
+            self.model, tree, self.cache, prefix_length=length - 1, root_position=mask[:, : length - 1].sum(-1),
+            prefix_mask=mask[:, : length - 1],
+            output_hidden_states=bool(self.hidden_layers) or self.output_hidden_states,
+            output_attentions=self.output_attentions, position_offsets=self.offsets,
+        )
+        self._last = out
+        return VerifyOutputs(logits=out.logits, hidden_states=getattr(out, "hidden_states", None),
+                             attentions=getattr(out, "attentions", None))
+
+    def commit(self, result: VerifyResult, length: int) -> TargetHidden | None:
+        out, self._last = self._last, None
+        hidden = None
+        if self.hidden_layers:  # the path's rows only (no index copy for drafters that read none)
+            index = torch.tensor(result.path).to(out.logits.device, non_blocking=True)
+            hidden = target_hidden(out, self.hidden_layers, index)
+        self.cache.commit(torch.tensor([result.leaf]).to(self.model.device, non_blocking=True), path=result.path)
+        return hidden
+
+    def abort(self) -> None:
+        self._last = None
+        super().abort()
+
+
+class StaticBackend(TreeBackend):
+    """A leased `StaticTreeRunner` (static cache, a captured forward and commit per tree-size bucket on CUDA).
+
+    Args beyond the base's:
+        static_length: the request's cache length (prompt, new tokens and one tree). buckets: tree sizes captured.
+        fuse: the runner's compiled regions (`compile_verify`). owner: the lease holder (lives as long as the call).
+    """
+
+    static = True
+
+    def __init__(self, model: nn.Module, hidden_layers: tuple[int, ...], output_hidden_states: bool,
+                 offsets: torch.Tensor | None, static_length: int, buckets: tuple[int, ...], fuse: bool, owner):
+        super().__init__(model, hidden_layers, output_hidden_states, offsets)
+        # Leased to this call: a concurrent call never gets the same runner. Drafters that read hidden states get
+        # the committed tokens' from the runner's history (written by the commit graph); a lossy arbiter reads every
+        # tree node's, returned by the forward.
+        self.runner: StaticTreeRunner = static_runner(
+            model, static_length, buckets, output_hidden_states, owner=owner, history_layers=self.hidden_layers,
+            fuse=fuse, rope_rows=0 if offsets is None else offsets.shape[0])
+        self.cache = self.runner.cache
+        self._valid_prompt = 0
+
+    @property
+    def max_nodes(self) -> int:
+        return self.runner.max_nodes
+
+    @property
+    def tree_device(self) -> torch.device:
+        # The runner stages a host tree into its buffers in one copy.
+        return torch.device("cpu")
+
+    @property
+    def captures(self) -> int:
+        return self.runner.captures
+
+    def prefill(self, input_ids, attention_mask, positions, output_attentions=False, **prompt_inputs):
+        out = super().prefill(input_ids, attention_mask, positions, output_attentions, **prompt_inputs)
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        if self.offsets is not None:
+            self.runner.set_position_offsets(self.offsets)
+        self.runner.capture_all(input_ids.shape[1])
+        self.runner.set_prefix_valid(mask[0])  # the runner keeps the prompt's padding mask itself
+        self._valid_prompt = int(mask.sum())
+        return out
+
+    def forward(self, tree: VerifyTree, length: int) -> VerifyOutputs:
+        out = self.runner.forward(tree, length - 1, self._valid_prompt + length - 1 - self.prompt_length)
+        return VerifyOutputs(logits=out.logits, hidden_states=out.hidden_states)
+
+    def commit(self, result: VerifyResult, length: int) -> TargetHidden | None:
+        self.runner.commit(result.path)  # one graph replay on CUDA
+        if not self.hidden_layers:
+            return None
+        # Sliced from the runner's history when the drafter first reads it.
+        return HistoryHidden(self.hidden_layers, self.runner.committed_hidden, length - 1,
+                             length - 1 + len(result.path))
+
+    def abort(self) -> None:
+        self.runner.abort()
+
+    def release(self) -> None:
+        release_runner(self.model, self.runner)

@@ -1,0 +1,249 @@
+"""The decode loop: prefill, then draft -> verify -> accept -> commit -> record until a stopping criterion fires.
+
+    out = backend.prefill(prompt)                           # exactly as stock generate runs the prompt
+    first = verifier.first_token(scores)                    # the drafter begun on the prompt beforehand
+    while not recorder.finished:
+        draft = drafter.propose(committed, budget)           # a token tree hanging off the root (last token)
+        verified = backend.forward(root + draft)             # one forward; recurrent layers solve the tree in closed form
+        result = verifier.verify(tree, scores)               # greedy / lossless sampling / an opt-in lossy rule
+        hidden = backend.commit(result)                      # keep the accepted path's KV, rebuild its recurrent state
+        recorder.append(result.tokens); drafter.accept(...)  # stopping criteria, streamer, outputs; the drafter learns
+
+`decode` runs one request (`Request`); `speculative_generate` (the API) builds the request from what transformers'
+`generate` prepared. The backend (eager or static: `backend.py`) and the verification rule (`verification/`) are the
+only things that vary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.utils import logging
+
+from ..config import AssistantConfig
+from ..drafters import DraftBudget, DraftContext, Drafter
+from ..models import ModelAdapter
+from ..tree import VerifyResult, build_verify_tree, empty_draft
+from ..verification import FirstToken, StepInputs, Verifier, make_verifier, process_tree_logits
+from .backend import EagerBackend, StaticBackend, TreeBackend
+from .outputs import (
+    CACHE_FIELD,
+    Recorder,
+    SpecStats,
+    SpeculativeDecoderOnlyOutput,
+    path_outputs,
+    prompt_outputs,
+    target_hidden,
+)
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["Request", "decode", "PROMPT_INPUTS"]
+
+# Inputs of a multimodal prompt, for its prefill only (as stock decoding drops them after the first forward):
+# transformers runs the vision encoder before decoding and passes its outputs as `mm_encoder_outputs`.
+PROMPT_INPUTS = {"pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "mm_token_type_ids",
+                 "mm_encoder_outputs"}
+
+
+@dataclass
+class Request:
+    """One decoding call, as `generate` prepared it.
+
+    Attributes:
+        model / adapter: the target and its family's adapter. input_ids: [1, L] the prompt.
+        processors / stopping / generation_config / streamer: what stock decoding would use.
+        config: the resolved `AssistantConfig` (`compile` a bool). drafter: built for this request.
+        model_kwargs: the remaining model inputs (attention mask, multimodal prompt inputs, position ids).
+    """
+
+    model: nn.Module
+    adapter: ModelAdapter
+    input_ids: torch.Tensor
+    processors: LogitsProcessorList
+    stopping: StoppingCriteriaList
+    generation_config: GenerationConfig
+    streamer: object
+    config: AssistantConfig
+    drafter: Drafter
+    model_kwargs: dict
+
+
+def decode(request: Request):
+    """Run `request` to the end. Returns what stock `generate` would: the sequences [1, L + new], or with
+    `return_dict_in_generate` a `SpeculativeDecoderOnlyOutput` (scores / logits / attentions / hidden states when
+    asked, the cache, `spec_stats`)."""
+    model, config, drafter, gen = request.model, request.config, request.drafter, request.generation_config
+    input_ids = request.input_ids
+    device = input_ids.device
+    do_sample = bool(gen.do_sample)
+    want_dict = bool(gen.return_dict_in_generate)
+    want_attentions = want_dict and bool(gen.output_attentions)
+    want_states = want_dict and bool(gen.output_hidden_states)
+    if (want_attentions or want_states) and config.compile:
+        raise NotImplementedError("output_attentions / output_hidden_states need the eager path: the static path's "
+                                  "captured verify forward keeps neither; pass compile=False (and no "
+                                  "cache_implementation='static')")
+    rec = Recorder(input_ids, request.stopping, request.streamer, want_dict and bool(gen.output_scores),
+                   want_dict and bool(gen.output_logits), want_attentions, want_states)
+    stats = SpecStats(prefill_tokens=input_ids.shape[1])
+    verifier = make_verifier(config, do_sample, drafter)
+    offsets, positions = _positions(request)
+    backend = _backend(request, verifier, offsets, rec, want_attentions, want_states)
+    processors = request.processors
+    try:
+        # ---- prefill and the first token
+        mask = request.model_kwargs.get("attention_mask")
+        prompt_inputs = {k: v for k, v in request.model_kwargs.items() if k in PROMPT_INPUTS and v is not None}
+        out = backend.prefill(input_ids, mask, positions, output_attentions=want_attentions, **prompt_inputs)
+        del prompt_inputs
+        layers = tuple(drafter.target_hidden_layers)
+        prompt_hidden = target_hidden(out, layers)
+        first_attentions, first_states = prompt_outputs(out, want_attentions, want_states)
+        logits = out.logits[:, -1].to(dtype=torch.float32, device=device)
+        scores = processors(rec.input_ids, logits.clone()) if processors else logits
+        context = DraftContext(model, backend.cache, request.adapter, gen, offsets)
+        drafter.begin(input_ids, context, prompt_hidden)
+        node_budget = _node_budget(config, backend, stats)
+        first = verifier.first_token(scores, FirstToken(input_ids, drafter, context, prompt_hidden, out, node_budget))
+        _count_arbiter(stats, first)
+        del out, prompt_hidden
+        rec.append(first.tokens, scores, logits, first.token_list, first_attentions, first_states)
+        del first_attentions, first_states
+        drafter.accept(rec.input_ids, VerifyResult(path=[0], tokens=first.tokens, score_nodes=[0],
+                                                   token_list=first.token_list))
+        stats.static = backend.static
+        # Greedy over the raw logits picks the same path when nothing processes them (an fp32 copy of [N, V] spared).
+        raw_greedy = verifier.raw_greedy and not processors and rec.scores is None and rec.logits is None
+
+        # ---- draft, verify, accept, commit, record
+        while not rec.finished:
+            ids = rec.input_ids
+            length = ids.shape[1]
+            # Tokens one forward can commit: the accepted draft depth plus the bonus token.
+            budget = DraftBudget(max_nodes=node_budget, max_depth=min(config.max_depth, gen.max_length - length - 1))
+            t0 = time.perf_counter()
+            draft = _propose(drafter, ids, budget, verifier)
+            t1 = time.perf_counter()
+            tree = _verify_tree(draft, ids, rec, backend, device)
+            verified = backend.forward(tree, length)
+            try:
+                drafter.overlap()  # (the host's idle time while a GPU runs the forward)
+                if raw_greedy:
+                    raw, scores = verified.logits, verified.logits[0]
+                else:
+                    raw = verified.logits.to(dtype=torch.float32, device=device)
+                    scores = process_tree_logits(ids, tree, raw, processors)
+                result = verifier.verify(tree, scores, StepInputs(length, verified.hidden_states))
+                step_attentions, step_states = None, None
+                if want_attentions or want_states:
+                    step_attentions, step_states = path_outputs(verified, result, length - 1, want_attentions,
+                                                                want_states)
+                del verified
+            except BaseException:
+                backend.abort()
+                raise
+            path_hidden = backend.commit(result, length)
+            t2 = time.perf_counter()
+
+            stats.target_forwards += 1
+            stats.accepted_lengths.append(int(result.tokens.shape[0]))
+            stats.drafted_tokens.append(draft.num_nodes)
+            stats.draft_seconds += t1 - t0
+            stats.verify_seconds += t2 - t1
+            _count_arbiter(stats, result)
+            # Gather the [k, V] score / logit rows only when the caller asked for them (a vocabulary-wide copy each).
+            rec.append(result.tokens, scores[result.score_nodes] if rec.scores is not None else None,
+                       raw[0, result.score_nodes] if rec.logits is not None else None, result.token_list,
+                       step_attentions, step_states)
+            drafter.accept(rec.input_ids, result, path_hidden)
+
+        drafter.end(rec.input_ids)
+        stats.graph_captures = backend.captures
+    finally:
+        # Also when the call fails: a traceback kept alive (a REPL's sys.last_value) holds `rec`, the lease's owner.
+        backend.release()
+    if request.streamer is not None:
+        request.streamer.end()
+    logger.info("speculative_generate: %d tokens in %d target forwards (mean accepted length %.2f)",
+                rec.input_ids.shape[1] - input_ids.shape[1], stats.target_forwards, stats.mean_accepted_length)
+    if not want_dict:
+        return rec.input_ids
+    return SpeculativeDecoderOnlyOutput(
+        sequences=rec.input_ids, scores=rec.scores, logits=rec.logits, attentions=rec.attentions,
+        hidden_states=rec.hidden_states, spec_stats=stats, **{CACHE_FIELD: backend.cache})
+
+
+def _positions(request: Request) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The prompt's position ids and, for multimodal RoPE, the offsets of its rows ([R, B]).
+
+    Multimodal RoPE (Qwen3.5's vision-language model): generate hands over [R, B, L] position ids (text row first);
+    generated tokens continue each row from the prompt's largest position, as stock decoding does. Otherwise the
+    positions come from the padding mask, as in stock generate."""
+    input_ids = request.input_ids
+    given = request.model_kwargs.get("position_ids")
+    if given is not None and given.ndim == 3:
+        given = given.to(input_ids.device)
+        return given.amax(-1) - given[0].amax(-1)[None], given
+    mask = request.model_kwargs.get("attention_mask")
+    mask = torch.ones_like(input_ids) if mask is None else mask.to(input_ids.device)
+    return None, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _backend(request: Request, verifier: Verifier, offsets, owner, want_attentions: bool,
+             want_states: bool) -> TreeBackend:
+    config, drafter = request.config, request.drafter
+    layers = tuple(drafter.target_hidden_layers)
+    if config.compile:
+        static_length = request.generation_config.max_length + max(config.compile_buckets)
+        return StaticBackend(request.model, layers, verifier.uses_target_hidden, offsets, static_length,
+                             config.compile_buckets, config.compile_verify, owner)
+    return EagerBackend(request.model, layers, verifier.uses_target_hidden or want_states, offsets, want_attentions)
+
+
+def _node_budget(config: AssistantConfig, backend: TreeBackend, stats: SpecStats) -> int:
+    """Draft nodes per tree: the config's budget, capped by `max_verify_nodes` (said in the stats) and by the
+    backend's largest tree."""
+    budget = min(config.max_draft_tokens, config.max_verify_nodes)
+    if budget < config.max_draft_tokens:
+        stats.budget_capped = True
+        logger.warning_once(f"max_draft_tokens={config.max_draft_tokens} is above max_verify_nodes="
+                            f"{config.max_verify_nodes}: every verified tree is capped at {budget} draft nodes")
+    if backend.max_nodes is not None:
+        budget = min(budget, backend.max_nodes - 1)
+    return budget
+
+
+def _propose(drafter: Drafter, ids: torch.Tensor, budget: DraftBudget, verifier: Verifier):
+    """The drafter's proposal within `budget` (an empty draft where nothing can be drafted). A rule that reads the
+    draft's own choice after the root (`verifier.wants_empty_drafts`) asks even then."""
+    if budget.max_depth <= 0 and not verifier.wants_empty_drafts:
+        return empty_draft(1, "cpu")
+    draft = drafter.propose(ids, budget)
+    if draft is None or (draft.num_nodes == 0 and draft.next_probs is None):
+        return empty_draft(1, "cpu")
+    if not drafter.respects_budget:  # a depth walk per step that budget-keeping drafters do not need
+        draft = draft.truncate_depth(budget.max_depth)
+    if draft.num_nodes > budget.max_nodes:
+        draft = draft.select(torch.arange(budget.max_nodes, device=draft.tokens.device))
+    return draft
+
+
+def _verify_tree(draft, ids: torch.Tensor, rec: Recorder, backend: TreeBackend, device):
+    """The verify tree: the root (last committed token) and the draft. A host draft (cache drafters) is laid out on the
+    host, root included (known there): the static runner stages it in one copy, the eager forward gets it moved
+    without waiting on the stream."""
+    if draft.tokens.device.type == "cpu":
+        root = torch.tensor(rec.host_ids[-1:], dtype=torch.long)
+        return build_verify_tree(root, draft, device=backend.tree_device)
+    return build_verify_tree(ids[:, -1], draft)
+
+
+def _count_arbiter(stats: SpecStats, result: VerifyResult) -> None:
+    """What a lossy rule's arbiter did (its results carry `decisions` / `overrides`)."""
+    stats.arbiter_decisions += getattr(result, "decisions", 0)
+    stats.arbiter_overrides += getattr(result, "overrides", 0)

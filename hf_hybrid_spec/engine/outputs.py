@@ -1,0 +1,175 @@
+"""What a decoding call returns and records: `SpecStats`, the output class, and the `Recorder` that collects committed
+tokens (with their scores, logits, attentions and hidden states when asked) and applies stopping criteria."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from ..drafters import TargetHidden
+from ..stopping import HostStopping
+from ..tree import VerifyResult
+
+__all__ = ["SpecStats", "SpeculativeDecoderOnlyOutput", "Recorder", "CACHE_FIELD", "prompt_outputs", "path_outputs",
+           "target_hidden"]
+
+CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
+
+@dataclass
+class SpecStats:
+    """What speculation did during one `generate` call.
+
+    Attributes:
+        target_forwards: verification forwards of the target (the prefill is not counted).
+        accepted_lengths: per verification forward, tokens committed (accepted draft tokens + the bonus token).
+        drafted_tokens: per verification forward, draft nodes verified.
+        prefill_tokens: prompt tokens run through the target before the first step.
+        draft_seconds / verify_seconds: wall time spent drafting and in target forward + verification.
+        arbiter_decisions / arbiter_overrides: lossy verification only: draft/target mismatches an arbiter ruled
+            on, and how many of them kept the draft's token.
+        static / graph_captures: whether the static cache verified the trees, and how many CUDA graphs it
+            captured (one per tree-size bucket used, never more).
+        budget_capped: `max_draft_tokens` was above `AssistantConfig.max_verify_nodes`, which capped every tree.
+    """
+
+    target_forwards: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    drafted_tokens: list[int] = field(default_factory=list)
+    prefill_tokens: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    arbiter_decisions: int = 0
+    arbiter_overrides: int = 0
+    static: bool = False  # verified with the static cache
+    graph_captures: int = 0  # CUDA graphs captured (at most one per tree-size bucket)
+    budget_capped: bool = False
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per target forward, bonus included (1.0 means no speedup from drafts)."""
+        return sum(self.accepted_lengths) / max(1, len(self.accepted_lengths))
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over drafted tokens."""
+        accepted = sum(self.accepted_lengths) - len(self.accepted_lengths)
+        return accepted / max(1, sum(self.drafted_tokens))
+
+
+@dataclass
+class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus the speculation statistics."""
+
+    spec_stats: SpecStats | None = None
+
+
+class Recorder:
+    """Collects committed tokens, scores and logits; applies stopping criteria token by token.
+
+    Keeps the committed ids twice: `input_ids` on the model's device (what the caller gets back) and `host_ids`, a
+    Python list, so that stopping checks, drafters and streamers never read the device.
+    """
+
+    def __init__(self, input_ids, stopping_criteria, streamer, want_scores, want_logits, want_attentions=False,
+                 want_hidden_states=False):
+        self.input_ids = input_ids
+        self.host_ids: list[int] = input_ids[0].tolist()
+        self.stopping = stopping_criteria
+        self.host_stopping = HostStopping.build(stopping_criteria)
+        self.streamer = streamer
+        self.scores = () if want_scores else None
+        self.logits = () if want_logits else None
+        self.attentions = () if want_attentions else None
+        self.hidden_states = () if want_hidden_states else None
+        self.finished = False
+
+    def append(self, tokens: torch.Tensor, scores: torch.Tensor | None, logits: torch.Tensor | None,
+               token_list: list[int] | None = None, attentions: list | None = None,
+               hidden_states: list | None = None) -> int:
+        """Commit `tokens` [k] (one score / logit row each, read only when asked for); stops early where a
+        criterion fires. `token_list`: the same tokens on the host, when the caller has them. `attentions` /
+        `hidden_states`: when asked for, one entry per token (a tuple over layers, as stock generate keeps them).
+        Returns kept k.
+
+        The criteria see each prefix exactly as stock generate would (input ids and scores up to that token).
+        Length / EOS / time criteria are decided on the host; any other list is called on the device and its
+        verdicts are read back in one host sync per step, not one per token.
+        """
+        k = tokens.shape[0]
+        length = self.input_ids.shape[1]
+        if token_list is None:
+            token_list = tokens.tolist()
+        # One concatenation per step; each criterion sees a prefix of it (a view).
+        full = torch.cat([self.input_ids, tokens.view(1, k).to(self.input_ids.device)], dim=-1)
+        if self.host_stopping is not None:
+            stops = [self.host_stopping.stops(length + j + 1, token_list[j]) for j in range(k)]
+        else:
+            verdicts = []
+            for j in range(k):
+                seen = None if self.scores is None else self.scores + tuple(scores[i : i + 1] for i in range(j + 1))
+                verdicts.append(self.stopping(full[:, : length + j + 1], seen).any())
+            stops = torch.stack(verdicts).tolist() if verdicts else []
+        kept = next((j + 1 for j, stop in enumerate(stops) if stop), k)
+        self.finished = bool(stops[kept - 1])
+        if kept:
+            self.input_ids = full if kept == k else full[:, : length + kept].clone()
+            self.host_ids.extend(token_list[:kept])
+            if self.scores is not None:
+                self.scores += tuple(scores[i : i + 1] for i in range(kept))
+            if self.logits is not None:
+                self.logits += tuple(logits[i : i + 1] for i in range(kept))
+            if self.attentions is not None:
+                self.attentions += tuple(attentions[:kept])
+            if self.hidden_states is not None:
+                self.hidden_states += tuple(hidden_states[:kept])
+        if self.streamer is not None and kept:
+            self.streamer.put(torch.tensor([token_list[:kept]], dtype=torch.long))
+        return kept
+
+
+def target_hidden(outputs, layers: tuple[int, ...], index: torch.Tensor | None = None) -> TargetHidden | None:
+    """The drafter's requested hidden states from a target forward, at token positions `index` (all if None)."""
+    if not layers:
+        return None
+    # index_select, not advanced indexing: the same copy with a fraction of the host-side dispatch (every step).
+    states = tuple(outputs.hidden_states[i] if index is None else outputs.hidden_states[i].index_select(1, index)
+                   for i in layers)
+    return TargetHidden(layers=layers, states=states)
+
+
+def prompt_outputs(out, want_attentions: bool, want_states: bool) -> tuple[list | None, list | None]:
+    """The first generated token's attentions / hidden states, as stock generate keeps them: the prefill's, over the
+    whole prompt (attentions [1, H, P, P] per attention layer, hidden states [1, P, D] per layer)."""
+    attentions = [tuple(out.attentions)] if want_attentions else None
+    states = [tuple(out.hidden_states)] if want_states else None
+    return attentions, states
+
+
+def path_outputs(out, result: VerifyResult, prefix_length: int, want_attentions: bool,
+                  want_states: bool) -> tuple[list | None, list | None]:
+    """Per committed token, the verify forward's attentions and hidden states at the node that chose it, as a chain
+    forward would have produced them: the node's row, and of its attention row the committed prefix and the node's
+    own root path in order (a chain's keys), never the other branches' columns.
+
+    Token k was chosen at node path[k] (accepted draft tokens, then the bonus token at the leaf): its attention row is
+    [1, H, 1, prefix_length + k + 1], its hidden states [1, 1, D] per layer."""
+    attentions = [] if want_attentions else None
+    states = [] if want_states else None
+    path = result.path
+    if want_attentions:
+        device = next((a.device for a in out.attentions if a is not None), None)
+        nodes = torch.tensor(path, dtype=torch.long)
+        columns = torch.cat([torch.arange(prefix_length), prefix_length + nodes]).to(device) if device else None
+    for k, node in enumerate(result.score_nodes):
+        if node != path[k]:
+            raise RuntimeError(f"token {k} was chosen at node {node}, off the accepted path {path}")
+        if want_attentions:
+            keep = columns[: prefix_length + k + 1] if columns is not None else None
+            attentions.append(tuple(None if a is None else a[:, :, node : node + 1].index_select(-1, keep)
+                                    for a in out.attentions))
+        if want_states:
+            states.append(tuple(h[:, node : node + 1] for h in out.hidden_states))
+    return attentions, states

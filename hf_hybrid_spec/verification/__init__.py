@@ -1,0 +1,15 @@
+"""Verification rules behind one interface (`base.Verifier`): exact greedy and sampling (`exact`), and the lossy,
+opt-in arbitrated rules (`arbitrated`: CoSpec, FLy, typical acceptance)."""
+
+from .base import FirstToken, StepInputs, Verifier
+from .exact import ExactVerifier, process_tree_logits, verify_greedy, verify_sampling
+
+__all__ = ["Verifier", "FirstToken", "StepInputs", "ExactVerifier", "process_tree_logits", "verify_greedy",
+           "verify_sampling", "make_verifier"]
+
+
+def make_verifier(config, do_sample: bool, drafter) -> Verifier:
+    """The rule `config.verification` names, for one request (`registry.VERIFICATIONS`)."""
+    from ..registry import VERIFICATIONS
+
+    return VERIFICATIONS.get(config.verification)(config, do_sample, drafter)
