@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import hf_hybrid_spec as H
-    from hf_hybrid_spec.verify import VerifyResult
+    from hf_hybrid_spec.tree import VerifyResult
 
     gate(args.seed)
     span = args.prompt_tokens + args.output_tokens

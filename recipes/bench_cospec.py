@@ -29,9 +29,10 @@ import torch
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # bench.balanced_order
+from bench import balanced_order
 from cospec_task import load_task, method_config, run_method
 
-from hf_hybrid_spec.bench import balanced_order
 from hf_hybrid_spec.cospec import ConstantArbiter, CoSpecArbiter
 
 SPEC_METHODS = ("lossless", "fly", "typical", "cospec")
@@ -131,7 +132,7 @@ def main(argv=None):
     p.add_argument("--limit", type=int, default=200, help="first N examples of the split")
     p.add_argument("--models", nargs=2, default=["../shared/models/qwen3_5-small", "../shared/models/falcon_h1-small"],
                    help="the two fixtures (same tokenizer); each drafts for the other")
-    p.add_argument("--arbiters", default="examples/arbiters", help="folder of trained arbiters, one per pairing")
+    p.add_argument("--arbiters", default="checkpoints/arbiters", help="folder of trained arbiters, one per pairing")
     p.add_argument("--max-depth", type=int, default=6, help="draft chain length")
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--fly-window", type=int, default=3, help="FLy's window (FLy: 6 for 15-token drafts)")

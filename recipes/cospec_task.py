@@ -1,4 +1,4 @@
-"""Line-level code completion on real Python files: a verifiable task for CoSpec (issue #9), built offline.
+"""Line-level code completion on real Python files: a verifiable task for CoSpec, built offline.
 
     python recipes/cospec_task.py --out cospec_data            # build train / validation / test
     python recipes/cospec_task.py --out cospec_data --show 3   # and print a few examples

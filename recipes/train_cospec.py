@@ -1,7 +1,7 @@
-"""Train a CoSpec arbiter by policy-gradient RL on rollouts of speculative generation (issue #9).
+"""Train a CoSpec arbiter by policy-gradient RL on rollouts of speculative generation.
 
     python recipes/train_cospec.py --target ../shared/models/qwen3_5-small --draft ../shared/models/falcon_h1-small \
-        --task cospec_data --out examples/arbiters/qwen3_5-small_drafted-by_falcon_h1-small --max-minutes 35
+        --task cospec_data --out checkpoints/arbiters/qwen3_5-small_drafted-by_falcon_h1-small --max-minutes 35
 
 What one step does:
 

@@ -1,12 +1,12 @@
 """Train the HVD payoff predictor for a target and its model drafter: collect labels, train, evaluate, save.
 
     python recipes/train_payoff.py --target ../shared/models/qwen3_5-small \\
-        --eagle examples/drafters/qwen3_5-small-eagle3 --out examples/payoff/qwen3_5-small --work runs/payoff-qwen
+        --eagle checkpoints/drafters/qwen3_5-small-eagle3 --out checkpoints/payoff/qwen3_5-small --work runs/payoff-qwen
 
 Stages (`--stages`, default all; `collect` is skipped when `--work` already holds data collected with the same
 settings):
 
-1. collect: label collection. The train-split sessions of the workload suite (`hf_hybrid_spec.hvd.workloads`,
+1. collect: label collection. The train-split sessions of the workload suite (`benchmarks/workloads.py`,
    built offline from bfcl-eval and the built-in code prompts; never networkx, sympy or pandas) run through
    `speculative_generate` with a `HybridDrafter` in collection mode (`CollectPolicy`): every step the cache
    (suffix) drafter and the model drafter both propose, the target verifies ONE tree merging the two, and the step
@@ -33,11 +33,19 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
+
+# The workload suite and the session runner live with the benchmarks (the suite is also what they run).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from sessions import LABEL_COLUMNS, record_rows, timed_generate
+from workloads import load_suite
 
 from hf_hybrid_spec import AssistantConfig
 from hf_hybrid_spec.drafters import clear_global_suffix_cache, make_drafter
@@ -49,10 +57,8 @@ from hf_hybrid_spec.hvd import (
     PayoffPredictor,
     PayoffPredictorConfig,
 )
-from hf_hybrid_spec.hvd.drafter import make_model_drafter
+from hf_hybrid_spec.hvd.factory import make_model_drafter
 from hf_hybrid_spec.hvd.metrics import payoff_metrics, plot_calibration
-from hf_hybrid_spec.hvd.sessions import LABEL_COLUMNS, record_rows, timed_generate
-from hf_hybrid_spec.hvd.workloads import load_suite
 
 logger = logging.get_logger("train_payoff")
 
@@ -64,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", required=True, help="target model directory or Hub id")
     p.add_argument("--eagle", default=None, help="EAGLE-3 drafter (EagleDrafter directory / Hub id) for the target")
     p.add_argument("--assistant", default=None, help="or an assistant causal LM as the model drafter")
-    p.add_argument("--workloads", default="examples/payoff/workloads.json", help="the workload suite's JSON file")
+    p.add_argument("--workloads", default="benchmarks/workloads.json", help="the workload suite's JSON file")
     p.add_argument("--out", required=True, help="where the trained predictor is saved (Hub format)")
     p.add_argument("--work", required=True, help="working directory: collected data, trainer checkpoints")
     p.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The one device runner, on the lent GPU machine: `bash scripts/device.sh SUITE` after `bash scripts/device_prepare.sh
+# FIXTURE [BASE_REF]` here (carry [".carry"]). Each suite is the commands behind one section of docs/benchmarks.md.
+#
+#   kernels   the GPU kernel tests at real sizes, then the tree kernels launched from Python and inside CUDA graphs
+#   e2e       one request end to end: stock eager, stock static+compile, AssistantConfig() as it comes (compile="auto"),
+#             suffix and EAGLE with CUDA graphs (+graphs) and the fused verify (+fused)
+#   base      the same benchmark (suffix and EAGLE) with the code of an earlier commit in .carry/base: run right after
+#             e2e on the same machine for an A/B of the two versions
+#   hvd       Hybrid Verified Decoding on the agentic workload suite
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_env.sh
+E2E="--dtype bfloat16 --stock-static --skip-gate --allow-mismatch --num-prompts 8 --prompt-tokens 400 --max-new-tokens 128"
+case "${1:-}" in
+  kernels)
+    # -P: not the working directory first on the path (its hf_hybrid_spec/ lacks the kernels of the installed copy)
+    run 400 kernel_tests python3 -P -m pytest -q tests/kernels/test_kernels_gpu.py tests/kernels/test_tree_attention.py
+    run 300 tree_kernels python3 benchmarks/tree_kernels.py --cuda-graph --ops gdn mamba2 --batch 1 8 --nodes 16 64 \
+        --out "$OUT/kbench" ;;
+  e2e)
+    TAILN=14 run 560 e2e python3 benchmarks/bench.py --model "$M" --drafters default suffix "eagle:$D" \
+        --compiled-only --compile-verify $E2E --out "$OUT/e2e" ;;
+  base)
+    [ -d .carry/base ] || { echo "no .carry/base: bash scripts/device_prepare.sh FIXTURE BASE_REF"; exit 2; }
+    echo "base: $(cat .carry/base/REF)"
+    # Before the benchmarks moved out of the package, the bench was a module of it.
+    if [ -f .carry/base/benchmarks/bench.py ]; then B=(python3 .carry/base/benchmarks/bench.py); else B=(python3 -m hf_hybrid_spec.bench); fi
+    TAILN=14 base 560 e2e_base "${B[@]}" --model "$M" --drafters suffix "eagle:$D" --compiled-only --compile-verify \
+        $E2E --out "$OUT/e2e_base" ;;
+  hvd)
+    TAILN=30 run 560 hvd python3 benchmarks/hvd_bench.py --model "$M" --eagle "$D" --compile --compile-drafter \
+        --compile-verify --dtype bfloat16 --workload code_edit tool_calls agent_loop --methods suffix eagle threshold \
+        hvd --sessions-per-workload 6 --repeats 3 --max-minutes 8 --out "$OUT/hvd" ;;
+  *)
+    echo "usage: bash scripts/device.sh kernels|e2e|base|hvd"; exit 2 ;;
+esac
