@@ -1,5 +1,13 @@
-import functools
+"""Shared pytest setup: the Triton interpreter on CPU machines, this folder and benchmarks/ importable (the shared
+helpers are in `helpers.py`), a fixed seed per test, and the `one_thread` fixture.
+
+Markers: `slow` (seconds each: fixtures, statistical tests, recipes, concurrency, subprocesses) and `gpu`. A quick run
+of the rest: `python -m pytest -q tests -m "not slow"`.
+"""
+
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -8,31 +16,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+TESTS = Path(__file__).resolve().parent
+for path in (TESTS, TESTS.parent / "benchmarks"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
 import pytest  # noqa: E402
-
-from hf_hybrid_spec.testing import fixture_path  # noqa: E402
-
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-@functools.cache
-def _load_fixture(name: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = fixture_path(name)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
-
-
-def load_fixture(name: str):
-    """(model, tokenizer) of a trained fixture; skips where ../shared/models is absent, fails in CI."""
-    if fixture_path(name) is None:
-        message = f"fixture model {name} not found (expected in ../shared/models)"
-        if IN_CI:
-            pytest.fail(message + " and CI=true: the fixtures must be present in CI")
-        pytest.skip(message)
-    return _load_fixture(name)
 
 
 @pytest.fixture(autouse=True)

@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import BUILTIN_DRAFTERS, drafter_kwargs, load_fixture
 
 import hf_hybrid_spec as H
-from hf_hybrid_spec import static
+from hf_hybrid_spec.engine import static
 from hf_hybrid_spec.testing import FIXTURES, tiny_model
 
-from conftest import load_fixture
-from drafting import BUILTIN_DRAFTERS, drafter_kwargs
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROMPT = ("def moving_average(values, window):\n    total = sum(values[:window])\n    out = [total / window]\n"
           "    for i in range(window, len(values)):\n        total += values[i] - values[i - window]\n")
 
@@ -34,13 +32,14 @@ def fixture_drafter_kwargs(name, target_name, target, compile):
     if name in ("eagle", "hvd"):
         from hf_hybrid_spec.eagle import EagleDrafter
 
-        draft = EagleDrafter.from_pretrained(REPO / "examples" / "drafters" / f"{target_name}-eagle3").eval()
+        draft = EagleDrafter.from_pretrained(REPO / "checkpoints" / "drafters" / f"{target_name}-eagle3").eval()
     elif name == "model":
         draft = load_fixture(next(f for f in FIXTURES if f != target_name))[0]
     return drafter_kwargs(name, target, compile=compile, draft_model=draft)
 
 
 # ---------------------------------------------------------------------- concurrent calls
+@pytest.mark.slow
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compile"])
 @pytest.mark.parametrize("name", FIXTURES)
 def test_every_drafter_beside_plain_generate_and_every_other_drafter(name, compile):
@@ -98,7 +97,7 @@ def test_self_speculation_changes_nothing_another_thread_sees(family):
 def test_the_suffix_cache_stays_within_its_token_budget_over_many_calls():
     """1,000 calls with varied prompts: the process-wide cache holds at most its token budget, its size estimate
     per token stays small, and the process's memory stops growing once the budget is full."""
-    from hf_hybrid_spec.verify import VerifyResult
+    from hf_hybrid_spec.tree import VerifyResult
 
     if not os.path.exists("/proc/self/statm"):
         pytest.skip("reads the resident set size from /proc")

@@ -2,12 +2,12 @@
 the Triton kernel against the reference (interpreter on CPU, compiled on a GPU), and a model's forward with its
 attention routed to the kernel against the same forward on sdpa."""
 
+import helpers  # noqa: F401  (on CPU: runs Triton in the interpreter, set before the kernel module loads)
 import pytest
 import torch
-import test_kernels  # noqa: F401  (on CPU: runs Triton in the interpreter, set before the kernel module loads)
-
 from hf_hybrid_spec.kernels.attention import torch_tree_attention
 from hf_hybrid_spec.kernels.attention.triton_tree import triton_tree_attention
+
 from hf_hybrid_spec.models import get_adapter, tree_attention
 from hf_hybrid_spec.testing import tiny_model
 
@@ -28,6 +28,7 @@ def tree_inputs(b, hq, hkv, n, length, d, dtype, seed=0, visible=0.4):
     return q, k, v, mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("b,hq,hkv,n,length,d", [
     (1, 8, 2, 8, 100, 64),     # grouped heads, the 8-node bucket
     (2, 4, 4, 5, 70, 48),      # no grouping, head dim not a power of 2, two rows of the batch
@@ -117,12 +118,14 @@ def test_kernel_applies_only_where_the_kernel_computes_the_same():
         assert not tree_attention.kernel_applies(q, k, k, mask[..., :5], 0.0, {})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
 def test_compile_verify_with_the_attention_kernel_matches_plain_greedy(family, monkeypatch):
     """The static runner's fused verify forward with its attention on the kernel (forced on the CPU: the
     interpreter; the runner's own tree mask over its static slots, every bucket): stock greedy's output."""
+    from helpers import RandomTreeDrafter
+
     import hf_hybrid_spec as H
-    from drafting import RandomTreeDrafter
 
     calls = []
 

@@ -2,12 +2,10 @@
 
 import pytest
 import torch
+from helpers import RandomTreeDrafter, load_fixture
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec.testing import tiny_model
-
-from conftest import load_fixture
-from drafting import RandomTreeDrafter
 
 CUDA = torch.cuda.is_available()
 
@@ -16,6 +14,7 @@ def ids_of(n=12, seed=0, vocab=96):
     return torch.randint(2, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_next", "falcon_h1", "bamba", "lfm2", "llama"])
 def test_static_path_matches_plain_greedy(family):
     model = tiny_model(family)
@@ -68,6 +67,7 @@ def test_static_cache_rejects_overflow_and_config_checks():
     assert H.AssistantConfig.from_dict(cfg.to_dict()) == cfg
 
 
+@pytest.mark.slow
 @pytest.mark.fixture
 @pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
 def test_static_path_on_fixtures(name):
@@ -103,7 +103,7 @@ def test_static_runner_is_reused_across_requests():
         out = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None,
                              custom_generate=H.speculative_generate, assistant_config=cfg)
         assert torch.equal(out, ref)
-    from hf_hybrid_spec.static import _RUNNERS
+    from hf_hybrid_spec.engine.static import _RUNNERS
 
     assert len(_RUNNERS[model]) == 1  # one runner (and one set of graphs on GPU) serves every request
     runner = next(iter(_RUNNERS[model].values()))
@@ -121,6 +121,7 @@ def test_static_runner_is_reused_across_requests():
     assert len(_RUNNERS[model]) == 2 and runner in _RUNNERS[model].values()
 
 
+@pytest.mark.slow
 def test_concurrent_calls_never_share_a_static_runner():
     """Two threads generating with compile=True on one model: each call gets a runner (static cache) of its own while
     the other runs; outputs equal stock greedy. Sharing one crashed or mixed the two requests' caches."""
@@ -147,7 +148,7 @@ def test_concurrent_calls_never_share_a_static_runner():
     for t in threads:
         t.join()
     assert not errors and same == [True] * 9, (errors, same)
-    from hf_hybrid_spec.static import _RUNNERS
+    from hf_hybrid_spec.engine.static import _RUNNERS
 
     assert not any(r.in_use for r in _RUNNERS[model].values())  # every lease was returned
 
@@ -157,7 +158,7 @@ def test_a_call_that_raises_leaves_the_runner_usable():
     reuses it (no fresh capture) with the right output."""
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    from hf_hybrid_spec.static import _RUNNERS
+    from hf_hybrid_spec.engine.static import _RUNNERS
 
     class Boom(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
@@ -185,9 +186,9 @@ def test_capture_paths_run_on_cpu_with_stand_in_graphs(monkeypatch):
     replay computes nothing.)"""
     import contextlib
 
-    from hf_hybrid_spec import static as S
     from hf_hybrid_spec.eagle import EagleDrafter
     from hf_hybrid_spec.eagle import static as ES
+    from hf_hybrid_spec.engine import static as S
 
     class Stream:
         def __init__(self, *args, **kwargs):
@@ -249,7 +250,7 @@ def _random_draft(n, seed, vocab=96):
 
 def _committed(cache, length):
     """Everything a commit may change, cut to the committed length: KV and recurrent/conv states."""
-    from hf_hybrid_spec.cache import _kv_length
+    from hf_hybrid_spec.cache.layers import kv_length as _kv_length
 
     out = []
     for layer in cache.layers:
@@ -264,8 +265,8 @@ def _committed(cache, length):
 def test_static_commit_matches_the_dynamic_commit(family):
     """The runner's fixed-shape commit (what its CUDA graph replays) keeps exactly what `HybridTreeCache.commit`
     keeps, for random trees and leaves; leaf = -1 (the warm-up before capture) changes nothing committed."""
+    from hf_hybrid_spec.engine.static import StaticTreeRunner
     from hf_hybrid_spec.forward import forward_tokens, forward_tree
-    from hf_hybrid_spec.static import StaticTreeRunner
     from hf_hybrid_spec.tree import build_verify_tree
 
     model = tiny_model(family)

@@ -6,11 +6,7 @@ sequential recurrence (transformers' own reference implementations); leaf = -1 m
 for bit unchanged. Real-size GPU checks live in test_kernels_gpu.py.
 """
 
-import contextlib
 import inspect
-import os
-import sys
-import types
 
 import pytest
 import torch
@@ -18,41 +14,14 @@ import torch.nn.functional as F
 
 triton = pytest.importorskip("triton")
 
-
-def _interpret_triton_stdlib() -> None:
-    """Make triton's own @jit helpers (tl.sum, tl.max, tl.sigmoid, ...) runnable by the interpreter.
-
-    Triton picks interpreter or compiler per function when it is decorated, and transformers imports
-    torch._dynamo, which imports triton, so by the time this module runs (after conftest) triton.language is
-    usually loaded in compiled mode. Wrapping its @jit functions the way an interpreted import would have
-    done fixes that; it is a no-op when TRITON_INTERPRET=1 was set before anything imported triton.
-    """
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    wrapped: dict = {}
-    for name, module in list(sys.modules.items()):
-        if name.startswith("triton.language") and isinstance(module, types.ModuleType):
-            for attr, obj in list(vars(module).items()):
-                if isinstance(obj, JITFunction):
-                    setattr(module, attr, wrapped.setdefault(id(obj), InterpretedFunction(obj.fn)))
-
-
-# Where a GPU exists these tests run compiled on it; on CPU they run in the Triton interpreter, chosen before
-# the kernel modules below are imported (triton decides per function at decoration time).
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-    _interpret_triton_stdlib()
-
+# helpers sets up the Triton interpreter on CPU, before the kernel modules below are imported.
+from helpers import DEVICE, TOL, assert_close, chain, random_leaf, random_tree, run
 from hf_hybrid_spec.kernels import tree
 from hf_hybrid_spec.kernels.conv import triton_tree as conv_triton
 from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_triton
 from hf_hybrid_spec.kernels.mamba2 import triton_tree as mamba2_triton
 
 from hf_hybrid_spec import kernels
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = 1e-4  # relative error (Frobenius norm) in fp32
 
 GDN_TREE = {
     "naive": (kernels.naive_tree_gated_delta_rule, kernels.naive_commit_gated_delta_rule),
@@ -69,76 +38,6 @@ MAMBA2_TREE = {
     "torch": (kernels.torch_tree_mamba2, kernels.torch_commit_mamba2),
     "triton": (mamba2_triton.triton_tree_mamba2, mamba2_triton.triton_commit_mamba2),
 }
-
-
-def random_tree(bsz: int, n: int, depth: int, seed: int) -> torch.Tensor:
-    """[B, N] parent pointers in topological order, random branching, at most `depth` levels.
-
-    Half the nodes extend the newest node that may still grow, so deep branches appear; the rest attach
-    uniformly to the committed state or any node above the depth limit.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    parent = torch.full((bsz, n), -1, dtype=torch.long)
-    for b in range(bsz):
-        level: list[int] = []
-        for i in range(n):
-            growable = [j for j in range(i) if level[j] < depth - 1]
-            if growable and torch.rand((), generator=gen) < 0.5:
-                p = growable[-1]
-            else:
-                choices = [-1] + growable
-                p = choices[int(torch.randint(len(choices), (), generator=gen))]
-            parent[b, i] = p
-            level.append(0 if p < 0 else level[p] + 1)
-    assert int(tree.node_depth(parent).max()) <= depth - 1
-    return parent.to(DEVICE)
-
-
-def chain(bsz: int, n: int) -> torch.Tensor:
-    return (torch.arange(n) - 1).expand(bsz, n).contiguous().to(DEVICE)
-
-
-def random_leaf(bsz: int, n: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    leaf = torch.randint(-1, n, (bsz,), generator=gen)
-    if bsz > 1:
-        # At least one row accepts nothing and one accepts a node.
-        leaf[0], leaf[-1] = -1, max(int(leaf[-1]), 0)
-    return leaf.to(DEVICE)
-
-
-def rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, tol: float = TOL) -> None:
-    assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
-    assert torch.isfinite(out).all(), f"{name}: non-finite values (an unwritten, NaN-poisoned element?)"
-    err = rel_err(ref, out)
-    assert err < tol, f"{name}: relative error {err:.3e} >= {tol:.0e}"
-
-
-@contextlib.contextmanager
-def poisoned_allocations():
-    """torch.empty / torch.empty_like return NaN-filled float tensors: an element a kernel does not write
-    stays NaN and fails `assert_close`."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def poison(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch, "empty", lambda *a, **kw: poison(real_empty(*a, **kw)))
-        mp.setattr(torch, "empty_like", lambda *a, **kw: poison(real_empty_like(*a, **kw)))
-        yield
-
-
-def run(backend: str, fn, *args, **kwargs):
-    if backend == "triton":
-        with poisoned_allocations():
-            return fn(*args, **kwargs)
-    return fn(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -220,7 +119,7 @@ def test_gated_delta_rule_chain_is_the_recurrence(backend):
     # Value heads share key heads (HV = 2H): repeated here, since transformers 5.17's reference takes one key head per
     # value head (its callers repeat; 5.24's repeats itself). Run 49, on 5.17, failed all three backends without it.
     # transformers' own torch function, unwrapped: where fla is installed, its hub decorator dispatches the name to
-    # fla's fused kernel (other conventions; on the H200, runs 50 and 52, that is what this test compared against).
+    # fla's fused kernel (other conventions; on the H200 that is what this test compared against).
     reference = inspect.unwrap(qwen.torch_recurrent_gated_delta_rule)
     rep = hv // h
     o_ref, s_ref = reference(

@@ -1,4 +1,4 @@
-"""Hybrid Verified Decoding (issue #6): greedy identity under every policy (tiny configs and both fixtures), the
+"""Hybrid Verified Decoding: greedy identity under every policy (tiny configs and both fixtures), the
 payoff predictor's Hub round trip, the label-collection mode against known accepted lengths, the model drafter kept
 in step while skipped, draft merging, the cost model, the workload suite, metrics and bad input."""
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_fixture
+from helpers import load_fixture
+from workloads import AGENTIC, WORKLOADS, load_suite  # benchmarks/workloads.py
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec.drafters import DraftBudget, Drafter, SuffixDrafter, TargetHidden
@@ -29,14 +30,12 @@ from hf_hybrid_spec.hvd import (
     profile_costs,
     realized_payoff,
 )
-from hf_hybrid_spec.hvd.drafter import make_model_drafter
+from hf_hybrid_spec.hvd.factory import make_model_drafter
 from hf_hybrid_spec.hvd.metrics import payoff_metrics, spearman
-from hf_hybrid_spec.hvd.workloads import AGENTIC, WORKLOADS, load_suite
 from hf_hybrid_spec.testing import tiny_model
-from hf_hybrid_spec.tree import DraftTree, chain_tree, empty_draft
-from hf_hybrid_spec.verify import VerifyResult
+from hf_hybrid_spec.tree import DraftTree, VerifyResult, chain_tree, empty_draft
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 96
 COST = CostProfile(tree_sizes=[1, 8, 32], verify_seconds=[1.0, 1.1, 1.6], cache_draft_seconds=0.01,
                    model_draft_seconds=0.4)
@@ -76,6 +75,7 @@ def hybrid(target, eagle, policy, record=False, merge=True):
 
 
 # ---------------------------------------------------------------------- greedy identity, tiny configs
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
 def test_every_policy_matches_plain_greedy(family, saved_predictor):
     target = tiny_model(family)
@@ -149,11 +149,12 @@ FIXTURE_PROMPT = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.fixture
 @pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
 def test_fixtures_match_plain_greedy_under_each_policy(name, saved_predictor):
     model, tok = load_fixture(name)
-    trained = REPO_ROOT / "examples" / "payoff" / name
+    trained = REPO_ROOT / "checkpoints" / "payoff" / name
     predictor = trained if (trained / "config.json").is_file() else saved_predictor
     torch.manual_seed(0)
     eagle = EagleDrafter.from_target(model, draft_vocab_size=1024)
@@ -462,7 +463,7 @@ def test_profile_prices_the_model_drafters_catch_up(lazy):
 
 # ---------------------------------------------------------------------- workloads and metrics
 def test_workload_suite_is_built_and_split():
-    suite = load_suite(REPO_ROOT / "examples" / "payoff" / "workloads.json")
+    suite = load_suite(REPO_ROOT / "benchmarks" / "workloads.json")
     sizes = suite.sizes()
     assert set(sizes) == set(WORKLOADS)
     for workload in WORKLOADS:
@@ -480,7 +481,7 @@ def test_workload_suite_is_built_and_split():
 def test_workload_builder_needs_bfcl(monkeypatch):
     import builtins
 
-    from hf_hybrid_spec.hvd import workloads
+    import workloads
 
     real_import = builtins.__import__
 

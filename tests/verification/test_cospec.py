@@ -1,4 +1,4 @@
-"""CoSpec and the training-free lossy rules (issue #9): exactness at both ends, the rules, the arbiter model, the recipe.
+"""CoSpec and the training-free lossy rules: exactness at both ends, the rules, the arbiter model, the recipe.
 
 - verification="lossless" is untouched: greedy identity with plain generate, no arbiter counts.
 - An arbiter that never keeps the draft's token reproduces lossless greedy output exactly; one that always keeps
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_fixture
+from helpers import load_fixture
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec.cospec import (
@@ -25,12 +25,12 @@ from hf_hybrid_spec.cospec import (
     Mismatch,
     SamplingArbiter,
     TypicalAcceptance,
-    verify_arbitrated,
 )
 from hf_hybrid_spec.testing import tiny_model
 from hf_hybrid_spec.tree import DraftTree, build_verify_tree
+from hf_hybrid_spec.verification.arbitrated import verify_arbitrated
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PAIRS = [("qwen3_5_text", "falcon_h1"), ("falcon_h1", "qwen3_5_text")]
 
 
@@ -54,6 +54,7 @@ def tiny_pairs():
 
 
 # ---------------------------------------------------------------------------------------------------- exactness
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}-by-{p[1]}")
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_constant_arbiters_reproduce_both_endpoints(tiny_pairs, pair, top_k):
@@ -79,6 +80,7 @@ def test_constant_arbiters_reproduce_both_endpoints(tiny_pairs, pair, top_k):
         assert stats.mean_accepted_length > lossless.spec_stats.mean_accepted_length
 
 
+@pytest.mark.slow
 @pytest.mark.fixture
 @pytest.mark.parametrize("names", [("qwen3_5-small", "falcon_h1-small"), ("falcon_h1-small", "qwen3_5-small")],
                          ids=lambda n: f"{n[0]}-by-{n[1]}")
@@ -244,6 +246,7 @@ def test_bad_configurations_are_refused(tiny_pairs):
 
 
 # ---------------------------------------------------------------------------------------------------- recipe
+@pytest.mark.slow
 def test_recipe_runs_a_few_steps_on_tiny_models(tmp_path):
     sys.path.insert(0, str(REPO / "recipes"))
     try:

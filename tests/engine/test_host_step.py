@@ -1,19 +1,19 @@
-"""The host side of a step, made cheaper for HVD's per-step cost (issue #6): drafts built from lists, their memoized
+"""The host side of a step, made cheaper for HVD's per-step cost: drafts built from lists, their memoized
 host lists, the list walk of `realized_payoff`, the lazily sliced history hidden states, and the one-launch copy of
 the history rows (`kernels.rows`; Triton in the interpreter on CPU, compiled on a GPU)."""
 
 import dataclasses
 import random
 
+import helpers  # noqa: F401  (on CPU: runs Triton in the interpreter, set before the kernel module loads)
 import pytest
 import torch
-import test_kernels  # noqa: F401  (on CPU: runs Triton in the interpreter, set before the kernel module loads)
+from hf_hybrid_spec.kernels.rows import gather_rows, torch_gather_rows
+from hf_hybrid_spec.kernels.triton_rows import triton_gather_rows
 
 from hf_hybrid_spec.drafters import DraftBudget, HistoryHidden, TargetHidden
 from hf_hybrid_spec.drafters.suffix import SuffixDrafter
 from hf_hybrid_spec.hvd.merge import realized_payoff
-from hf_hybrid_spec.kernels.rows import gather_rows, torch_gather_rows
-from hf_hybrid_spec.kernels.triton_rows import triton_gather_rows
 from hf_hybrid_spec.tree import DraftTree
 
 CUDA = torch.cuda.is_available()

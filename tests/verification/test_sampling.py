@@ -15,7 +15,7 @@ import hf_hybrid_spec as H
 from hf_hybrid_spec.drafters import Drafter
 from hf_hybrid_spec.testing import tiny_model
 from hf_hybrid_spec.tree import DraftTree, build_verify_tree
-from hf_hybrid_spec.verify import verify_sampling
+from hf_hybrid_spec.verification import verify_sampling
 
 V = 8
 
@@ -116,6 +116,7 @@ def sampled_pairs(model, ids, n, **kw):
     return counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,mode", [("falcon_h1", "chain"), ("qwen3_5_text", "tree"), ("jamba", "tree")],
                          ids=["falcon_h1-chain-sampled-q", "qwen3_5-deterministic-tree", "jamba-deterministic-tree"])
 def test_generate_sampling_matches_target_distribution(family, mode):
@@ -133,6 +134,7 @@ def test_generate_sampling_matches_target_distribution(family, mode):
     assert chi2_pvalue(counts, sharper) < 1e-3
 
 
+@pytest.mark.slow
 def test_plain_sampling_passes_the_same_harness():
     """Calibrates the harness: stock sampling passes the test that speculative sampling must pass."""
     model = tiny_model("falcon_h1", vocab_size=V, seed=3)

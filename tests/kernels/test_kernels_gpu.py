@@ -14,7 +14,7 @@ Tolerances (relative Frobenius error vs the fp32 naive recurrence on the same, a
 
 import pytest
 import torch
-from test_kernels import assert_close, poisoned_allocations, random_leaf, random_tree
+from helpers import assert_close, poisoned_allocations, random_leaf, random_tree
 
 from hf_hybrid_spec import kernels
 

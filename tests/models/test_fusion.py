@@ -2,12 +2,11 @@
 
 import pytest
 import torch
+from helpers import RandomTreeDrafter
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec import fusion
 from hf_hybrid_spec.testing import tiny_model
-
-from drafting import RandomTreeDrafter
 
 CUDA = torch.cuda.is_available()
 
@@ -73,7 +72,7 @@ def test_compile_verify_matches_plain_greedy(family):
     assert torch.equal(out.sequences, ref)
     assert out.spec_stats.static
     # The runner was built to fuse; outside its forwards the model runs as it is (no override left active).
-    from hf_hybrid_spec.static import _RUNNERS
+    from hf_hybrid_spec.engine.static import _RUNNERS
 
     assert any(r.fuse for r in _RUNNERS[model].values())
     assert torch.equal(model.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None), ref)
@@ -178,7 +177,8 @@ def _in_regions(fn):
 @pytest.mark.parametrize("family,mlp,forward", [("qwen3_5_text", "Qwen3_5MLP", "gated_silu_mlp"),
                                                 ("falcon_h1", "FalconH1MLP", "multiplied_gated_silu_mlp")])
 def test_adapters_run_their_mlps_with_parallel_projections_in_fused_regions(family, mlp, forward):
-    from hf_hybrid_spec.models import get_adapter, mlp as mlps
+    from hf_hybrid_spec.models import get_adapter
+    from hf_hybrid_spec.models import mlp as mlps
 
     model = tiny_model(family)
     forwards = get_adapter(model).fused_forwards(model)

@@ -9,11 +9,10 @@ package promises: those fields equal stock greedy's tensor for tensor, for chain
 
 import pytest
 import torch
+from helpers import RandomTreeDrafter
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec.testing import TINY_FAMILIES, tiny_model, tiny_vlm
-
-from drafting import RandomTreeDrafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEXT_FAMILIES = sorted(TINY_FAMILIES)
@@ -147,12 +146,13 @@ def test_outputs_equal_stock_greedy_tensor_for_tensor(family, shape):
                 torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compile"])
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 def test_a_prompt_with_an_image_under_every_drafter(family, compile):
     """The vision encoder runs once (stock generate runs it before decoding), the prompt's multimodal positions are
     continued by every draft: identity with plain generate for each built-in drafter."""
-    from drafting import BUILTIN_DRAFTERS, drafter_kwargs
+    from helpers import BUILTIN_DRAFTERS, drafter_kwargs
 
     model, inputs = tiny_vlm(family)
     ref = model.generate(**inputs, max_new_tokens=16, do_sample=False, eos_token_id=None)

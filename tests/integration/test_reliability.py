@@ -5,14 +5,14 @@ import threading
 
 import pytest
 import torch
+from helpers import BUILTIN_DRAFTERS, char_tokenizer, drafter_kwargs
 from transformers import GenerationConfig
 
 import hf_hybrid_spec as H
-from hf_hybrid_spec import kernels, static
+from hf_hybrid_spec import kernels
 from hf_hybrid_spec.drafters import Drafter
+from hf_hybrid_spec.engine import static
 from hf_hybrid_spec.testing import tiny_model
-
-from drafting import BUILTIN_DRAFTERS, drafter_kwargs, char_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from hf_hybrid_spec.kernels import use_backend
 from transformers import DynamicCache
 
 from hf_hybrid_spec import HybridTreeCache, get_adapter
 from hf_hybrid_spec.forward import forward_tokens, forward_tree
-from hf_hybrid_spec.kernels import use_backend
 from hf_hybrid_spec.testing import TINY_FAMILIES, tiny_model
 from hf_hybrid_spec.tree import DraftTree, build_verify_tree
 

@@ -1,4 +1,4 @@
-"""EAGLE-3 drafter (issue #4): greedy identity, drafting math vs a step-by-step reference, training-time test
+"""EAGLE-3 drafter: greedy identity, drafting math vs a step-by-step reference, training-time test
 vs inference, Hub format round trip, bad input, and the training recipe end to end."""
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_fixture
+from helpers import load_fixture
 from safetensors import safe_open
 
 import hf_hybrid_spec as H
@@ -18,9 +18,9 @@ from hf_hybrid_spec.drafters import DraftBudget, TargetHidden
 from hf_hybrid_spec.eagle import EagleConfig, EagleDrafter, EagleTreeDrafter, default_aux_layers
 from hf_hybrid_spec.eagle.training import target_batch, ttt_loss
 from hf_hybrid_spec.testing import tiny_config, tiny_model
-from hf_hybrid_spec.verify import VerifyResult
+from hf_hybrid_spec.tree import VerifyResult
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ["qwen3_5_text", "falcon_h1"]
 VOCAB = 96
 
@@ -191,6 +191,7 @@ class RecordingEagle(EagleTreeDrafter):
         super().end(input_ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_identity_random_and_trained_chain_and_tree(family):
     target = tiny_model(family)
@@ -286,6 +287,7 @@ def test_static_cache_implies_static_eagle_drafting_and_compile_drafter_needs_it
     assert torch.equal(target.generate(ids, assistant_config=cfg.replace(compile_drafter=True), **kw), ref)
 
 
+@pytest.mark.slow
 def test_compile_drafter_on_cpu_drafts_the_same_trees():
     """compile_drafter=True without graphs (CPU): the Inductor-compiled passes run as they are; same output, same
     accepted length at every step as the plain static drafting."""
@@ -306,6 +308,7 @@ def test_compile_drafter_on_cpu_drafts_the_same_trees():
     assert store._fused_budgets and store._fused_advance is not None  # the compiled passes ran, none fell back
 
 
+@pytest.mark.slow
 def test_fused_eagle_passes_compile_whole_and_match_the_plain_ones():
     """What `fuse=True` captures on a GPU: the expansion and the accept pass compiled by Inductor with fullgraph=True
     (a graph break anywhere fails here), computing what the plain passes compute. On CPU, eagerly."""
@@ -369,10 +372,11 @@ def test_cuda_graphs_eagle_drafts_match_eager_and_are_reused(family):
 
 
 def _committed_drafter(name):
-    path = REPO / "examples" / "drafters" / f"{name}-eagle3"
+    path = REPO / "checkpoints" / "drafters" / f"{name}-eagle3"
     return path if (path / "config.json").is_file() else None
 
 
+@pytest.mark.slow
 @pytest.mark.fixture
 @pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
 def test_fixture_greedy_identity(name):
@@ -659,6 +663,7 @@ def test_every_eagle_recipe_config_parses(tmp_path):
         assert cfg.max_steps >= 1 and 0.0 <= cfg.docstring_prompts <= 1.0, path.name
 
 
+@pytest.mark.slow
 def test_recipe_shards_the_frozen_target_over_processes(tmp_path, monkeypatch):
     """Two gloo processes (torchrun), DDP over the drafter, with and without --shard_target (FSDP2 over the
     target's layers): the all-gathers are exact, so both runs log the same losses; and --shard_target refuses

@@ -92,7 +92,9 @@ def test_min_new_tokens_and_repetition_penalty_are_honoured():
 def test_host_stopping_matches_the_stock_criteria():
     from transformers import StoppingCriteriaList
     from transformers.generation.stopping_criteria import (
-        EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria,
+        EosTokenCriteria,
+        MaxLengthCriteria,
+        MaxTimeCriteria,
     )
 
     from hf_hybrid_spec.stopping import HostStopping
@@ -433,7 +435,7 @@ def test_suffix_drafter_takes_over_the_trie_of_an_earlier_call():
     """The next call of an agent loop (its prompt repeats the earlier prompt and output, then diverges at the
     boundary) takes over the earlier request's trie: same trie, same drafts as a drafter that builds its own."""
     from hf_hybrid_spec.drafters import DraftBudget
-    from hf_hybrid_spec.verify import VerifyResult
+    from hf_hybrid_spec.tree import VerifyResult
 
     H.clear_global_suffix_cache()
     g = torch.Generator().manual_seed(4)
@@ -498,7 +500,7 @@ def _ngram_reference(seq: list[int], ngram_size: int, want: int) -> list[int]:
 
 def test_ngram_index_drafts_what_a_scan_finds():
     from hf_hybrid_spec.drafters import DraftBudget, NgramDrafter
-    from hf_hybrid_spec.verify import VerifyResult
+    from hf_hybrid_spec.tree import VerifyResult
 
     g = torch.Generator().manual_seed(0)
     for trial in range(20):
@@ -611,9 +613,10 @@ def test_every_package_folder_is_installed():
     """pyproject lists packages by hand (the kernels folder is mapped into hf_hybrid_spec): a folder missing there
     works in the editable install the tests use and is absent from a wheel."""
     import pathlib
+
     import tomllib
 
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = set()
     for top, name in (("hf_hybrid_spec", "hf_hybrid_spec"), ("kernels", "hf_hybrid_spec.kernels")):

@@ -1,7 +1,7 @@
 """Worker for test_multi_device.test_tensor_parallel: run by torchrun, one process per rank (gloo on CPU, NCCL on
 GPUs). Loads a saved tiny model with tp_plan="auto" and checks speculative == plain greedy on every rank.
 
-    torchrun --standalone --nproc_per_node 2 tests/tp_worker.py <saved model dir>
+    torchrun --standalone --nproc_per_node 2 tests/integration/tp_worker.py <saved model dir>
 """
 
 import os
@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from drafting import identity_failures  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for helpers
+from helpers import identity_failures  # noqa: E402
 
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], tp_plan="auto")
 rank = dist.get_rank()

@@ -2,12 +2,10 @@
 
 import pytest
 import torch
+from helpers import RandomTreeDrafter, load_fixture
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec.testing import TINY_FAMILIES, tiny_model
-
-from conftest import load_fixture
-from drafting import RandomTreeDrafter
 
 FAMILIES = sorted(TINY_FAMILIES)
 
@@ -28,6 +26,7 @@ def spec(model, ids, **kw):
     return model.generate(ids, do_sample=False, custom_generate=H.speculative_generate, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", ["fresh", "repeating"])
 def test_cache_drafters_match_plain_greedy(family, kind):
@@ -72,6 +71,7 @@ def test_eos_stops_at_the_same_token(family):
         assert torch.equal(out, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target,draft", [("qwen3_5_text", "falcon_h1"), ("falcon_h1", "qwen3_5_text"),
                                           ("bamba", "llama"), ("llama", "lfm2")])
 @pytest.mark.parametrize("top_k", [1, 2])
@@ -104,6 +104,7 @@ CODE_PROMPTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.fixture
 @pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
 def test_fixtures_match_plain_greedy(name):

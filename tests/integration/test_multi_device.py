@@ -8,11 +8,10 @@ import sys
 
 import pytest
 import torch
+from helpers import RandomTreeDrafter, identity_failures
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec.testing import layer_split_device_map, tiny_model
-
-from drafting import RandomTreeDrafter, identity_failures
 
 GPUS = torch.cuda.device_count()
 
@@ -23,6 +22,7 @@ def split(model, devices):
     return dispatch_model(model, device_map=layer_split_device_map(model, devices))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(GPUS > 0, reason="a CPU test: where CUDA is present, fla's Triton kernels take over parts of "
                                       "transformers' stock forward, which then fails on CPU tensors")
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
@@ -63,6 +63,7 @@ def test_target_split_over_two_gpus(family):
     assert identity_failures(model, ids) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
 def test_tensor_parallel_tp_plan_auto(family, tmp_path):
     """transformers' tensor parallelism (`from_pretrained(..., tp_plan="auto")`), 2 processes: gloo on CPU
