@@ -147,6 +147,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="directory for tree_kernels.json and .png")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU smoke test: tiny sizes, PyTorch closed form as 'ours', naive as 'branch'; no claims")
+    ap.add_argument("--launch-costs", action="store_true",
+                    help="instead of the sweep: host microseconds per call of each tree op launched from Python (the "
+                         "public op, its launcher alone, the commit) next to its GPU time inside a CUDA graph")
     ap.add_argument("--sm90-report", action="store_true",
                     help="no GPU needed: compile every kernel config for sm_90 and print registers / spills / shared")
     args = ap.parse_args(argv)
@@ -725,6 +728,64 @@ def sm90_report() -> int:
     return 0
 
 
+def host_us(fn, iters: int = 400) -> float:
+    """Host microseconds per call of `fn` (launches queue asynchronously; the GPU work here is shorter than the
+    launch, so the queue never fills and the host's submission time is what is measured)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / iters * 1e6
+
+
+def launch_costs(args, shapes, dtype, gen) -> int:
+    """Where an eager verify forward's time per tree op goes at small B and N: the host's cost of each layer of
+    the call (public op -> launcher -> Triton's own launch) against the kernel's GPU time inside a CUDA graph."""
+    import hf_hybrid_spec.kernels as K
+    from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_t
+    from hf_hybrid_spec.kernels.mamba2 import triton_tree as m2_t
+
+    rows = []
+    for op in args.ops:
+        if op == "conv":
+            continue
+        for bsz in args.batch:
+            for n in args.nodes:
+                parent = random_tree(bsz, n, args.depth, gen).cuda()
+                if op == "gdn":
+                    q, k, v, g, beta, h0 = gdn_inputs(shapes[0], bsz, n, dtype, "cuda", gen)
+                    public = lambda: K.tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)  # noqa: E731
+                    launcher = lambda: gdn_t.tree_gated_delta_rule_fwd(  # noqa: E731
+                        q, k, v, g, beta, parent, h0, q.shape[-1] ** -0.5, True, None)
+                else:
+                    (x, dt, a, b, c, h0), extra = mamba2_inputs(shapes[1], bsz, n, dtype, "cuda", gen)
+                    public = lambda: K.tree_mamba2(x, dt, a, b, c, parent, h0, **extra, dt_softplus=True)  # noqa: E731
+                    launcher = lambda: m2_t.tree_mamba2_fwd(  # noqa: E731
+                        x, dt, a, b, c, parent, h0, extra["D"], extra["z"], extra["dt_bias"], True, (0.0, math.inf),
+                        None)
+                out = launcher()
+                leaf = torch.full((bsz,), n - 1, dtype=torch.long, device="cuda")
+                commit_public = (lambda: K.commit_gated_delta_rule(h0, out, parent, leaf)) if op == "gdn" else (
+                    lambda: K.commit_mamba2(h0, out, parent, leaf))
+                empty = lambda: torch.empty(bsz, n, 8, device="cuda")  # noqa: E731  (one allocation, for scale)
+                args.cuda_graph = True
+                row = {"op": op, "B": bsz, "N": n, "public_us": host_us(public), "launcher_us": host_us(launcher),
+                       "commit_public_us": host_us(commit_public), "alloc_us": host_us(empty),
+                       "gpu_graph_us": bench_us(launcher, args)}
+                rows.append(row)
+    print(f"{'op':>7} {'B':>3} {'N':>4} {'public':>8} {'launcher':>9} {'commit':>8} {'alloc':>6} {'GPU (graph)':>12}"
+          "   (host us per call; GPU us inside a CUDA graph)")
+    for r in rows:
+        print(f"{r['op']:>7} {r['B']:>3} {r['N']:>4} {r['public_us']:>8.1f} {r['launcher_us']:>9.1f} "
+              f"{r['commit_public_us']:>8.1f} {r['alloc_us']:>6.1f} {r['gpu_graph_us']:>12.1f}")
+    print(json.dumps({"bench": "tree_kernels_launch", "device": torch.cuda.get_device_name(), "rows": rows}))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.sm90_report:
@@ -749,6 +810,12 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     impls = Impls(args.dry_run, args.block_v, args.num_warps)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+
+    if args.launch_costs:
+        if args.dry_run:
+            print("--launch-costs needs a GPU", file=sys.stderr)
+            return 2
+        return launch_costs(args, shapes, dtype, torch.Generator().manual_seed(args.seed))
 
     checks = correctness_gate(args, impls, shapes, device, fla)
     failed = [c for c in checks if not c[1] <= c[2]]
@@ -777,8 +844,9 @@ def main(argv=None) -> int:
             rows.append(run_conv(args, impls, shapes[2], bsz, n, dtype, device, gen, ceil))
         # Row by row, so a run that dies later (a fault in one config poisons the CUDA context) keeps the rest.
         r = rows[-1]
-        tqdm.write(f"[row] {r.op} B={r.batch} N={r.nodes}: ours {r.ours_us:.1f} us, branch-by-branch "
-                   f"{r.branch_us:.1f} us, speedup {r.speedup:.2f}x", file=sys.stderr)
+        # The conv op has no branch-by-branch baseline (its window is a gather, not a state).
+        tqdm.write(f"[row] {r.op} B={r.batch} N={r.nodes}: ours {fmt(r.ours_us)} us, branch-by-branch "
+                   f"{fmt(r.branch_us)} us, speedup {fmt(r.speedup, '.2f')}x", file=sys.stderr)
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "rows.jsonl"), "a") as f:

@@ -7,6 +7,7 @@
 #             suffix and EAGLE with CUDA graphs (+graphs) and the fused verify (+fused)
 #   base      the same benchmark (suffix and EAGLE) with the code of an earlier commit in .carry/base: run right after
 #             e2e on the same machine for an A/B of the two versions
+#   launch    what a tree op costs the host when launched from Python (the eager path), and the eager loop end to end
 #   hvd       Hybrid Verified Decoding on the agentic workload suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,10 +29,15 @@ case "${1:-}" in
     if [ -f .carry/base/benchmarks/bench.py ]; then B=(python3 .carry/base/benchmarks/bench.py); else B=(python3 -m hf_hybrid_spec.bench); fi
     TAILN=14 base 560 e2e_base "${B[@]}" --model "$M" --drafters suffix "eagle:$D" --compiled-only --compile-verify \
         $E2E --out "$OUT/e2e_base" ;;
+  launch)
+    TAILN=12 run 200 launch_costs python3 benchmarks/tree_kernels.py --launch-costs --ops gdn mamba2 --batch 1 8 \
+        --nodes 16 64
+    TAILN=6 run 200 e2e_eager python3 benchmarks/bench.py --model "$M" --drafters suffix $E2E \
+        --out "$OUT/e2e_eager" ;;
   hvd)
     TAILN=30 run 560 hvd python3 benchmarks/hvd_bench.py --model "$M" --eagle "$D" --compile --compile-drafter \
         --compile-verify --dtype bfloat16 --workload code_edit tool_calls agent_loop --methods suffix eagle threshold \
         hvd --sessions-per-workload 6 --repeats 3 --max-minutes 8 --out "$OUT/hvd" ;;
   *)
-    echo "usage: bash scripts/device.sh kernels|e2e|base|hvd"; exit 2 ;;
+    echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd"; exit 2 ;;
 esac

@@ -36,3 +36,16 @@ def test_balanced_order_puts_each_method_first_and_after_each_other_equally_ofte
         assert bench.balanced_order(methods, period + 1) == orders[1]
     rotation = [["a", "b", "c", "d"][i:] + ["a", "b", "c", "d"][:i] for i in range(4)]
     assert len(Counter((o[i], o[i + 1]) for o in rotation for i in range(3))) == 4  # the confound it replaces
+
+
+def test_tree_kernel_bench_dry_run_exits_zero_with_a_json_line_last(capsys):
+    """The kernel bench's CPU smoke test: the gate, every op's rows (the conv op has no branch baseline) and the JSON
+    line last; exit status 0."""
+    import json
+
+    import tree_kernels
+
+    assert tree_kernels.main(["--dry-run"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    summary = json.loads(last)
+    assert summary["bench"] == "tree_kernels" and summary["dry_run"] is True
