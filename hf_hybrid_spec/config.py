@@ -30,6 +30,7 @@ KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
 # How `drafter="self_ssm"` suppresses attention; hf_hybrid_spec.models.base.SSM_VARIANTS documents each.
 SSM_VARIANTS = ("zero_attention", "rescale_ssm", "skip_layer")
 HVD_POLICIES = ("learned", "threshold")
+BATCH_BUDGETS = ("auto", "calibrated", "fixed")
 # The tree budget a drafter gets when the config leaves it unset: EAGLE-2's dynamic tree for "eagle" (60 nodes, depth
 # 6, 10 children per expanded node), a chain of up to 8 tokens from a 24-node budget for the others (a cache drafter's
 # tree is shaped by its matches, not by draft_top_k).
@@ -116,6 +117,16 @@ class AssistantConfig:
             Inductor compiles per process (one per module class, all tree sizes): opt-in. It pays on a GPU; on a
             CPU (no graphs) the compiled regions are not faster at these sizes (dynamo's guards run every step).
 
+    Batches (B > 1 left-padded prompts; `hf_hybrid_spec.engine.budget`):
+        batch_budget: "auto" (the default): on CUDA, a batch-wide budget calibrated to the verify forward on the
+            machine (once per process, batch size and context length): each step keeps the draft nodes, across the
+            batch and by path probability, that maximize expected committed tokens per second, and none when a plain
+            decode step is faster (a large batch); elsewhere as "fixed". "calibrated": that budget on any device.
+            "fixed": every row drafts up to `max_draft_tokens`, and a forward verifies at most `max_verify_nodes`
+            (the likeliest nodes across the batch when the rows ask for more).
+        budget_slack: how much more expected tokens per second than a plain decode step the budget asks of drafts
+            before it verifies any (0.05: 5%), a margin for the cost model's error.
+
     Lossy verification (opt-in, greedy only; `hf_hybrid_spec.cospec`): where the draft's own choice differs from
     the target's, an arbiter decides which token is kept (`spec_stats.arbiter_overrides` counts the draft's):
         verification="cospec": a learned arbiter, `arbiter=` the directory / Hub id of a saved `CoSpecArbiter`
@@ -174,6 +185,9 @@ class AssistantConfig:
     compile_buckets: tuple[int, ...] = (8, 16, 32, 64)
     compile_drafter: bool = False
     compile_verify: bool = False
+    # batches
+    batch_budget: str = "auto"
+    budget_slack: float = 0.05
     # lossy verification: read only when verification != "lossless"
     arbiter: object = None  # "cospec": a saved CoSpecArbiter (directory or Hub id) or an Arbiter instance
     fly_entropy_threshold: float = 0.3  # FLy's gate (top-3 entropy of the target, nats)
@@ -318,7 +332,8 @@ class AssistantConfig:
 
 # ---------------------------------------------------------------------- validation tables
 # Fixed choices; drafter and verification names are checked against their registries.
-_CHOICES = {"kernel_backend": KERNEL_BACKENDS, "ssm_variant": SSM_VARIANTS, "hvd_policy": HVD_POLICIES}
+_CHOICES = {"kernel_backend": KERNEL_BACKENDS, "ssm_variant": SSM_VARIANTS, "hvd_policy": HVD_POLICIES,
+            "batch_budget": BATCH_BUDGETS}
 _POSITIVE_INTS = ("max_draft_tokens", "max_depth", "max_verify_nodes", "max_match_length", "max_cached_outputs",
                   "max_cached_tokens", "ngram_size", "draft_top_k", "fly_window", "hvd_model_tokens", "hvd_model_depth")
 _BOOLS = ("global_cache", "tree", "compile_drafter", "compile_verify", "hvd_merge")
@@ -334,6 +349,7 @@ _NUMBERS = {
     "typical_temperature": (0.0, None, True),
     "hvd_threshold": (0.0, None, False),
     "hvd_probe_budget": (0.0, 1.0, False),
+    "budget_slack": (0.0, None, False),
 }
 
 

@@ -23,7 +23,7 @@ from transformers.utils import logging
 
 from .config import AssistantConfig
 from .drafters import Drafter, make_drafter
-from .engine import PROMPT_INPUTS, Request, SpecStats, SpeculativeDecoderOnlyOutput, decode
+from .engine import PROMPT_INPUTS, Request, SpecStats, SpeculativeDecoderOnlyOutput, decode, decode_batch
 from .forward import sdpa_without_cudnn
 from .kernels import use_backend
 from .models import get_adapter
@@ -64,13 +64,18 @@ def _resolve_config(assistant_config, draft_model) -> AssistantConfig:
     raise TypeError(f"assistant_config must be an AssistantConfig, a dict or a path, got {type(assistant_config).__name__}")
 
 
-def _resolve_compile(config: AssistantConfig, model: nn.Module, generation_config: GenerationConfig) -> AssistantConfig:
+def _resolve_compile(config: AssistantConfig, model: nn.Module, generation_config: GenerationConfig,
+                     batched: bool = False) -> AssistantConfig:
     """`config` with `compile` a bool: "auto" is the static path (CUDA graphs) for a model on one CUDA device, unless
     the call asks for what only the eager path returns (attentions, hidden states); the eager path elsewhere.
     `cache_implementation="static"` implies compile=True, for the drafters too (EAGLE's static storage and graphs)."""
     compile_ = config.compile
     if generation_config.cache_implementation == "static":
         compile_ = True
+    elif compile_ == "auto" and batched:  # the static path runs one row for now: a batch runs eagerly
+        compile_ = False
+        if config.compile_drafter or config.compile_verify:
+            return config.replace(compile=False, compile_drafter=False, compile_verify=False)
     elif compile_ == "auto":
         devices = {p.device for p in model.parameters()}
         eager_outputs = bool(generation_config.return_dict_in_generate) and bool(
@@ -101,10 +106,8 @@ def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_confi
     bad = [name for name, flag in unsupported.items() if flag]
     if bad:
         raise NotImplementedError(f"speculative_generate does not support: {', '.join(bad)}")
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(
-            f"speculative_generate supports batch size 1 for now, got {input_ids.shape[0]} sequences"
-        )
+    if input_ids.shape[0] > 1:
+        _check_batch(input_ids, generation_config, model_kwargs)
     if generation_config.max_length is not None and generation_config.max_length <= input_ids.shape[1]:
         raise ValueError(
             f"nothing to generate: max_length={generation_config.max_length} <= prompt length {input_ids.shape[1]} "
@@ -119,6 +122,62 @@ def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_confi
         cache = model_kwargs.get(name)
         if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
             raise NotImplementedError("continuing from a filled cache is not supported; pass the full prompt instead")
+
+
+def _check_batch(input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict) -> None:
+    """What a batch (B > 1) needs: left padding described by the attention mask, and only what the batched loop
+    supports (`engine.batch`)."""
+    rows, length = input_ids.shape
+    mask = model_kwargs.get("attention_mask")
+    pad = generation_config.pad_token_id
+    if mask is None:
+        if pad is not None and bool((input_ids == pad).any()):
+            raise ValueError("the batch holds padding (pad_token_id) but no attention_mask: pass the tokenizer's "
+                             "attention_mask (tokenizer(texts, padding=True, padding_side='left', ...))")
+    else:
+        if tuple(mask.shape) != (rows, length):
+            raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {(rows, length)}: they must "
+                             "match")
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("attention_mask must hold 0 (padding) and 1 (tokens) only")
+        if bool((mask[:, 1:] < mask[:, :-1]).any()):
+            raise ValueError("the batch is not left-padded (a row has padding after a token): speculative decoding "
+                             "of a batch needs padding_side='left', as stock generate does for decoder-only models")
+        if bool((mask.sum(-1) == 0).any()):
+            raise ValueError("a row of the batch is empty (its attention_mask is all zeros)")
+    position_ids = model_kwargs.get("position_ids")
+    unsupported = {
+        "output_scores / output_logits / output_attentions / output_hidden_states": bool(
+            generation_config.return_dict_in_generate) and bool(
+            generation_config.output_scores or generation_config.output_logits or generation_config.output_attentions
+            or generation_config.output_hidden_states),
+        "multimodal inputs": any(model_kwargs.get(k) is not None and not (isinstance(model_kwargs[k], (dict, list, tuple))
+                                                                          and not model_kwargs[k])
+                                 for k in PROMPT_INPUTS) or (position_ids is not None and position_ids.ndim == 3),
+    }
+    bad = [name for name, flag in unsupported.items() if flag]
+    if bad:
+        raise NotImplementedError(f"speculative_generate at batch size > 1 does not support: {', '.join(bad)}")
+
+
+def _check_batch_config(config: AssistantConfig, drafter, generation_config: GenerationConfig) -> None:
+    """The configuration a batch runs with: the eager batched path, exact verification, per-row drafters."""
+    if config.compile is True:
+        what = ("cache_implementation='static'" if generation_config.cache_implementation == "static"
+                else "compile=True")
+        raise NotImplementedError(f"{what} (the static / CUDA-graph path) supports batch size 1 for now; a batch runs "
+                                  "eagerly: leave compile='auto' or pass compile=False")
+    if config.verification != "lossless":
+        raise NotImplementedError(f"verification={config.verification!r} supports batch size 1 for now")
+    if drafter is not None:
+        raise ValueError("drafter= is one drafter instance, and a batch needs one per row: pass a list of them "
+                         "(drafter=[d_0, ..., d_B-1]) or name a registered drafter in assistant_config")
+
+
+def _check_per_row(drafter: Drafter, rows: int) -> None:
+    if rows > 1 and not drafter.per_row:
+        raise NotImplementedError(f"the {drafter.name!r} drafter supports batch size 1 for now (it drafts on the "
+                                  "target's own cache, or profiles one request at a time)")
 
 
 def speculative_generate(
@@ -141,7 +200,8 @@ def speculative_generate(
         assistant_config: an `AssistantConfig` (or a dict / a path for `AssistantConfig.from_pretrained`);
             default: the suffix drafter, or the model drafter when `draft_model` is given.
         draft_model: a causal LM with the target's tokenizer, for `drafter="model"`.
-        drafter: a `Drafter` instance of your own; it replaces the drafter `assistant_config` names.
+        drafter: a `Drafter` instance of your own; it replaces the drafter `assistant_config` names. For a batch,
+            a list of them, one per row.
         spec_streamer: the streamer, when called through `enable()` (transformers drops `streamer=` on its way
             to a callable `custom_generate`; it is also recovered from the caller otherwise).
 
@@ -168,18 +228,34 @@ def speculative_generate(
         streamer = spec_streamer if spec_streamer is not None else _find_dropped_streamer()
     adapter = get_adapter(model)  # first: an unsupported model gets the list of supported families
     _check_supported(model, input_ids, generation_config, model_kwargs)
-    config = _resolve_compile(config, model, generation_config)
-    if drafter is not None and not isinstance(drafter, Drafter):
-        raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter, got {type(drafter).__name__}")
+    rows = input_ids.shape[0]
+    config = _resolve_compile(config, model, generation_config, batched=rows > 1)
+    given = list(drafter) if isinstance(drafter, (list, tuple)) else ([] if drafter is None else [drafter])
+    bad = [type(d).__name__ for d in given if not isinstance(d, Drafter)]
+    if bad:
+        raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter (or one per row), got {bad[0]}")
+    if isinstance(drafter, (list, tuple)) and len(given) != rows:
+        raise ValueError(f"drafter= lists {len(given)} drafters for a batch of {rows} rows: give one per row")
+    if rows > 1:
+        if streamer is not None:
+            raise NotImplementedError("speculative_generate at batch size > 1 does not support a streamer (stock "
+                                      "streamers take one sequence)")
+        _check_batch_config(config, drafter if not given or len(given) != rows else None, generation_config)
     # The drafter is built inside too: HVD profiles draft and verify costs there, with the same attention backends.
     with use_backend(config.kernel_backend), sdpa_without_cudnn():
-        if drafter is None:
-            drafter = make_drafter(config, model, draft_model)
+        drafters = given
         try:
-            return decode(Request(model, adapter, input_ids, logits_processor, stopping_criteria, generation_config,
-                                  streamer, config, drafter, model_kwargs))
+            while len(drafters) < rows:
+                drafters.append(make_drafter(config, model, draft_model))
+                _check_per_row(drafters[-1], rows)
+            for d in drafters:
+                _check_per_row(d, rows)
+            request = Request(model, adapter, input_ids, logits_processor, stopping_criteria, generation_config,
+                              streamer, config, drafters[0], model_kwargs, row_drafters=drafters if rows > 1 else None)
+            return decode_batch(request) if rows > 1 else decode(request)
         finally:
-            drafter.release()
+            for d in drafters:
+                d.release()
 
 
 # ---------------------------------------------------------------------- enable()

@@ -183,6 +183,67 @@ class HybridTreeCache(DynamicCache):
         finally:
             self._book = None
 
+    def commit_rows(self, paths: list[list[int]], valid: list[int]) -> int:
+        """Batched commit of a dynamic (eager) cache whose rows sit at different committed lengths: keep row b's
+        root->leaf `paths[b]` and leave tree mode. Returns the new number of key slots.
+
+        Layout (what the batched backend keeps): the attention layers hold S = `prefix_length` slots per row, row b's
+        `valid[b]` committed tokens in the last of them (the slots before are left padding or filler, masked); the
+        tree's N nodes follow. After the commit, row b's `valid[b] + len(paths[b])` tokens are again the last of
+        S' = max_b(valid[b] + len(paths[b])) slots: one gather per layer right-aligns every row, so rows that accept
+        fewer tokens leave no holes behind and S' never exceeds the longest row.
+
+        Args:
+            paths: per row, the accepted nodes root first (node 0) down to the leaf.
+            valid: per row, the committed tokens among the S slots before the tree.
+        """
+        if self._book is None:
+            raise RuntimeError("commit_rows called outside tree mode")
+        book = self._book
+        parent = book.tree.parent
+        b, n = parent.shape
+        if len(paths) != b or len(valid) != b:
+            raise ValueError(f"commit_rows needs one path and one valid count per row ({b}), got {len(paths)} and "
+                             f"{len(valid)}")
+        for path in paths:
+            if not path or path[0] != 0 or path[-1] >= n or any(y <= x for x, y in zip(path, path[1:])):
+                raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
+        prefix = book.tree.prefix_length
+        index = right_aligned_index(paths, valid, prefix)
+        on_path = torch.zeros(b, n, dtype=torch.bool)
+        for row, path in enumerate(paths):
+            on_path[row, path] = True
+        on_path = on_path.to(parent.device, non_blocking=True)
+        leaf = torch.tensor([path[-1] for path in paths], dtype=torch.long).to(parent.device, non_blocking=True)
+        try:
+            for idx, layer in enumerate(self.layers):
+                if kv_length(layer) is not None:
+                    if isinstance(layer, StaticKVMixin):
+                        raise NotImplementedError("commit_rows is for dynamic caches (the eager batched path)")
+                    where = index.to(layer.keys.device, non_blocking=True)
+                    layer.keys = _gather_slots(layer.keys, where)
+                    layer.values = _gather_slots(layer.values, where)
+                self._commit_recurrent(idx, layer, leaf, on_path)
+        finally:
+            self._book = None
+        return index.shape[1]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep batch rows `rows` ([R] int64, in the order given) of every layer, outside tree mode: the rows of a
+        batch that finished stop costing verification work."""
+        if self._book is not None:
+            raise RuntimeError("select_rows is not available in tree mode")
+        for layer in self.layers:
+            if kv_length(layer) is not None:
+                where = rows.to(layer.keys.device)
+                layer.keys = layer.keys.index_select(0, where)
+                layer.values = layer.values.index_select(0, where)
+            if is_linear(layer):
+                for states in (layer.conv_states, layer.recurrent_states):
+                    for s, t in states.items():
+                        if t is not None:
+                            states[s] = t.index_select(0, rows.to(t.device))
+
     def commit_on_device(self, leaf: torch.Tensor, on_path: torch.Tensor, src: torch.Tensor,
                          dst: torch.Tensor) -> None:
         """The device part of a commit, with fixed shapes and no host read (what a CUDA graph captures), for a cache
@@ -286,3 +347,25 @@ class HybridTreeCache(DynamicCache):
             if pending.recurrent is not None:
                 state = layer.recurrent_states[s]
                 state.copy_(pending.recurrent.commit(state, par, lf, on_path=mask).to(state.dtype))
+
+
+def right_aligned_index(paths: list[list[int]], valid: list[int], prefix: int) -> torch.Tensor:
+    """[B, S'] key slots to gather so that row b's committed tokens (its last `valid[b]` of `prefix` slots, then its
+    tree nodes `paths[b]`, which sit at prefix + node) end up as the last of S' = max_b(valid[b] + len(paths[b]))
+    slots; the slots before them read slot 0 (filler, masked by the caller). Built on the host in a few vectorized
+    ops (no per-token Python loop)."""
+    kept = torch.tensor([v + len(p) for v, p in zip(valid, paths)], dtype=torch.long)
+    width = int(kept.max())
+    depth = max(len(p) for p in paths)
+    nodes = torch.tensor([p + [0] * (depth - len(p)) for p in paths], dtype=torch.long)  # [B, K]
+    counts = torch.tensor(valid, dtype=torch.long)[:, None]
+    t = torch.arange(width)[None] - (width - kept)[:, None]  # position within the row's kept tokens (< 0: filler)
+    from_tree = prefix + nodes.gather(1, (t - counts).clamp(0, depth - 1))
+    index = torch.where(t < counts, prefix - counts + t, from_tree)
+    return torch.where(t < 0, 0, index)
+
+
+def _gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x [B, H, S, D] gathered along the slots: [B, H, S', D] with out[b, :, j] = x[b, :, index[b, j]]."""
+    b, h, _, d = x.shape
+    return x.gather(2, index[:, None, :, None].expand(b, h, index.shape[1], d))

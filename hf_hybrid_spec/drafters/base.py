@@ -144,6 +144,9 @@ class Drafter(ABC):
     # trimming pass (the loop's and HVD's, on every step). A promise about a class's own `propose`: a subclass that
     # overrides `propose` makes none until it sets this itself (`__init_subclass__`).
     respects_budget: bool = False
+    # False for a drafter that cannot serve one row of a batch as its own request (it reads or runs the target's
+    # cache, which holds every row: the self-speculative drafters): batched generate then refuses it by name.
+    per_row: bool = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -45,6 +45,7 @@ class SelfSpecDrafter(Drafter):
     """
 
     name = "self"
+    per_row = False  # drafts with tree forwards on the target's own (batched) cache
 
     def __init__(self, target: nn.Module, top_k: int = 1):
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:

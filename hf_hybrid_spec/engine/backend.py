@@ -25,7 +25,7 @@ from ..tree import VerifyResult, VerifyTree
 from .outputs import target_hidden
 from .static import StaticTreeRunner, release_runner, static_runner
 
-__all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "VerifyOutputs"]
+__all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "BatchEagerBackend", "VerifyOutputs"]
 
 
 @dataclass
@@ -207,3 +207,72 @@ class StaticBackend(TreeBackend):
 
     def release(self) -> None:
         release_runner(self.model, self.runner)
+
+
+class BatchEagerBackend:
+    """Eager verification of a batch of rows at different committed lengths, on one dynamic `HybridTreeCache`.
+
+    Row b's committed tokens (its prompt without left padding, then what it generated, the root excepted) are the last
+    `valid[b]` of the cache's `slots` key slots; the slots before them are masked (`key_valid`). Each step every row's
+    tree (padded to the batch's widest with leaves nobody commits) runs in one forward, at positions counted from
+    `valid`; `commit` keeps each row's own path and right-aligns the rows again (`HybridTreeCache.commit_rows`).
+    Finished rows leave the batch (`select_rows`).
+
+    Args:
+        model: the target. hidden_layers: hidden-state indices the drafters read (returned per row by `commit`).
+    """
+
+    def __init__(self, model: nn.Module, hidden_layers: tuple[int, ...]):
+        self.model = model
+        self.hidden_layers = tuple(hidden_layers)
+        self.cache = HybridTreeCache(model.config)
+        self.valid: list[int] = []
+        self.slots = 0
+        self._key_valid: torch.Tensor | None = None  # [R, slots] bool
+        self._last = None
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor):
+        """The left-padded prompt [B, L] with its mask, exactly as stock generate runs it."""
+        self.valid = attention_mask.sum(-1).tolist()
+        self.slots = input_ids.shape[1]
+        self._key_valid = attention_mask.bool()
+        return forward_tokens(self.model, input_ids, self.cache, position_ids=positions, attention_mask=attention_mask,
+                              logits_to_keep=1, output_hidden_states=bool(self.hidden_layers))
+
+    def forward(self, tree: VerifyTree) -> VerifyOutputs:
+        """Run the rows' trees [R, N] (roots first); the cache stays in tree mode (commit or abort next)."""
+        root_position = torch.tensor(self.valid, dtype=torch.long).to(self.model.device, non_blocking=True)
+        out = forward_tree(self.model, tree, self.cache, prefix_length=self.slots, root_position=root_position,
+                           prefix_mask=self._key_valid, output_hidden_states=bool(self.hidden_layers))
+        self._last = out
+        return VerifyOutputs(logits=out.logits, hidden_states=getattr(out, "hidden_states", None))
+
+    def commit(self, paths: list[list[int]]) -> list[TargetHidden | None]:
+        """Keep each row's root->leaf path; returns per row the drafter's hidden states of its path's tokens."""
+        out, self._last = self._last, None
+        hidden: list[TargetHidden | None] = [None] * len(paths)
+        if self.hidden_layers:
+            for row, path in enumerate(paths):
+                index = torch.tensor(path).to(out.logits.device, non_blocking=True)
+                hidden[row] = TargetHidden(self.hidden_layers, tuple(
+                    out.hidden_states[i][row : row + 1].index_select(1, index) for i in self.hidden_layers))
+        self.slots = self.cache.commit_rows(paths, self.valid)
+        self.valid = [v + len(p) for v, p in zip(self.valid, paths)]
+        keep = torch.tensor(self.valid, dtype=torch.long)[:, None]
+        self._key_valid = (torch.arange(self.slots)[None] >= self.slots - keep).to(self.model.device,
+                                                                                  non_blocking=True)
+        return hidden
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep the batch rows `rows` (positions in the current batch, in order)."""
+        index = torch.tensor(rows, dtype=torch.long)
+        self.cache.select_rows(index)
+        self.valid = [self.valid[r] for r in rows]
+        self._key_valid = self._key_valid.index_select(0, index.to(self._key_valid.device))
+
+    def abort(self) -> None:
+        self._last = None
+        self.cache.abort()
+
+    def release(self) -> None:
+        self._last = None

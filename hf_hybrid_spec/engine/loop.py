@@ -17,17 +17,13 @@ only things that vary.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
-from torch import nn
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.utils import logging
 
 from ..config import AssistantConfig
-from ..drafters import DraftBudget, DraftContext, Drafter
-from ..models import ModelAdapter
-from ..tree import VerifyResult, build_verify_tree, empty_draft
+from ..drafters import DraftBudget, DraftContext
+from ..tree import VerifyResult, build_verify_tree
 from ..verification import FirstToken, StepInputs, Verifier, make_verifier, process_tree_logits
 from .backend import EagerBackend, StaticBackend, TreeBackend
 from .outputs import (
@@ -39,6 +35,7 @@ from .outputs import (
     prompt_outputs,
     target_hidden,
 )
+from .request import Request, propose
 
 logger = logging.get_logger(__name__)
 
@@ -50,33 +47,12 @@ PROMPT_INPUTS = {"pixel_values", "pixel_values_videos", "image_grid_thw", "video
                  "mm_encoder_outputs"}
 
 
-@dataclass
-class Request:
-    """One decoding call, as `generate` prepared it.
-
-    Attributes:
-        model / adapter: the target and its family's adapter. input_ids: [1, L] the prompt.
-        processors / stopping / generation_config / streamer: what stock decoding would use.
-        config: the resolved `AssistantConfig` (`compile` a bool). drafter: built for this request.
-        model_kwargs: the remaining model inputs (attention mask, multimodal prompt inputs, position ids).
-    """
-
-    model: nn.Module
-    adapter: ModelAdapter
-    input_ids: torch.Tensor
-    processors: LogitsProcessorList
-    stopping: StoppingCriteriaList
-    generation_config: GenerationConfig
-    streamer: object
-    config: AssistantConfig
-    drafter: Drafter
-    model_kwargs: dict
-
-
 def decode(request: Request):
     """Run `request` to the end. Returns what stock `generate` would: the sequences [1, L + new], or with
     `return_dict_in_generate` a `SpeculativeDecoderOnlyOutput` (scores / logits / attentions / hidden states when
-    asked, the cache, `spec_stats`)."""
+    asked, the cache, `spec_stats`). One row: a batch (B > 1) goes through `engine.batch.decode_batch`."""
+    if request.input_ids.shape[0] != 1:
+        raise ValueError(f"decode runs one row, got {request.input_ids.shape[0]}: use engine.batch.decode_batch")
     model, config, drafter, gen = request.model, request.config, request.drafter, request.generation_config
     input_ids = request.input_ids
     device = input_ids.device
@@ -127,7 +103,7 @@ def decode(request: Request):
             # Tokens one forward can commit: the accepted draft depth plus the bonus token.
             budget = DraftBudget(max_nodes=node_budget, max_depth=min(config.max_depth, gen.max_length - length - 1))
             t0 = time.perf_counter()
-            draft = _propose(drafter, ids, budget, verifier)
+            draft = propose(drafter, ids, budget, verifier)
             t1 = time.perf_counter()
             tree = _verify_tree(draft, ids, rec, backend, device)
             verified = backend.forward(tree, length)
@@ -216,21 +192,6 @@ def _node_budget(config: AssistantConfig, backend: TreeBackend, stats: SpecStats
     if backend.max_nodes is not None:
         budget = min(budget, backend.max_nodes - 1)
     return budget
-
-
-def _propose(drafter: Drafter, ids: torch.Tensor, budget: DraftBudget, verifier: Verifier):
-    """The drafter's proposal within `budget` (an empty draft where nothing can be drafted). A rule that reads the
-    draft's own choice after the root (`verifier.wants_empty_drafts`) asks even then."""
-    if budget.max_depth <= 0 and not verifier.wants_empty_drafts:
-        return empty_draft(1, "cpu")
-    draft = drafter.propose(ids, budget)
-    if draft is None or (draft.num_nodes == 0 and draft.next_probs is None):
-        return empty_draft(1, "cpu")
-    if not drafter.respects_budget:  # a depth walk per step that budget-keeping drafters do not need
-        draft = draft.truncate_depth(budget.max_depth)
-    if draft.num_nodes > budget.max_nodes:
-        draft = draft.select(torch.arange(budget.max_nodes, device=draft.tokens.device))
-    return draft
 
 
 def _verify_tree(draft, ids: torch.Tensor, rec: Recorder, backend: TreeBackend, device):

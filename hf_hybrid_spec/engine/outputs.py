@@ -33,6 +33,9 @@ class SpecStats:
         static / graph_captures: whether the static cache verified the trees, and how many CUDA graphs it
             captured (one per tree-size bucket used, never more).
         budget_capped: `max_draft_tokens` was above `AssistantConfig.max_verify_nodes`, which capped every tree.
+        rows: for a batch, each row's own statistics (its steps, accepted lengths and draft sizes); the batch's
+            `accepted_lengths` / `drafted_tokens` then hold one entry per row and step, `target_forwards` counts the
+            batched forwards, and `plain_steps` those where the batch budget verified no draft at all.
     """
 
     target_forwards: int = 0
@@ -46,6 +49,8 @@ class SpecStats:
     static: bool = False  # verified with the static cache
     graph_captures: int = 0  # CUDA graphs captured (at most one per tree-size bucket)
     budget_capped: bool = False
+    rows: list[SpecStats] | None = None
+    plain_steps: int = 0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -85,6 +90,9 @@ class Recorder:
         self.attentions = () if want_attentions else None
         self.hidden_states = () if want_hidden_states else None
         self.finished = False
+        # Batches (`engine.batch`): truncate=False keeps every token past a stop and records where it fired.
+        self.truncate = True
+        self.stopped_at: int | None = None
 
     def append(self, tokens: torch.Tensor, scores: torch.Tensor | None, logits: torch.Tensor | None,
                token_list: list[int] | None = None, attentions: list | None = None,
@@ -113,7 +121,14 @@ class Recorder:
                 verdicts.append(self.stopping(full[:, : length + j + 1], seen).any())
             stops = torch.stack(verdicts).tolist() if verdicts else []
         kept = next((j + 1 for j, stop in enumerate(stops) if stop), k)
-        self.finished = bool(stops[kept - 1])
+        if not self.truncate:
+            # A row of a batch without EOS criteria: stock generate keeps decoding it after its criterion fires
+            # (until every row has stopped), so its tokens are all kept and the first stop is only remembered.
+            if self.stopped_at is None and stops[kept - 1]:
+                self.stopped_at = length + kept
+            kept = k
+        else:
+            self.finished = bool(stops[kept - 1])
         if kept:
             self.input_ids = full if kept == k else full[:, : length + kept].clone()
             self.host_ids.extend(token_list[:kept])

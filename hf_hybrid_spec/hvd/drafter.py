@@ -112,6 +112,7 @@ class HybridDrafter(Drafter):
 
     name = "hvd"
     respects_budget = True  # every tree it returns is trimmed to the step's budget in `propose`
+    per_row = False  # its cost profile and policy are those of one request at a time
 
     def __init__(self, cache_drafter: Drafter, model_drafter: Drafter, policy: Policy, cost: CostProfile | None = None,
                  model_tokens: int = 24, model_depth: int = 6, cache_tokens: int | None = None,

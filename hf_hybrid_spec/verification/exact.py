@@ -24,7 +24,7 @@ from transformers import LogitsProcessorList
 from ..tree import VerifyResult, VerifyTree
 from .base import FirstToken, StepInputs, Verifier
 
-__all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "from_config"]
+__all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "greedy_walk", "from_config"]
 
 
 class ExactVerifier(Verifier):
@@ -77,9 +77,13 @@ def process_tree_logits(
 def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
     """scores: [N, V] processed scores (or raw logits in any float dtype: the argmax is the same). One host read of
     the per-node argmax."""
-    best = scores.argmax(dim=-1).tolist()
-    tokens = tree.token_list(0)
-    children = tree.children(0)
+    path, new_tokens = greedy_walk(tree.token_list(0), tree.children(0), scores.argmax(dim=-1).tolist())
+    return VerifyResult.from_host(path, new_tokens, scores.device)
+
+
+def greedy_walk(tokens: list, children: list[list[int]], best: list[int]) -> tuple[list[int], list[int]]:
+    """The greedy path of one tree on the host: from the root, follow the child whose token is the target's argmax
+    `best[node]`; the first node without one gives the bonus token. Returns (path, committed tokens)."""
     path = [0]
     new_tokens: list[int] = []
     node = 0
@@ -88,10 +92,9 @@ def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
         nxt = next((c for c in children[node] if tokens[c] == want), None)
         new_tokens.append(want)
         if nxt is None:
-            break
+            return path, new_tokens
         path.append(nxt)
         node = nxt
-    return VerifyResult.from_host(path, new_tokens, scores.device)
 
 
 def verify_sampling(tree: VerifyTree, scores: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:

@@ -1,0 +1,279 @@
+"""The decode loop for a batch of B > 1 left-padded prompts: per-row trees, acceptance and commits in one forward.
+
+    out = backend.prefill(input_ids, attention_mask)       # the padded prompts, exactly as stock generate runs them
+    while rows are running:
+        drafts = [drafter_b.propose(row_b) for b in running]  # one drafter per row (its own tries / caches)
+        keep = choose_nodes(values, cost)                   # the batch-wide budget: global top-n by path value
+        verified = backend.forward(batch tree)              # every row's tree in one forward, padded to the widest
+        results = per-row verification                      # greedy: one argmax and one host read for the batch
+        backend.commit(paths)                               # each row keeps its own path; rows right-aligned again
+        rows that stopped leave the batch (no more verify work)
+
+Rows follow stock `generate`'s batch semantics: each row's tokens are what it would generate alone from its
+(left-padded) prompt; with an EOS criterion, a row that stops is padded with `pad_token_id` until the longest row
+ends; without one, stock keeps decoding stopped rows until every row has stopped, and so does this loop (their extra
+tokens are real generations, cut at the length where the last row stopped).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers.utils import logging
+
+from ..drafters import DraftBudget, DraftContext, TargetHidden
+from ..kernels.tree import ancestor_mask
+from ..tree import DraftTree, VerifyResult, VerifyTree
+from ..verification import FirstToken, StepInputs, greedy_walk, make_verifier, process_tree_logits
+from .backend import BatchEagerBackend
+from .budget import VerifyCost, cached_cost, choose_nodes, node_values, time_forward, trim_to_budget
+from .outputs import CACHE_FIELD, Recorder, SpecStats, SpeculativeDecoderOnlyOutput
+from .request import Request, propose
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["decode_batch", "measure_verify_cost"]
+
+# Draft nodes per row at which the verify cost is measured (total tokens B * (1 + n)).
+CALIBRATION_NODES = (0, 1, 3, 7, 15, 31)
+
+
+def decode_batch(request: Request):
+    """Run a batch request (`request.input_ids` [B, L], `request.row_drafters` one per row) to the end. Returns
+    what stock `generate` returns for a batch: sequences [B, L + new] (stopped rows padded), or with
+    `return_dict_in_generate` a `SpeculativeDecoderOnlyOutput` with `spec_stats` (per row in `spec_stats.rows`)."""
+    model, config, gen = request.model, request.config, request.generation_config
+    drafters = request.row_drafters
+    input_ids = request.input_ids
+    device = input_ids.device
+    rows, prompt_length = input_ids.shape
+    mask = request.model_kwargs.get("attention_mask")
+    mask = torch.ones_like(input_ids) if mask is None else mask.to(device)
+    pads = (mask == 0).sum(-1).tolist()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    verifier = make_verifier(config, bool(gen.do_sample), drafters[0])
+    truncate = _has_eos_criterion(request.stopping)
+    recs = [Recorder(input_ids[b : b + 1], request.stopping, None, False, False) for b in range(rows)]
+    for rec in recs:
+        rec.truncate = truncate
+    row_stats = [SpecStats(prefill_tokens=prompt_length - pads[b]) for b in range(rows)]
+    stats = SpecStats(prefill_tokens=int(mask.sum()), rows=row_stats)
+    layers = tuple(drafters[0].target_hidden_layers)
+    processors = request.processors
+    raw_greedy = verifier.raw_greedy and not processors
+    node_budget = min(config.max_draft_tokens, config.max_verify_nodes)
+    stats.budget_capped = node_budget < config.max_draft_tokens
+    backend = BatchEagerBackend(model, layers)
+    try:
+        # ---- prefill, the first token of every row, the drafters begun on their rows
+        out = backend.prefill(input_ids, mask, positions)
+        logits = out.logits[:, -1].to(dtype=torch.float32)
+        scores = processors(input_ids, logits.clone()) if processors else logits
+        context = DraftContext(model, backend.cache, request.adapter, gen, None)
+        for b in range(rows):
+            hidden = None
+            if layers:
+                hidden = TargetHidden(layers, tuple(out.hidden_states[i][b : b + 1, pads[b] :] for i in layers))
+            drafters[b].begin(input_ids[b : b + 1, pads[b] :], context, hidden)
+            first = verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1], drafters[b], context,
+                                                                        hidden, None, node_budget))
+            recs[b].append(first.tokens, None, None, first.token_list)
+            drafters[b].accept(recs[b].input_ids[:, pads[b] :], VerifyResult(
+                path=[0], tokens=first.tokens, score_nodes=[0], token_list=first.token_list))
+        del out, logits, scores
+        cost = _cost_model(config, backend, model, rows)
+        running = list(range(rows))  # batch position -> row
+        running = _still_running(running, recs, truncate, backend, gen.max_length)
+
+        # ---- draft, budget, verify, commit, record
+        while running:
+            limit = _length_limit(recs, gen.max_length, truncate)
+            t0 = time.perf_counter()
+            drafts = []
+            for b in running:
+                length = recs[b].input_ids.shape[1]
+                budget = DraftBudget(max_nodes=node_budget, max_depth=min(config.max_depth, limit - length - 1))
+                drafts.append(propose(drafters[b], recs[b].input_ids[:, pads[b] :], budget, verifier))
+            drafts = _apply_budget(drafts, cost, config, stats)
+            t1 = time.perf_counter()
+            tree = _batch_tree([recs[b].host_ids[-1] for b in running], drafts, model.device)
+            verified = backend.forward(tree)
+            try:
+                for b in running:
+                    drafters[b].overlap()
+                results = _verify_rows(tree, drafts, verified.logits, [recs[b] for b in running], verifier,
+                                       processors, raw_greedy)
+                del verified
+            except BaseException:
+                backend.abort()
+                raise
+            hidden = backend.commit([r.path for r in results])
+            t2 = time.perf_counter()
+            stats.target_forwards += 1
+            stats.draft_seconds += t1 - t0
+            stats.verify_seconds += t2 - t1
+            stats.plain_steps += int(all(d.num_nodes == 0 for d in drafts))
+            for b, draft, result, row_hidden in zip(running, drafts, results, hidden):
+                accepted = int(result.tokens.shape[0])
+                for s in (stats, row_stats[b]):
+                    s.accepted_lengths.append(accepted)
+                    s.drafted_tokens.append(draft.num_nodes)
+                row_stats[b].target_forwards += 1
+                recs[b].append(result.tokens, None, None, result.token_list)
+                drafters[b].accept(recs[b].input_ids[:, pads[b] :], result, row_hidden)
+            running = _still_running(running, recs, truncate, backend, gen.max_length)
+        for b in range(rows):
+            drafters[b].end(recs[b].input_ids[:, pads[b] :])
+    finally:
+        backend.release()
+    sequences = _pad_rows(recs, truncate, gen, device)
+    logger.info("speculative_generate: batch of %d, %d target forwards (mean accepted length %.2f per row)", rows,
+                stats.target_forwards, stats.mean_accepted_length)
+    if not gen.return_dict_in_generate:
+        return sequences
+    # The batch's cache is not returned: its rows were right-aligned at different lengths and finished rows removed,
+    # so it is no cache stock generate could continue from.
+    return SpeculativeDecoderOnlyOutput(sequences=sequences, spec_stats=stats, **{CACHE_FIELD: None})
+
+
+def _has_eos_criterion(stopping) -> bool:
+    """Whether stock generate pads stopped rows: it does when an EOS criterion is among the stopping criteria."""
+    return any(hasattr(c, "eos_token_id") for c in stopping)
+
+
+def _length_limit(recs: list[Recorder], max_length: int, truncate: bool) -> int:
+    """The longest a row may grow this step: `max_length`, or without EOS criteria, once every row has stopped, the
+    length where the last one stopped (rows still short of it run up to it)."""
+    if truncate:
+        return max_length
+    stops = [rec.stopped_at for rec in recs]
+    if all(s is not None for s in stops):
+        return min(max_length, max(stops))
+    return max_length
+
+
+def _still_running(running: list[int], recs: list[Recorder], truncate: bool, backend: BatchEagerBackend,
+                   max_length: int) -> list[int]:
+    """The rows that go on (never one at `max_length`); the backend drops the others."""
+    limit = _length_limit(recs, max_length, truncate)
+    keep = [j for j, b in enumerate(running) if recs[b].input_ids.shape[1] < limit
+            and not (truncate and recs[b].finished)
+            and not (not truncate and all(rec.stopped_at is not None for rec in recs)
+                     and recs[b].input_ids.shape[1] >= limit)]
+    if len(keep) < len(running) and keep:
+        backend.select_rows(keep)
+    return [running[j] for j in keep]
+
+
+def _apply_budget(drafts: list[DraftTree], cost: VerifyCost | None, config, stats: SpecStats) -> list[DraftTree]:
+    """The drafts after the batch-wide budget: every node when they fit `max_verify_nodes` and no cost model is in
+    use, else the global top-n by value (`budget.choose_nodes`)."""
+    total = sum(d.num_nodes for d in drafts)
+    if total == 0 or (cost is None and total <= config.max_verify_nodes):
+        return drafts
+    if cost is None:
+        stats.budget_capped = True
+    choice = choose_nodes([node_values(d) for d in drafts], cost, config.budget_slack, config.max_verify_nodes)
+    return [trim_to_budget(d, keep) for d, keep in zip(drafts, choice.keep)]
+
+
+def _batch_tree(roots: list[int], drafts: list[DraftTree], device: torch.device) -> VerifyTree:
+    """One verify tree [R, N] on `device` from the rows' roots and drafts, laid out on the host: each row is its root
+    and draft (draft node j at index j + 1), padded to the widest row with leaves under the root that nobody commits
+    (they attend to the root only, and no real node sees them)."""
+    width = 1 + max(d.num_nodes for d in drafts)
+    tokens, parents = [], []
+    for root, draft in zip(roots, drafts):
+        host = draft.host()
+        pad = width - 1 - len(host.tokens)
+        tokens.append([root] + host.tokens + [root] * pad)
+        parents.append([-1] + [p + 1 if p >= 0 else 0 for p in host.parents] + [0] * pad)
+    tokens = torch.tensor(tokens, dtype=torch.long)
+    parent = torch.tensor(parents, dtype=torch.long)
+    ancestors = ancestor_mask(parent, include_self=True)
+    move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+    return VerifyTree(tokens=move(tokens), parent=move(parent), _ancestors=move(ancestors),
+                      _depth=move(ancestors.sum(-1) - 1))
+
+
+def _verify_rows(tree: VerifyTree, drafts: list[DraftTree], logits: torch.Tensor, recs: list[Recorder], verifier,
+                 processors, raw_greedy: bool) -> list[VerifyResult]:
+    """Each row's result. Greedy over raw logits: one argmax over [R, N, V] and one host read for the batch; else the
+    row's own tree and scores through the rule (its processors see the row's ids, as stock generate's do)."""
+    if raw_greedy:
+        best = logits.argmax(dim=-1).tolist()
+        results = []
+        for row, draft in enumerate(drafts):
+            host = draft.host()
+            tokens = [None] + host.tokens
+            children: list[list[int]] = [[] for _ in tokens]
+            for j, p in enumerate(host.parents):
+                children[p + 1 if p >= 0 else 0].append(j + 1)
+            path, new = greedy_walk(tokens, children, best[row])
+            results.append(VerifyResult.from_host(path, new, logits.device))
+        return results
+    results = []
+    host_tokens, host_parent = tree.tokens.cpu(), tree.parent.cpu()
+    for row, (draft, rec) in enumerate(zip(drafts, recs)):
+        n = draft.num_nodes + 1
+        row_tree = VerifyTree(tokens=host_tokens[row : row + 1, :n], parent=host_parent[row : row + 1, :n], draft=draft)
+        raw = logits[row : row + 1, :n].to(torch.float32)
+        scores = process_tree_logits(rec.input_ids, row_tree, raw, processors)
+        results.append(verifier.verify(row_tree, scores, StepInputs(rec.input_ids.shape[1], None)))
+    return results
+
+
+def _pad_rows(recs: list[Recorder], truncate: bool, gen, device) -> torch.Tensor:
+    """[B, L + new]: each row's tokens, stopped rows padded with the pad token (as stock generate pads them)."""
+    if truncate:
+        length = max(rec.input_ids.shape[1] for rec in recs)
+    else:
+        length = min(_length_limit(recs, gen.max_length, False), min(rec.input_ids.shape[1] for rec in recs))
+    pad = getattr(gen, "_pad_token_tensor", None)
+    if pad is None:
+        pad = gen.pad_token_id
+    if pad is None and any(rec.input_ids.shape[1] < length for rec in recs):
+        raise ValueError("rows of the batch stopped at different lengths and the generation config has no "
+                         "pad_token_id to fill the shorter ones")
+    out = torch.full((len(recs), length), 0 if pad is None else int(pad), dtype=torch.long, device=device)
+    for b, rec in enumerate(recs):
+        n = min(length, rec.input_ids.shape[1])
+        out[b, :n] = rec.input_ids[0, :n]
+    return out
+
+
+# ---------------------------------------------------------------------- the verify cost model
+def _cost_model(config, backend: BatchEagerBackend, model, rows: int) -> VerifyCost | None:
+    """The cost model the budget uses: measured on first use (per model, device, batch size and context) for
+    `batch_budget="calibrated"`, and for "auto" on CUDA; none for "fixed" (each row its own `max_draft_tokens`)."""
+    mode = config.batch_budget
+    if mode == "fixed" or (mode == "auto" and model.device.type != "cuda"):
+        return None
+    context = 1 << max(backend.slots - 1, 1).bit_length()  # the context length, to the next power of two
+    key = (id(model), str(model.device), str(model.dtype), rows, context)
+    return cached_cost(key, lambda: measure_verify_cost(backend, model.device))
+
+
+def measure_verify_cost(backend: BatchEagerBackend, device: torch.device,
+                        nodes: tuple[int, ...] = CALIBRATION_NODES) -> VerifyCost:
+    """Time verify forwards of chains of `nodes` drafts per row on the backend's own cache (aborted: nothing
+    committed changes). Returns the cost by total tokens."""
+    rows = len(backend.valid)
+    tokens, seconds = [], []
+    for n in nodes:
+        parent = (torch.arange(n + 1) - 1).expand(rows, n + 1)
+        ancestors = ancestor_mask(parent, include_self=True)
+        move = lambda t: t.to(device)  # noqa: E731
+        tree = VerifyTree(tokens=move(torch.zeros(rows, n + 1, dtype=torch.long)), parent=move(parent.clone()),
+                          _ancestors=move(ancestors), _depth=move(ancestors.sum(-1) - 1))
+
+        def run():
+            backend.forward(tree)
+            backend.abort()
+
+        tokens.append(rows * (n + 1))
+        seconds.append(time_forward(run, device))
+    logger.info("verify cost at batch %d: %s", rows,
+                ", ".join(f"{t} tokens {s * 1e3:.2f} ms" for t, s in zip(tokens, seconds)))
+    return VerifyCost(tokens=tokens, seconds=seconds)

@@ -1,0 +1,270 @@
+"""Batched speculative decoding (B > 1 left-padded rows): greedy identity with stock batched `generate` for every
+family, the per-row drafters, random trees, early-finishing rows and rows that never match; batch sampling's
+distribution; the batch-wide budget; bad input."""
+
+import pytest
+import torch
+from helpers import RandomTreeDrafter, drafter_kwargs, load_fixture
+from transformers import (
+    GenerationConfig,
+    LogitsProcessorList,
+    MaxLengthCriteria,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+from verification.test_sampling import RandomSampledDrafter, V, chi2_pvalue, target_joint
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec.engine.budget import VerifyCost, choose_nodes, node_values
+from hf_hybrid_spec.testing import TINY_FAMILIES, tiny_model
+from hf_hybrid_spec.tree import DraftTree
+
+PAD = 1
+
+
+def padded_batch(lengths, seed=0, vocab=96, period=4):
+    """Left-padded prompts of the given lengths (each repeats a short random pattern, so cache drafters match)."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), PAD)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        pattern = torch.randint(3, vocab, (period,), generator=g)
+        ids[b, width - n :] = pattern.repeat(n // period + 1)[:n]
+        mask[b, width - n :] = 1
+    return ids, mask
+
+
+def greedy(model, ids, mask, **kw):
+    return model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=PAD, **kw)
+
+
+def row_references(ref, mask):
+    """Each row's stock output without its left padding ([1, L_b]): what a per-row test drafter follows."""
+    pads = (mask == 0).sum(-1).tolist()
+    return [ref[b : b + 1, pads[b] :] for b in range(ref.shape[0])]
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_batch_greedy_matches_stock_for_every_family(family):
+    model = tiny_model(family)
+    ids, mask = padded_batch([9, 14, 5])
+    kw = dict(max_new_tokens=14, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate,
+                 assistant_config=H.AssistantConfig(global_cache=False), **kw)
+    assert torch.equal(out, ref)
+    # Random trees over each row's reference: accepted and rejected nodes of every depth, rows of different widths.
+    drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(ref, mask))]
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=drafters,
+                 return_dict_in_generate=True, **kw)
+    assert torch.equal(out.sequences, ref)
+    stats = out.spec_stats
+    assert len(stats.rows) == 3 and stats.target_forwards < 14
+    assert sum(len(r.accepted_lengths) for r in stats.rows) == len(stats.accepted_lengths)
+
+
+@pytest.mark.parametrize("name", ["suffix", "ngram", "model", "eagle"])
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_batch_greedy_matches_stock_for_every_drafter(family, name):
+    model = tiny_model(family)
+    ids, mask = padded_batch([6, 11, 3, 8], seed=1)
+    kw = dict(max_new_tokens=12, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, **drafter_kwargs(name, model), **kw)
+    assert torch.equal(out, ref)
+
+
+def test_rows_that_finish_early_are_padded_as_stock_pads_them():
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([7, 12, 4], seed=2)
+    plain = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=None)
+    # An EOS that one row reaches early (its 3rd new token) and the others later or never.
+    eos = int(plain[0, ids.shape[1] + 2])
+    ref = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=eos)
+    assert (ref == PAD).sum() > (ids == PAD).sum()  # some row was padded after its EOS
+    drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(plain, mask))]
+    out = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=eos, custom_generate=H.speculative_generate,
+                 drafter=drafters)
+    assert torch.equal(out, ref)
+
+
+class StopAfter(StoppingCriteria):
+    """Stops a row once its last token is `token` (a per-row criterion with no EOS token: stock keeps decoding
+    stopped rows until every row has stopped)."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_rows_stopped_without_an_eos_criterion_keep_decoding_as_in_stock():
+    model = tiny_model("falcon_h1")
+    ids, mask = padded_batch([5, 10], seed=3)
+    plain = greedy(model, ids, mask, max_new_tokens=20, eos_token_id=None)
+    token = int(plain[1, ids.shape[1] + 4])
+    criteria = StoppingCriteriaList([StopAfter(token)])
+    ref = greedy(model, ids, mask, max_new_tokens=20, eos_token_id=None, stopping_criteria=criteria)
+    out = greedy(model, ids, mask, max_new_tokens=20, eos_token_id=None, stopping_criteria=criteria,
+                 custom_generate=H.speculative_generate, assistant_config=H.AssistantConfig(global_cache=False))
+    assert torch.equal(out, ref)
+
+
+def test_rows_that_never_match_and_a_batch_budget_cap():
+    model = tiny_model("qwen3_next")
+    ids, mask = padded_batch([8, 8, 13], seed=4)
+    kw = dict(max_new_tokens=10, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    refs = row_references(ref, mask)
+    # Row 1 never follows its reference (every draft rejected); the forward's cap is below the rows' asks.
+    drafters = [RandomTreeDrafter(96, reference=refs[b], seed=b, p_follow=0.0 if b == 1 else 0.9) for b in range(3)]
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=drafters,
+                 assistant_config=H.AssistantConfig(max_verify_nodes=10, batch_budget="fixed"),
+                 return_dict_in_generate=True, **kw)
+    assert torch.equal(out.sequences, ref)
+    assert max(out.spec_stats.drafted_tokens) <= 10
+    assert out.spec_stats.rows[1].mean_accepted_length <= out.spec_stats.rows[0].mean_accepted_length
+
+
+def test_a_calibrated_budget_stays_exact():
+    model = tiny_model("falcon_h1")
+    ids, mask = padded_batch([6, 9], seed=5)
+    kw = dict(max_new_tokens=10, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate,
+                 assistant_config=H.AssistantConfig(batch_budget="calibrated", global_cache=False), **kw)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.fixture
+@pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
+def test_batch_greedy_on_the_fixtures(name):
+    model, tokenizer = load_fixture(name)
+    texts = ["def add(a, b):\n    return", "class Stack:\n    def __init__(self):\n        self.items = []\n    def push",
+             "import os\n\ndef list_files(path):\n"]
+    tokenizer.padding_side = "left"
+    enc = tokenizer(texts, padding=True, return_tensors="pt")
+    kw = dict(max_new_tokens=24, do_sample=False)
+    ref = model.generate(**enc, **kw)
+    out = model.generate(**enc, custom_generate=H.speculative_generate, return_dict_in_generate=True,
+                         assistant_config=H.AssistantConfig(global_cache=False), **kw)
+    assert torch.equal(out.sequences, ref)
+    assert out.spec_stats.mean_accepted_length > 1.0  # the fixtures repeat themselves more than real models do
+
+
+@pytest.mark.slow
+def test_batch_sampling_matches_each_rows_target_distribution():
+    """Rows of two prompts (two rows each, left-padded differently): each row's first two tokens follow the target's
+    joint law for its prompt (chi-square at a fixed seed, p > 1e-3), and the harness rejects a sharper law."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper
+
+    model = tiny_model("qwen3_5_text", vocab_size=V, seed=3)
+    prompts = [[2, 5, 3, 7, 2, 5], [4, 6, 4]]
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.6), TopKLogitsWarper(4)])
+    joints = [target_joint(model, torch.tensor([p]), processors) for p in prompts]
+    rows = [prompts[0], prompts[1], prompts[1], prompts[0]]
+    ids = torch.full((4, 6), PAD)
+    mask = torch.zeros(4, 6, dtype=torch.long)
+    for b, p in enumerate(rows):
+        ids[b, 6 - len(p) :] = torch.tensor(p)
+        mask[b, 6 - len(p) :] = 1
+    counts = [torch.zeros(V * V) for _ in prompts]
+    torch.manual_seed(4321)
+    for call in range(300):
+        out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=0.6, top_k=4, top_p=1.0,
+                             max_new_tokens=2, eos_token_id=None, pad_token_id=PAD,
+                             custom_generate=H.speculative_generate,
+                             drafter=[RandomSampledDrafter("tree" if b % 2 else "chain", seed=call * 4 + b)
+                                      for b in range(4)])
+        for b, p in enumerate(rows):
+            a, c = out[b, -2:].tolist()
+            counts[prompts.index(p)][a * V + c] += 1
+    for count, joint in zip(counts, joints):
+        assert chi2_pvalue(count, joint) > 1e-3
+        sharper = torch.softmax(2.0 * torch.log(joint + 1e-12), dim=0)
+        assert chi2_pvalue(count, sharper) < 1e-3
+
+
+# ---------------------------------------------------------------------- the budget
+def chain(values):
+    n = len(values)
+    return DraftTree(tokens=torch.arange(n).view(1, n), parents=(torch.arange(n) - 1).view(1, n),
+                     scores=torch.tensor([values]))
+
+
+def test_budget_falls_to_zero_where_verifying_costs_more_than_it_gains():
+    drafts = [chain([0.9, 0.8, 0.7]), chain([0.5, 0.2])]
+    values = [node_values(d) for d in drafts]
+    cheap = VerifyCost(tokens=[2, 64], seconds=[1.0, 1.0])  # memory-bound: drafts are free
+    assert choose_nodes(values, cheap).nodes == 5
+    steep = VerifyCost(tokens=[2, 3, 64], seconds=[1.0, 2.0, 63.0])  # compute-bound: each token costs a step
+    choice = choose_nodes(values, steep)
+    assert choice.nodes == 0 and choice.keep == [[], []]
+    # In between: the likeliest nodes first, whichever row holds them.
+    middle = VerifyCost(tokens=[2, 5, 64], seconds=[1.0, 1.2, 30.0])
+    choice = choose_nodes(values, middle)
+    assert choice.keep == [[0, 1, 2], []]
+
+
+def test_budget_shares_nodes_by_path_probability_across_rows():
+    drafts = [chain([0.95, 0.9, 0.85, 0.8]), chain([0.3, 0.1]), chain([0.9, 0.6])]
+    choice = choose_nodes([node_values(d) for d in drafts], None, max_nodes=5)
+    assert choice.keep == [[0, 1, 2, 3], [], [0]]
+    # A node is never worth more than its parent: a likely child under an unlikely parent waits for the parent.
+    tree = DraftTree(tokens=torch.tensor([[5, 6, 7]]), parents=torch.tensor([[-1, 0, -1]]),
+                     scores=torch.tensor([[0.2, 0.9, 0.5]]))
+    assert node_values(tree) == pytest.approx([0.2, 0.2, 0.5])
+    assert choose_nodes([node_values(tree)], None, max_nodes=2).keep == [[0, 2]]
+    # Without scores the prior decays with depth.
+    plain = DraftTree(tokens=torch.tensor([[5, 6]]), parents=torch.tensor([[-1, 0]]))
+    assert node_values(plain) == pytest.approx([0.6, 0.36])
+
+
+def test_verify_cost_interpolates_and_checks_its_table():
+    cost = VerifyCost(tokens=[4, 8, 16], seconds=[1.0, 2.0, 3.0])
+    assert cost(4) == 1.0 and cost(6) == pytest.approx(1.5) and cost(24) == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="increase"):
+        VerifyCost(tokens=[4, 4], seconds=[1.0, 1.0])
+
+
+# ---------------------------------------------------------------------- bad input and what a batch refuses
+def test_bad_batches_get_clear_errors_and_leave_the_model_as_it_was():
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([6, 9], seed=6)
+    kw = dict(max_new_tokens=6, eos_token_id=None, custom_generate=H.speculative_generate, pad_token_id=PAD)
+    before = model.generate(ids, attention_mask=mask, do_sample=False, **kw)
+    right = torch.flip(mask, [1])
+    with pytest.raises(ValueError, match="left-padded"):
+        model.generate(torch.flip(ids, [1]), attention_mask=right, **kw)
+    # Called with everything generate prepares (so it does not go through generate, which would build the mask).
+    prepared = GenerationConfig(max_length=ids.shape[1] + 6, pad_token_id=PAD, num_beams=1, num_return_sequences=1,
+                                do_sample=False)
+    with pytest.raises(ValueError, match="no attention_mask"):
+        H.speculative_generate(model, ids, LogitsProcessorList(),
+                               StoppingCriteriaList([MaxLengthCriteria(prepared.max_length)]), prepared)
+    with pytest.raises(ValueError, match="must match"):
+        model.generate(ids, attention_mask=mask[:, 1:], **kw)
+    with pytest.raises(ValueError, match="empty"):
+        model.generate(ids, attention_mask=torch.cat([torch.zeros_like(mask[:1]), mask[1:]]), **kw)
+    with pytest.raises(ValueError, match="one per row"):
+        model.generate(ids, attention_mask=mask, drafter=[RandomTreeDrafter(96)], **kw)
+    after = model.generate(ids, attention_mask=mask, do_sample=False, **kw)
+    assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize("ask,match", [
+    (dict(assistant_config=H.AssistantConfig(compile=True)), "compile=True"),
+    (dict(cache_implementation="static"), "cache_implementation='static'"),
+    (dict(assistant_config=H.AssistantConfig(drafter="self_ssm")), "self_ssm"),
+    (dict(assistant_config=H.AssistantConfig(verification="typical")), "typical"),
+    (dict(return_dict_in_generate=True, output_scores=True), "output_scores"),
+    (dict(drafter=RandomTreeDrafter(96)), "one per row"),
+], ids=["compile", "static-cache", "self_ssm", "lossy", "scores", "one-drafter"])
+def test_what_a_batch_does_not_support_is_named(ask, match):
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([6, 9], seed=7)
+    with pytest.raises((NotImplementedError, ValueError), match=match):
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=None, pad_token_id=PAD,
+                       custom_generate=H.speculative_generate, **ask)
