@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-__all__ = ["TINY_FAMILIES", "tiny_config", "tiny_model", "tiny_vlm", "fixture_path", "FIXTURES"]
+__all__ = ["TINY_FAMILIES", "tiny_config", "tiny_model", "tiny_vlm", "fixture_path", "FIXTURES", "acceptance_drafter"]
 
 FIXTURES = ("qwen3_5-small", "falcon_h1-small")
 
@@ -161,3 +161,38 @@ def layer_split_device_map(model, devices: list) -> dict[str, object]:
     for i in range(len(layers)):
         device_map[f"model.layers.{i}"] = devices[0] if i < half else devices[-1]
     return device_map
+
+
+def acceptance_drafter(continuation: list[int], acceptance: float, depth: int = 8, vocab_size: int = 2,
+                       seed: int = 0):
+    """A drafter for benchmarks only: it proposes the target's own greedy continuation of its row, computed beforehand
+    (`continuation`: the row's prompt and generated tokens, no padding), as a chain of up to `depth` tokens, each
+    replaced by another token with probability 1 - `acceptance`: speed at a known per-token acceptance on realistic
+    shapes, whose random weights accept nothing a real drafter proposes. Exactness holds whatever it proposes.
+    (The class is defined here, not at import: importing `hf_hybrid_spec.testing` stays light.)"""
+    from .drafters import Drafter
+    from .tree import DraftTree, empty_draft
+
+    if not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"acceptance must be in [0, 1], got {acceptance!r}")
+
+    class AcceptanceDrafter(Drafter):
+        name = "acceptance"
+
+        def __init__(self):
+            self.gen = torch.Generator().manual_seed(seed)
+
+        def propose(self, input_ids, budget):
+            start = input_ids.shape[1]
+            n = min(depth, budget.max_nodes, budget.max_depth, len(continuation) - start)
+            if n <= 0:
+                return empty_draft(1)
+            tokens = list(continuation[start : start + n])
+            wrong = (torch.rand(n, generator=self.gen) >= acceptance).tolist()
+            for i, flip in enumerate(wrong):
+                if flip:  # any other token: the target's greedy choice differs there
+                    shift = 1 + int(torch.randint(max(vocab_size - 1, 1), (1,), generator=self.gen))
+                    tokens[i] = (tokens[i] + shift) % vocab_size
+            return DraftTree.from_lists(tokens, list(range(-1, n - 1)))
+
+    return AcceptanceDrafter()

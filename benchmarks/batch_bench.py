@@ -1,0 +1,176 @@
+"""Benchmark: batched speculative decoding against stock batched decoding, at several batch sizes, same process.
+
+    python benchmarks/batch_bench.py --model ../shared/models/qwen3_5-small --batch-sizes 1 4 8 --out out/batch
+    python benchmarks/batch_bench.py --model random:qwen3_5-2b --drafters acceptance:0.6 acceptance:0.8 ...
+
+For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code prompts for a checkpoint, random tokens for
+`random:` models), then
+
+1. stock `generate(cache_implementation="static")` (transformers compiles its forward; warmed up first, so no compile
+   is timed) and stock eager `generate`: the baselines, and the greedy reference;
+2. correctness gate: each method's greedy rows against stock eager's (exact in fp32; bf16 rounds batched trees and
+   single tokens differently, so `--allow-mismatch` reports the share of identical rows instead of failing);
+3. each method timed after a warm-up call (the batch budget's calibration happens there): `suffix` (the default
+   drafter, batch budget "auto"), `suffix:fixed` (every row its full tree) and `acceptance:P` (the target's own
+   continuation with each token corrupted with probability 1 - P: a known acceptance on random weights).
+
+A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
+chose, the speedup over stock static), a PNG of tokens/s against B, and a JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+from tqdm.auto import tqdm
+from transformers.utils import logging
+
+from bench import _sync, encode_prompts, load_model, quiet_gc
+from hf_hybrid_spec.config import AssistantConfig
+from hf_hybrid_spec.generate import speculative_generate
+from hf_hybrid_spec.testing import acceptance_drafter
+
+logger = logging.get_logger(__name__)
+
+
+def batch_of(prompts: list[torch.Tensor], rows: int) -> torch.Tensor:
+    return torch.cat([prompts[i % len(prompts)] for i in range(rows)], dim=0)
+
+
+def timed(fn, device) -> tuple[float, object]:
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - t0, out
+
+
+def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int) -> dict:
+    """generate kwargs of method `name` (see the module docstring) for a batch whose stock output is `reference`."""
+    if name == "suffix":
+        return dict(assistant_config=AssistantConfig(global_cache=False, compile=False))
+    if name == "suffix:fixed":
+        return dict(assistant_config=AssistantConfig(global_cache=False, compile=False, batch_budget="fixed"))
+    if name.startswith("acceptance:"):
+        p = float(name.split(":", 1)[1])
+        drafters = [acceptance_drafter(reference[b].tolist(), p, depth=8, vocab_size=vocab, seed=b)
+                    for b in range(reference.shape[0])]
+        return dict(drafter=drafters, assistant_config=AssistantConfig(compile=False, max_draft_tokens=8))
+    raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, acceptance:P)")
+
+
+def run(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="checkpoint path, random:qwen3_5-2b / random:falcon_h1-1.5b, "
+                                                        "or tiny:<model_type>")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
+    parser.add_argument("--drafters", nargs="+", default=["suffix"], help="suffix, suffix:fixed, acceptance:P")
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-stock-static", action="store_true", help="skip stock static+compile (CPU smoke runs)")
+    parser.add_argument("--allow-mismatch", action="store_true", help="report, do not fail on, rows that differ "
+                                                                        "from stock greedy (bf16)")
+    parser.add_argument("--out", default=None, help="folder for the PNG and results.json")
+    args = parser.parse_args(argv)
+
+    dtype = getattr(torch, args.dtype)
+    model, tokenizer = load_model(args.model, dtype, args.device)
+    vocab = model.config.get_text_config().vocab_size
+    prompts = encode_prompts(tokenizer, max(args.batch_sizes), args.device, vocab, args.prompt_tokens)
+    gen = dict(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens, do_sample=False,
+               eos_token_id=None, pad_token_id=model.config.get_text_config().pad_token_id or 0)
+    quiet_gc()
+    rows_out, gate_failures = [], []
+    for rows in tqdm(args.batch_sizes, desc="batch sizes"):
+        ids = batch_of(prompts, rows)
+        tokens = rows * args.max_new_tokens
+        entry = {"batch": rows}
+        seconds, reference = timed(lambda: model.generate(ids, **gen), args.device)
+        entry["stock_eager"] = tokens / seconds
+        if not args.no_stock_static:
+            model.generate(ids, cache_implementation="static", **gen)  # compiles for this batch size
+            seconds, _ = timed(lambda: model.generate(ids, cache_implementation="static", **gen), args.device)
+            entry["stock_static"] = tokens / seconds
+        for name in args.drafters:
+            kwargs = method_kwargs(name, reference, vocab, args.max_new_tokens)
+            model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs)  # warm-up, calibration
+            kwargs = method_kwargs(name, reference, vocab, args.max_new_tokens)  # fresh drafters
+            seconds, out = timed(lambda: model.generate(ids, custom_generate=speculative_generate,
+                                                        return_dict_in_generate=True, **gen, **kwargs), args.device)
+            same = (out.sequences == reference).all(-1).float().mean().item()
+            if same < 1.0:
+                gate_failures.append(f"B={rows} {name}: {same:.0%} of rows identical to stock greedy")
+            stats = out.spec_stats
+            entry[name] = tokens / seconds
+            entry[f"{name}.row_ms_per_token"] = 1000 * seconds / args.max_new_tokens
+            entry[f"{name}.mean_accepted"] = stats.mean_accepted_length
+            entry[f"{name}.plain_steps"] = stats.plain_steps / max(stats.target_forwards, 1)
+            entry[f"{name}.identical_rows"] = same
+        rows_out.append(entry)
+    if gate_failures and not args.allow_mismatch:
+        print("correctness gate failed:\n  " + "\n  ".join(gate_failures))
+        return {"gate": "failed", "failures": gate_failures}
+
+    base = "stock_static" if not args.no_stock_static else "stock_eager"
+    header = f"{'B':>4} {'stock eager':>12} {'stock static':>13} " + " ".join(
+        f"{name + ' tok/s':>22} {'x' + base[6:]:>8} {'acc':>5} {'plain':>6}" for name in args.drafters)
+    print(header)
+    for e in rows_out:
+        line = f"{e['batch']:>4} {e['stock_eager']:>12.0f} {e.get('stock_static', float('nan')):>13.0f} "
+        line += " ".join(f"{e[n]:>22.0f} {e[n] / e[base]:>8.2f} {e[n + '.mean_accepted']:>5.2f} "
+                         f"{e[n + '.plain_steps']:>6.0%}" for n in args.drafters)
+        print(line)
+    if gate_failures:
+        print("rows differing from stock greedy (--allow-mismatch): " + "; ".join(gate_failures))
+    result = {"model": args.model, "dtype": args.dtype, "prompt_tokens": args.prompt_tokens,
+              "max_new_tokens": args.max_new_tokens, "device": torch.cuda.get_device_name() if
+              args.device.startswith("cuda") else "cpu", "rows": rows_out, "mismatches": gate_failures}
+    if args.out:
+        import os
+
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(result, f, indent=2)
+        plot(rows_out, args.drafters, not args.no_stock_static, os.path.join(args.out, "batch_throughput.png"),
+             args.model)
+    print(json.dumps(result))
+    return result
+
+
+def plot(rows: list[dict], methods: list[str], with_static: bool, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [e["batch"] for e in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(xs, [e["stock_eager"] for e in rows], "o--", label="stock eager")
+    if with_static:
+        ax.plot(xs, [e["stock_static"] for e in rows], "s--", label="stock static+compile")
+    for name in methods:
+        ax.plot(xs, [e[name] for e in rows], "o-", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("committed tokens / s (all rows)")
+    ax.set_title(title.rsplit("/", 1)[-1])
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    result = run()
+    return 1 if result.get("gate") == "failed" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
