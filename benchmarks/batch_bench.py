@@ -8,10 +8,12 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
 
 1. stock `generate(cache_implementation="static")` (transformers compiles its forward; warmed up first, so no compile
    is timed) and stock eager `generate`: the baselines, and the greedy reference;
+   (methods run as `AssistantConfig()` comes, compile="auto": the batched static runner with CUDA graphs on a GPU)
 2. correctness gate: each method's greedy rows against stock eager's (exact in fp32; bf16 rounds batched trees and
    single tokens differently, so `--allow-mismatch` reports the share of identical rows instead of failing);
 3. each method timed after a warm-up call (the batch budget's calibration happens there): `suffix` (the default
-   drafter, batch budget "auto"), `suffix:fixed` (every row its full tree) and `acceptance:P` (the target's own
+   drafter, batch budget "auto"), `suffix:fixed` (every row its full tree), `suffix:eager` (compile=False) and
+   `acceptance:P` (the target's own
    continuation with each token corrupted with probability 1 - P: a known acceptance on random weights).
 
 A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
@@ -52,15 +54,17 @@ def timed(fn, device) -> tuple[float, object]:
 def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int) -> dict:
     """generate kwargs of method `name` (see the module docstring) for a batch whose stock output is `reference`."""
     if name == "suffix":
-        return dict(assistant_config=AssistantConfig(global_cache=False, compile=False))
+        return dict(assistant_config=AssistantConfig(global_cache=False))
     if name == "suffix:fixed":
-        return dict(assistant_config=AssistantConfig(global_cache=False, compile=False, batch_budget="fixed"))
+        return dict(assistant_config=AssistantConfig(global_cache=False, batch_budget="fixed"))
+    if name == "suffix:eager":
+        return dict(assistant_config=AssistantConfig(global_cache=False, compile=False))
     if name.startswith("acceptance:"):
         p = float(name.split(":", 1)[1])
         drafters = [acceptance_drafter(reference[b].tolist(), p, depth=8, vocab_size=vocab, seed=b)
                     for b in range(reference.shape[0])]
-        return dict(drafter=drafters, assistant_config=AssistantConfig(compile=False, max_draft_tokens=8))
-    raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, acceptance:P)")
+        return dict(drafter=drafters, assistant_config=AssistantConfig(max_draft_tokens=8, max_depth=8))
+    raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, acceptance:P)")
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -68,7 +72,8 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", required=True, help="checkpoint path, random:qwen3_5-2b / random:falcon_h1-1.5b, "
                                                         "or tiny:<model_type>")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
-    parser.add_argument("--drafters", nargs="+", default=["suffix"], help="suffix, suffix:fixed, acceptance:P")
+    parser.add_argument("--drafters", nargs="+", default=["suffix"],
+                        help="suffix, suffix:fixed, suffix:eager, acceptance:P")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

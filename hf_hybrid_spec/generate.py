@@ -64,18 +64,13 @@ def _resolve_config(assistant_config, draft_model) -> AssistantConfig:
     raise TypeError(f"assistant_config must be an AssistantConfig, a dict or a path, got {type(assistant_config).__name__}")
 
 
-def _resolve_compile(config: AssistantConfig, model: nn.Module, generation_config: GenerationConfig,
-                     batched: bool = False) -> AssistantConfig:
+def _resolve_compile(config: AssistantConfig, model: nn.Module, generation_config: GenerationConfig) -> AssistantConfig:
     """`config` with `compile` a bool: "auto" is the static path (CUDA graphs) for a model on one CUDA device, unless
     the call asks for what only the eager path returns (attentions, hidden states); the eager path elsewhere.
     `cache_implementation="static"` implies compile=True, for the drafters too (EAGLE's static storage and graphs)."""
     compile_ = config.compile
     if generation_config.cache_implementation == "static":
         compile_ = True
-    elif compile_ == "auto" and batched:  # the static path runs one row for now: a batch runs eagerly
-        compile_ = False
-        if config.compile_drafter or config.compile_verify:
-            return config.replace(compile=False, compile_drafter=False, compile_verify=False)
     elif compile_ == "auto":
         devices = {p.device for p in model.parameters()}
         eager_outputs = bool(generation_config.return_dict_in_generate) and bool(
@@ -162,11 +157,6 @@ def _check_batch(input_ids: torch.Tensor, generation_config: GenerationConfig, m
 
 def _check_batch_config(config: AssistantConfig, drafter, generation_config: GenerationConfig) -> None:
     """The configuration a batch runs with: the eager batched path, exact verification, per-row drafters."""
-    if config.compile is True:
-        what = ("cache_implementation='static'" if generation_config.cache_implementation == "static"
-                else "compile=True")
-        raise NotImplementedError(f"{what} (the static / CUDA-graph path) supports batch size 1 for now; a batch runs "
-                                  "eagerly: leave compile='auto' or pass compile=False")
     if config.verification != "lossless":
         raise NotImplementedError(f"verification={config.verification!r} supports batch size 1 for now")
     if drafter is not None:
@@ -229,7 +219,7 @@ def speculative_generate(
     adapter = get_adapter(model)  # first: an unsupported model gets the list of supported families
     _check_supported(model, input_ids, generation_config, model_kwargs)
     rows = input_ids.shape[0]
-    config = _resolve_compile(config, model, generation_config, batched=rows > 1)
+    config = _resolve_compile(config, model, generation_config)
     given = list(drafter) if isinstance(drafter, (list, tuple)) else ([] if drafter is None else [drafter])
     bad = [type(d).__name__ for d in given if not isinstance(d, Drafter)]
     if bad:
@@ -245,8 +235,10 @@ def speculative_generate(
     with use_backend(config.kernel_backend), sdpa_without_cudnn():
         drafters = given
         try:
+            # A batch's drafters draft eagerly (one static EAGLE store per row would capture graphs per row).
+            row_config = config if rows == 1 else config.replace(compile=False, compile_drafter=False)
             while len(drafters) < rows:
-                drafters.append(make_drafter(config, model, draft_model))
+                drafters.append(make_drafter(row_config, model, draft_model))
                 _check_per_row(drafters[-1], rows)
             for d in drafters:
                 _check_per_row(d, rows)

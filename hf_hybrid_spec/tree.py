@@ -260,14 +260,25 @@ def tree_attention_mask(ancestors: torch.Tensor, key_valid: torch.Tensor, prefix
     Args:
         ancestors: [B, N, N] bool, [b, i, j] = node j is on node i's root path (`VerifyTree.ancestors`).
         key_valid: [B, L] or [L] bool over the key slots (only the committed ones are read).
-        prefix_length: where the tree's keys start: an int, or a 0-dim tensor (the static runner's, on the device).
+        prefix_length: where the tree's keys start: an int, a 0-dim tensor (the static runner's, on the device), or
+            a [B] tensor, one start per row (the batched static runner's: rows at different committed lengths).
 
     Fixed shapes and no host read: the static runner computes it inside its captured forward, the eager path with
     L = prefix_length + N.
     """
     b, n, _ = ancestors.shape
     key_length = key_valid.shape[-1]
-    rel = torch.arange(key_length, device=ancestors.device) - prefix_length  # key slot relative to the tree
+    slots = torch.arange(key_length, device=ancestors.device)
+    if isinstance(prefix_length, torch.Tensor) and prefix_length.ndim == 1:
+        rel = slots[None] - prefix_length[:, None]  # [B, L]: each row's key slots relative to its tree
+        in_tree = (rel >= 0) & (rel < n)
+        index = rel.clamp(0, n - 1)[:, None, :].expand(b, n, key_length)
+        tree_part = ancestors.gather(2, index) & in_tree[:, None, :]
+        allowed = ((rel < 0) & key_valid.view(-1, key_length))[:, None, :] | tree_part
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=ancestors.device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[:, None]
+    rel = slots - prefix_length  # key slot relative to the tree
     in_tree = (rel >= 0) & (rel < n)
     tree_part = ancestors[:, :, rel.clamp(0, n - 1)] & in_tree  # [B, N, L]
     allowed = ((rel < 0) & key_valid.view(-1, key_length))[:, None, :] | tree_part

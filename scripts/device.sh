@@ -9,6 +9,8 @@
 #             e2e on the same machine for an A/B of the two versions
 #   launch    what a tree op costs the host when launched from Python (the eager path), and the eager loop end to end
 #   hvd       Hybrid Verified Decoding on the agentic workload suite
+#   batch     batched speculation against stock batched decoding at B = 1..64 (the fixture; BATCH_MODEL=random:... for a
+#             random-weight model with the acceptance-controlled drafter; BATCH_SIZES to choose the batch sizes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -38,6 +40,12 @@ case "${1:-}" in
     TAILN=30 run 560 hvd python3 benchmarks/hvd_bench.py --model "$M" --eagle "$D" --compile --compile-drafter \
         --compile-verify --dtype bfloat16 --workload code_edit tool_calls agent_loop --methods suffix eagle threshold \
         hvd --sessions-per-workload 6 --repeats 3 --max-minutes 8 --out "$OUT/hvd" ;;
+  batch)
+    BM=${BATCH_MODEL:-$M}
+    if [[ "$BM" == random:* ]]; then BD="acceptance:0.6 acceptance:0.8"; else BD="suffix acceptance:0.8"; fi
+    TAILN=${TAILN:-12} run "${BATCH_SECONDS:-560}" "batch_${BM//[:\/.]/_}" python3 benchmarks/batch_bench.py --model "$BM" \
+        --batch-sizes ${BATCH_SIZES:-1 4 8 16 32 64} --drafters ${BATCH_DRAFTERS:-$BD} --dtype bfloat16 \
+        --prompt-tokens 256 --max-new-tokens 128 --allow-mismatch --out "$OUT/batch" ;;
   *)
-    echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd"; exit 2 ;;
+    echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd|batch"; exit 2 ;;
 esac

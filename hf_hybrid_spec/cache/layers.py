@@ -11,7 +11,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionLayer
 
 __all__ = ["StaticCursor", "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer", "kv_length", "kv_crop",
-           "kv_commit", "is_linear", "has_kv"]
+           "kv_commit", "is_linear", "has_kv", "scatter_slots", "gather_slots"]
 
 
 class StaticCursor:
@@ -57,8 +57,12 @@ class StaticKVMixin:
             write_pos = self.cursor.write_pos
             if write_pos.device != self.keys.device:  # a layer on another GPU than the runner (device_map)
                 write_pos = write_pos.to(self.keys.device)
-            self.keys.index_copy_(2, write_pos, key_states)
-            self.values.index_copy_(2, write_pos, value_states)
+            if write_pos.ndim == 2:  # [B, N]: each row's own slots (the batched runner's rows differ in length)
+                scatter_slots(self.keys, write_pos, key_states)
+                scatter_slots(self.values, write_pos, value_states)
+            else:
+                self.keys.index_copy_(2, write_pos, key_states)
+                self.values.index_copy_(2, write_pos, value_states)
             return self.keys, self.values
         t = key_states.shape[-2]
         if self.length + t > self.max_length:
@@ -154,3 +158,13 @@ def has_kv(layer) -> bool:
     return hasattr(layer, "keys") and hasattr(layer, "values") and type(layer).__name__ != "DummyLayer"
 
 
+def scatter_slots(buffer: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """buffer [B, H, L, D] with buffer[b, :, slots[b, j]] = values[b, :, j] (slots [B, N], values [B, H, N, D])."""
+    b, h, n, d = values.shape
+    buffer.scatter_(2, slots[:, None, :, None].expand(b, h, n, d), values)
+
+
+def gather_slots(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """[B, H, N, D] with out[b, :, j] = buffer[b, :, slots[b, j]] (slots [B, N])."""
+    b, h, _, d = buffer.shape
+    return buffer.gather(2, slots[:, None, :, None].expand(b, h, slots.shape[1], d))

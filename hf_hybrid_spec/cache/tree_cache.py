@@ -35,11 +35,13 @@ from .layers import (
     StaticKVLayer,
     StaticKVMixin,
     StaticLinearKVLayer,
+    gather_slots,
     has_kv,
     is_linear,
     kv_commit,
     kv_crop,
     kv_length,
+    scatter_slots,
 )
 from .state import CacheSnapshot, PendingRecurrent, TreeState
 
@@ -221,8 +223,8 @@ class HybridTreeCache(DynamicCache):
                     if isinstance(layer, StaticKVMixin):
                         raise NotImplementedError("commit_rows is for dynamic caches (the eager batched path)")
                     where = index.to(layer.keys.device, non_blocking=True)
-                    layer.keys = _gather_slots(layer.keys, where)
-                    layer.values = _gather_slots(layer.values, where)
+                    layer.keys = gather_slots(layer.keys, where)
+                    layer.values = gather_slots(layer.values, where)
                 self._commit_recurrent(idx, layer, leaf, on_path)
         finally:
             self._book = None
@@ -247,7 +249,8 @@ class HybridTreeCache(DynamicCache):
     def commit_on_device(self, leaf: torch.Tensor, on_path: torch.Tensor, src: torch.Tensor,
                          dst: torch.Tensor) -> None:
         """The device part of a commit, with fixed shapes and no host read (what a CUDA graph captures), for a cache
-        built with `static_length`: each attention layer's key / value slots `src` [n] are copied to `dst` [n] (the
+        built with `static_length`: each attention layer's key / value slots `src` [n] (or [B, n], per row) are copied
+        to `dst` (the
         accepted path's nodes in order, then filler whose copies land past the committed length), and each recurrent
         layer's state is rebuilt along `on_path` [B, N]. The cache stays in tree mode: `end_tree` leaves it.
 
@@ -259,9 +262,13 @@ class HybridTreeCache(DynamicCache):
         for idx, layer in enumerate(self.layers):
             if isinstance(layer, StaticKVMixin) and layer.is_initialized:
                 s, d = src.to(layer.keys.device), dst.to(layer.keys.device)
-                # index_select copies first, so overlapping source and destination slots are safe.
-                layer.keys.index_copy_(2, d, layer.keys.index_select(2, s))
-                layer.values.index_copy_(2, d, layer.values.index_select(2, s))
+                # The reads are copies made first, so overlapping source and destination slots are safe.
+                if s.ndim == 2:  # [B, n]: each row's own slots (the batched runner)
+                    scatter_slots(layer.keys, d, gather_slots(layer.keys, s))
+                    scatter_slots(layer.values, d, gather_slots(layer.values, s))
+                else:
+                    layer.keys.index_copy_(2, d, layer.keys.index_select(2, s))
+                    layer.values.index_copy_(2, d, layer.values.index_select(2, s))
             self._commit_recurrent(idx, layer, leaf, on_path)
 
     def end_tree(self, committed_length: int | None = None) -> None:
@@ -364,8 +371,3 @@ def right_aligned_index(paths: list[list[int]], valid: list[int], prefix: int) -
     index = torch.where(t < counts, prefix - counts + t, from_tree)
     return torch.where(t < 0, 0, index)
 
-
-def _gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, D] gathered along the slots: [B, H, S', D] with out[b, :, j] = x[b, :, index[b, j]]."""
-    b, h, _, d = x.shape
-    return x.gather(2, index[:, None, :, None].expand(b, h, index.shape[1], d))

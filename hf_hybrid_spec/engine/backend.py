@@ -222,9 +222,13 @@ class BatchEagerBackend:
         model: the target. hidden_layers: hidden-state indices the drafters read (returned per row by `commit`).
     """
 
+    # Widths the budget may pick (None: any); the static backend's are its buckets.
+    widths: list[int] | None = None
+
     def __init__(self, model: nn.Module, hidden_layers: tuple[int, ...]):
         self.model = model
         self.hidden_layers = tuple(hidden_layers)
+        self.tree_device = model.device
         self.cache = HybridTreeCache(model.config)
         self.valid: list[int] = []
         self.slots = 0

@@ -35,8 +35,9 @@ logger = logging.get_logger(__name__)
 
 __all__ = ["decode_batch", "measure_verify_cost"]
 
-# Draft nodes per row at which the verify cost is measured (total tokens B * (1 + n)).
-CALIBRATION_NODES = (0, 1, 3, 7, 15, 31)
+# Widths (nodes per row, root included) at which the eager path's verify cost is measured; a static runner is
+# measured at its buckets.
+CALIBRATION_WIDTHS = (1, 2, 4, 8, 16, 32)
 
 
 def decode_batch(request: Request):
@@ -64,7 +65,9 @@ def decode_batch(request: Request):
     raw_greedy = verifier.raw_greedy and not processors
     node_budget = min(config.max_draft_tokens, config.max_verify_nodes)
     stats.budget_capped = node_budget < config.max_draft_tokens
-    backend = BatchEagerBackend(model, layers)
+    backend = _backend(request, layers, node_budget)
+    if backend.widths:
+        node_budget = min(node_budget, max(backend.widths) - 1)
     try:
         # ---- prefill, the first token of every row, the drafters begun on their rows
         out = backend.prefill(input_ids, mask, positions)
@@ -95,9 +98,9 @@ def decode_batch(request: Request):
                 length = recs[b].input_ids.shape[1]
                 budget = DraftBudget(max_nodes=node_budget, max_depth=min(config.max_depth, limit - length - 1))
                 drafts.append(propose(drafters[b], recs[b].input_ids[:, pads[b] :], budget, verifier))
-            drafts = _apply_budget(drafts, cost, config, stats)
+            drafts = _apply_budget(drafts, cost, config, stats, backend.widths)
             t1 = time.perf_counter()
-            tree = _batch_tree([recs[b].host_ids[-1] for b in running], drafts, model.device)
+            tree = _batch_tree([recs[b].host_ids[-1] for b in running], drafts, backend.tree_device)
             verified = backend.forward(tree)
             try:
                 for b in running:
@@ -137,6 +140,24 @@ def decode_batch(request: Request):
     return SpeculativeDecoderOnlyOutput(sequences=sequences, spec_stats=stats, **{CACHE_FIELD: None})
 
 
+def _backend(request: Request, layers: tuple[int, ...], node_budget: int):
+    """The static batched runner (CUDA graphs) when the config compiles, else the eager batched backend. Drafters that
+    read the target's hidden states (EAGLE) run eagerly for now: the batched runner keeps no hidden-state history."""
+    config, model = request.config, request.model
+    if config.compile and layers:
+        logger.warning_once("a batch with a drafter that reads the target's hidden states (EAGLE) verifies eagerly: "
+                            "the batched static runner keeps no hidden-state history yet")
+    if not config.compile or layers:
+        return BatchEagerBackend(model, layers)
+    from .batch_static import BatchStaticBackend
+
+    # The buckets up to the first that holds a full row (node_budget drafts and the root): no larger tree can come.
+    needed = next((b for b in config.compile_buckets if b >= node_budget + 1), max(config.compile_buckets))
+    buckets = tuple(b for b in config.compile_buckets if b <= needed)
+    static_length = request.generation_config.max_length + max(buckets)
+    return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request)
+
+
 def _has_eos_criterion(stopping) -> bool:
     """Whether stock generate pads stopped rows: it does when an EOS criterion is among the stopping criteria."""
     return any(hasattr(c, "eos_token_id") for c in stopping)
@@ -153,7 +174,7 @@ def _length_limit(recs: list[Recorder], max_length: int, truncate: bool) -> int:
     return max_length
 
 
-def _still_running(running: list[int], recs: list[Recorder], truncate: bool, backend: BatchEagerBackend,
+def _still_running(running: list[int], recs: list[Recorder], truncate: bool, backend,
                    max_length: int) -> list[int]:
     """The rows that go on (never one at `max_length`); the backend drops the others."""
     limit = _length_limit(recs, max_length, truncate)
@@ -166,7 +187,8 @@ def _still_running(running: list[int], recs: list[Recorder], truncate: bool, bac
     return [running[j] for j in keep]
 
 
-def _apply_budget(drafts: list[DraftTree], cost: VerifyCost | None, config, stats: SpecStats) -> list[DraftTree]:
+def _apply_budget(drafts: list[DraftTree], cost: VerifyCost | None, config, stats: SpecStats,
+                  widths: list[int] | None) -> list[DraftTree]:
     """The drafts after the batch-wide budget: every node when they fit `max_verify_nodes` and no cost model is in
     use, else the global top-n by value (`budget.choose_nodes`)."""
     total = sum(d.num_nodes for d in drafts)
@@ -174,7 +196,8 @@ def _apply_budget(drafts: list[DraftTree], cost: VerifyCost | None, config, stat
         return drafts
     if cost is None:
         stats.budget_capped = True
-    choice = choose_nodes([node_values(d) for d in drafts], cost, config.budget_slack, config.max_verify_nodes)
+    choice = choose_nodes([node_values(d) for d in drafts], cost, config.budget_slack, config.max_verify_nodes,
+                          widths)
     return [trim_to_budget(d, keep) for d, keep in zip(drafts, choice.keep)]
 
 
@@ -189,8 +212,15 @@ def _batch_tree(roots: list[int], drafts: list[DraftTree], device: torch.device)
         pad = width - 1 - len(host.tokens)
         tokens.append([root] + host.tokens + [root] * pad)
         parents.append([-1] + [p + 1 if p >= 0 else 0 for p in host.parents] + [0] * pad)
-    tokens = torch.tensor(tokens, dtype=torch.long)
-    parent = torch.tensor(parents, dtype=torch.long)
+    return _host_or_device_tree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
+                                device)
+
+
+def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: torch.device) -> VerifyTree:
+    """A verify tree from host tensors: kept on the host for a backend that stages it itself (the static runner),
+    else moved with its ancestor mask and depths worked out on the host (no small launches on the device)."""
+    if device.type == "cpu":
+        return VerifyTree(tokens=tokens, parent=parent)
     ancestors = ancestor_mask(parent, include_self=True)
     move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
     return VerifyTree(tokens=move(tokens), parent=move(parent), _ancestors=move(ancestors),
@@ -244,36 +274,32 @@ def _pad_rows(recs: list[Recorder], truncate: bool, gen, device) -> torch.Tensor
 
 
 # ---------------------------------------------------------------------- the verify cost model
-def _cost_model(config, backend: BatchEagerBackend, model, rows: int) -> VerifyCost | None:
+def _cost_model(config, backend, model, rows: int) -> VerifyCost | None:
     """The cost model the budget uses: measured on first use (per model, device, batch size and context) for
     `batch_budget="calibrated"`, and for "auto" on CUDA; none for "fixed" (each row its own `max_draft_tokens`)."""
     mode = config.batch_budget
     if mode == "fixed" or (mode == "auto" and model.device.type != "cuda"):
         return None
     context = 1 << max(backend.slots - 1, 1).bit_length()  # the context length, to the next power of two
-    key = (id(model), str(model.device), str(model.dtype), rows, context)
+    key = (id(model), str(model.device), str(model.dtype), rows, context, type(backend).__name__)
     return cached_cost(key, lambda: measure_verify_cost(backend, model.device))
 
 
-def measure_verify_cost(backend: BatchEagerBackend, device: torch.device,
-                        nodes: tuple[int, ...] = CALIBRATION_NODES) -> VerifyCost:
-    """Time verify forwards of chains of `nodes` drafts per row on the backend's own cache (aborted: nothing
-    committed changes). Returns the cost by total tokens."""
+def measure_verify_cost(backend, device: torch.device) -> VerifyCost:
+    """Time verify forwards of one chain per row at the backend's widths (`backend.widths`, or CALIBRATION_WIDTHS)
+    on its own cache, each aborted: nothing committed changes. Returns the cost by width."""
     rows = len(backend.valid)
-    tokens, seconds = [], []
-    for n in nodes:
-        parent = (torch.arange(n + 1) - 1).expand(rows, n + 1)
-        ancestors = ancestor_mask(parent, include_self=True)
-        move = lambda t: t.to(device)  # noqa: E731
-        tree = VerifyTree(tokens=move(torch.zeros(rows, n + 1, dtype=torch.long)), parent=move(parent.clone()),
-                          _ancestors=move(ancestors), _depth=move(ancestors.sum(-1) - 1))
+    widths = list(backend.widths or CALIBRATION_WIDTHS)
+    seconds = []
+    for width in widths:
+        parent = (torch.arange(width) - 1).expand(rows, width).clone()
+        tree = _host_or_device_tree(torch.zeros(rows, width, dtype=torch.long), parent, backend.tree_device)
 
         def run():
             backend.forward(tree)
             backend.abort()
 
-        tokens.append(rows * (n + 1))
         seconds.append(time_forward(run, device))
     logger.info("verify cost at batch %d: %s", rows,
-                ", ".join(f"{t} tokens {s * 1e3:.2f} ms" for t, s in zip(tokens, seconds)))
-    return VerifyCost(tokens=tokens, seconds=seconds)
+                ", ".join(f"width {w} {s * 1e3:.2f} ms" for w, s in zip(widths, seconds)))
+    return VerifyCost(widths=widths, seconds=seconds)

@@ -1,16 +1,17 @@
 """The batch-wide verification budget (Bole): how many draft nodes one batched verify forward takes, and which.
 
-A verify forward over a batch of B rows costs T(X) for X tokens in all (B roots plus the draft nodes); a plain decode
-step costs T(B). Each step the rows propose their drafts, every node valued by its drafter's estimate that it is
-accepted (its path probability; a node is never worth more than its parent), and the budget keeps the n nodes of
-highest value across the whole batch (global top-n: rows with likelier drafts get more nodes) where n maximizes
+The rows' trees run in one forward padded to the widest row, so a verify forward over R rows of width W (root
+included) costs T(W) however the nodes spread over the rows; a plain decode step costs T(1). Each step every row
+proposes its draft, each node valued by its drafter's estimate that it is accepted (its path probability; a node
+is never worth more than its parent), and the budget picks the width W, and for each row its W - 1 likeliest
+nodes (at most `max_nodes` over the batch, the likeliest across rows), that maximize
 
-    expected committed tokens per second = (B + sum of the n kept values) / T(B + n)
+    expected committed tokens per second = (R + sum of the kept values) / T(W)
 
-When no n > 0 beats a plain decode step by the `slack` factor (a large, compute-bound batch, or drafts that rarely
-hold), n = 0: the step is a plain decode step, so speculation never loses to autoregressive decoding by more than
-the cost model's error. `calibrate` measures T on the machine (a few verify forwards on the request's own cache,
-aborted); a fixed per-row budget stays available (`AssistantConfig(batch_budget="fixed")`).
+When no W > 1 beats a plain decode step by the `slack` factor (a large, compute-bound batch, or drafts that rarely
+hold), nothing is drafted: the step is a plain decode step, so speculation never loses to autoregressive decoding by
+more than the cost model's error. `measure_verify_cost` (engine.batch) times T on the machine (a few verify forwards
+on the request's own cache, aborted); a fixed per-row budget stays available (`AssistantConfig(batch_budget="fixed")`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from ..tree import DraftTree
 
 __all__ = ["VerifyCost", "BudgetChoice", "node_values", "choose_nodes", "trim_to_budget", "cached_cost",
-           "DEFAULT_PRIOR"]
+           "time_forward", "DEFAULT_PRIOR"]
 
 # The acceptance estimate of a draft node whose drafter gives no scores: DEFAULT_PRIOR ** depth.
 DEFAULT_PRIOR = 0.6
@@ -34,40 +35,43 @@ DEFAULT_PRIOR = 0.6
 
 @dataclass
 class VerifyCost:
-    """Measured seconds of one verify forward by total tokens (roots and draft nodes of every row).
+    """Measured seconds of one batched verify forward by its width (nodes per row, root included).
 
     Attributes:
-        tokens: increasing token counts measured (the first is the batch size: a plain decode step).
-        seconds: the forward's wall time at each count.
-    Between measured counts the cost is interpolated linearly, beyond the last extrapolated from the last two.
+        widths: increasing widths measured (a static runner's buckets, or a few sizes for the eager path).
+        seconds: the forward's wall time at each width.
+    Below the first width the cost is the first's (a static runner pads a plain step to its smallest bucket),
+    between widths it is interpolated linearly, beyond the last extrapolated from the last two.
     """
 
-    tokens: list[int]
+    widths: list[int]
     seconds: list[float]
 
     def __post_init__(self):
-        if len(self.tokens) != len(self.seconds) or not self.tokens:
-            raise ValueError("a VerifyCost needs as many seconds as token counts, at least one")
-        if any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):
-            raise ValueError(f"token counts must increase, got {self.tokens}")
+        if len(self.widths) != len(self.seconds) or not self.widths:
+            raise ValueError("a VerifyCost needs as many seconds as widths, at least one")
+        if any(b <= a for a, b in zip(self.widths, self.widths[1:])):
+            raise ValueError(f"widths must increase, got {self.widths}")
         if any(not s > 0 for s in self.seconds):
             raise ValueError(f"seconds must be positive, got {self.seconds}")
 
-    def __call__(self, tokens: int) -> float:
-        xs, ys = self.tokens, self.seconds
-        if len(xs) == 1 or tokens <= xs[0]:
+    def __call__(self, width: int) -> float:
+        xs, ys = self.widths, self.seconds
+        if len(xs) == 1 or width <= xs[0]:
             return ys[0]
-        i = min(bisect.bisect_left(xs, tokens), len(xs) - 1)
+        i = min(bisect.bisect_left(xs, width), len(xs) - 1)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return max(y0 + (y1 - y0) * (tokens - x0) / (x1 - x0), ys[0])
+        return max(y0 + (y1 - y0) * (width - x0) / (x1 - x0), ys[0])
 
 
 @dataclass
 class BudgetChoice:
-    """One step's decision: `keep[b]` the sorted node indices row b keeps; `nodes` their count over the batch;
-    `expected_tokens` the committed tokens the kept values predict (roots included)."""
+    """One step's decision: `keep[b]` the sorted node indices row b keeps, `width` the widest row (root included),
+    `nodes` the kept count over the batch, `expected_tokens` the committed tokens their values predict (roots
+    included)."""
 
     keep: list[list[int]]
+    width: int
     nodes: int
     expected_tokens: float
 
@@ -84,36 +88,47 @@ def node_values(draft: DraftTree, prior: float = DEFAULT_PRIOR) -> list[float]:
     return values
 
 
+def _select(ranked_rows: list[list[tuple[float, int]]], width: int, max_nodes: int | None):
+    """Each row's best `width - 1` nodes, then the best `max_nodes` of those across rows: [(value, row, index)]."""
+    picked = [(v, b, i) for b, row in enumerate(ranked_rows) for v, i in row[: max(width - 1, 0)]]
+    if max_nodes is not None and len(picked) > max_nodes:
+        picked.sort(key=lambda item: (-item[0], item[2], item[1]))
+        picked = picked[:max_nodes]
+    return picked
+
+
 def choose_nodes(values: list[list[float]], cost: VerifyCost | None, slack: float = 0.05,
-                 max_nodes: int | None = None) -> BudgetChoice:
-    """The budget's pick over the rows' node values (`node_values`, one list per row): the global top-n with the
-    n of most expected tokens per second under `cost` (see the module docstring), at most `max_nodes` in all; with no
-    cost model, every node up to `max_nodes`."""
+                 max_nodes: int | None = None, widths: list[int] | None = None) -> BudgetChoice:
+    """The budget's pick over the rows' node values (`node_values`, one list per row): the width (among `widths`,
+    default every width up to the widest draft's) of most expected tokens per second under `cost`, each row its
+    likeliest nodes within it, at most `max_nodes` in all (see the module docstring); with no cost model, every node
+    up to `max_nodes` (the likeliest across rows first)."""
     rows = len(values)
-    # Highest value first; ties by depth order within a row (a parent's index is below its children's).
-    ranked = sorted(((v, b, i) for b, row in enumerate(values) for i, v in enumerate(row)),
-                    key=lambda item: (-item[0], item[2], item[1]))
-    if max_nodes is not None:
-        ranked = ranked[:max_nodes]
-    best_n = len(ranked)
-    expected = rows + sum(v for v, _, _ in ranked)
-    if cost is not None:
-        plain = rows / cost(rows)
-        best_n, best_rate, total = 0, plain, float(rows)
-        for n, (v, _, _) in enumerate(ranked, start=1):
-            total += v
-            rate = total / cost(rows + n)
+    # Within a row: highest value first, ties in index order (a parent's index is below its children's), so every
+    # prefix of the ranking is closed under parents.
+    ranked_rows = [sorted(((v, i) for i, v in enumerate(row)), key=lambda item: (-item[0], item[1]))
+                   for row in values]
+    widest = 1 + max((len(row) for row in values), default=0)
+    if cost is None:
+        picked = _select(ranked_rows, widest, max_nodes)
+    else:
+        candidates = sorted({min(w, widest) for w in (widths or range(1, widest + 1))} | {1})
+        plain = rows / cost(1)
+        picked, best_rate = [], plain
+        for w in candidates[1:]:
+            chosen = _select(ranked_rows, w, max_nodes)
+            rate = (rows + sum(v for v, _, _ in chosen)) / cost(w)
             if rate > best_rate:
-                best_n, best_rate = n, rate
+                picked, best_rate = chosen, rate
         if best_rate < (1.0 + slack) * plain:
-            best_n = 0
-        expected = rows + sum(v for v, _, _ in ranked[:best_n])
+            picked = []
     keep: list[list[int]] = [[] for _ in range(rows)]
-    for _, b, i in ranked[:best_n]:
+    for _, b, i in picked:
         keep[b].append(i)
     for row in keep:
         row.sort()
-    return BudgetChoice(keep=keep, nodes=best_n, expected_tokens=expected)
+    return BudgetChoice(keep=keep, width=1 + max((len(k) for k in keep), default=0), nodes=len(picked),
+                        expected_tokens=rows + sum(v for v, _, _ in picked))
 
 
 def trim_to_budget(draft: DraftTree, keep: list[int]) -> DraftTree:

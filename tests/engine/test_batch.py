@@ -45,37 +45,41 @@ def row_references(ref, mask):
     return [ref[b : b + 1, pads[b] :] for b in range(ref.shape[0])]
 
 
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
-def test_batch_greedy_matches_stock_for_every_family(family):
+def test_batch_greedy_matches_stock_for_every_family(family, compile_):
     model = tiny_model(family)
     ids, mask = padded_batch([9, 14, 5])
     kw = dict(max_new_tokens=14, eos_token_id=None)
     ref = greedy(model, ids, mask, **kw)
     out = greedy(model, ids, mask, custom_generate=H.speculative_generate,
-                 assistant_config=H.AssistantConfig(global_cache=False), **kw)
+                 assistant_config=H.AssistantConfig(global_cache=False, compile=compile_), **kw)
     assert torch.equal(out, ref)
     # Random trees over each row's reference: accepted and rejected nodes of every depth, rows of different widths.
     drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(ref, mask))]
     out = greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=drafters,
-                 return_dict_in_generate=True, **kw)
+                 assistant_config=H.AssistantConfig(compile=compile_), return_dict_in_generate=True, **kw)
     assert torch.equal(out.sequences, ref)
     stats = out.spec_stats
     assert len(stats.rows) == 3 and stats.target_forwards < 14
     assert sum(len(r.accepted_lengths) for r in stats.rows) == len(stats.accepted_lengths)
 
 
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])
 @pytest.mark.parametrize("name", ["suffix", "ngram", "model", "eagle"])
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
-def test_batch_greedy_matches_stock_for_every_drafter(family, name):
+def test_batch_greedy_matches_stock_for_every_drafter(family, name, compile_):
     model = tiny_model(family)
     ids, mask = padded_batch([6, 11, 3, 8], seed=1)
     kw = dict(max_new_tokens=12, eos_token_id=None)
     ref = greedy(model, ids, mask, **kw)
-    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, **drafter_kwargs(name, model), **kw)
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate,
+                 **drafter_kwargs(name, model, compile=compile_), **kw)
     assert torch.equal(out, ref)
 
 
-def test_rows_that_finish_early_are_padded_as_stock_pads_them():
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])
+def test_rows_that_finish_early_are_padded_as_stock_pads_them(compile_):
     model = tiny_model("qwen3_5_text")
     ids, mask = padded_batch([7, 12, 4], seed=2)
     plain = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=None)
@@ -85,7 +89,7 @@ def test_rows_that_finish_early_are_padded_as_stock_pads_them():
     assert (ref == PAD).sum() > (ids == PAD).sum()  # some row was padded after its EOS
     drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(plain, mask))]
     out = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=eos, custom_generate=H.speculative_generate,
-                 drafter=drafters)
+                 drafter=drafters, assistant_config=H.AssistantConfig(compile=compile_))
     assert torch.equal(out, ref)
 
 
@@ -128,13 +132,15 @@ def test_rows_that_never_match_and_a_batch_budget_cap():
     assert out.spec_stats.rows[1].mean_accepted_length <= out.spec_stats.rows[0].mean_accepted_length
 
 
-def test_a_calibrated_budget_stays_exact():
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])
+def test_a_calibrated_budget_stays_exact(compile_):
     model = tiny_model("falcon_h1")
     ids, mask = padded_batch([6, 9], seed=5)
     kw = dict(max_new_tokens=10, eos_token_id=None)
     ref = greedy(model, ids, mask, **kw)
-    out = greedy(model, ids, mask, custom_generate=H.speculative_generate,
-                 assistant_config=H.AssistantConfig(batch_budget="calibrated", global_cache=False), **kw)
+    drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(ref, mask))]
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=drafters,
+                 assistant_config=H.AssistantConfig(batch_budget="calibrated", compile=compile_), **kw)
     assert torch.equal(out, ref)
 
 
@@ -197,21 +203,28 @@ def chain(values):
 def test_budget_falls_to_zero_where_verifying_costs_more_than_it_gains():
     drafts = [chain([0.9, 0.8, 0.7]), chain([0.5, 0.2])]
     values = [node_values(d) for d in drafts]
-    cheap = VerifyCost(tokens=[2, 64], seconds=[1.0, 1.0])  # memory-bound: drafts are free
-    assert choose_nodes(values, cheap).nodes == 5
-    steep = VerifyCost(tokens=[2, 3, 64], seconds=[1.0, 2.0, 63.0])  # compute-bound: each token costs a step
+    cheap = VerifyCost(widths=[1, 64], seconds=[1.0, 1.0])  # memory-bound: drafts are free
+    choice = choose_nodes(values, cheap)
+    assert choice.nodes == 5 and choice.width == 4
+    steep = VerifyCost(widths=[1, 2, 64], seconds=[1.0, 2.0, 64.0])  # compute-bound: each width costs a step
     choice = choose_nodes(values, steep)
-    assert choice.nodes == 0 and choice.keep == [[], []]
-    # In between: the likeliest nodes first, whichever row holds them.
-    middle = VerifyCost(tokens=[2, 5, 64], seconds=[1.0, 1.2, 30.0])
+    assert choice.nodes == 0 and choice.keep == [[], []] and choice.width == 1
+    # In between: width 2 (one node per row) pays, wider does not.
+    middle = VerifyCost(widths=[1, 2, 3, 4], seconds=[1.0, 1.05, 2.0, 3.0])
     choice = choose_nodes(values, middle)
-    assert choice.keep == [[0, 1, 2], []]
+    assert choice.keep == [[0], [0]]
+    # A static runner's widths are its buckets (a plain step costs the smallest).
+    buckets = VerifyCost(widths=[8, 16], seconds=[1.0, 1.9])
+    assert choose_nodes(values, buckets, widths=[8, 16]).nodes == 5
 
 
 def test_budget_shares_nodes_by_path_probability_across_rows():
     drafts = [chain([0.95, 0.9, 0.85, 0.8]), chain([0.3, 0.1]), chain([0.9, 0.6])]
     choice = choose_nodes([node_values(d) for d in drafts], None, max_nodes=5)
     assert choice.keep == [[0, 1, 2, 3], [], [0]]
+    # Under a cost model too: the forward's cap goes to the likeliest nodes across rows.
+    flat = VerifyCost(widths=[1, 8], seconds=[1.0, 1.0])
+    assert choose_nodes([node_values(d) for d in drafts], flat, max_nodes=5).keep == [[0, 1, 2, 3], [], [0]]
     # A node is never worth more than its parent: a likely child under an unlikely parent waits for the parent.
     tree = DraftTree(tokens=torch.tensor([[5, 6, 7]]), parents=torch.tensor([[-1, 0, -1]]),
                      scores=torch.tensor([[0.2, 0.9, 0.5]]))
@@ -223,10 +236,10 @@ def test_budget_shares_nodes_by_path_probability_across_rows():
 
 
 def test_verify_cost_interpolates_and_checks_its_table():
-    cost = VerifyCost(tokens=[4, 8, 16], seconds=[1.0, 2.0, 3.0])
-    assert cost(4) == 1.0 and cost(6) == pytest.approx(1.5) and cost(24) == pytest.approx(4.0)
+    cost = VerifyCost(widths=[4, 8, 16], seconds=[1.0, 2.0, 3.0])
+    assert cost(1) == 1.0 and cost(6) == pytest.approx(1.5) and cost(24) == pytest.approx(4.0)
     with pytest.raises(ValueError, match="increase"):
-        VerifyCost(tokens=[4, 4], seconds=[1.0, 1.0])
+        VerifyCost(widths=[4, 4], seconds=[1.0, 1.0])
 
 
 # ---------------------------------------------------------------------- bad input and what a batch refuses
@@ -255,13 +268,11 @@ def test_bad_batches_get_clear_errors_and_leave_the_model_as_it_was():
 
 
 @pytest.mark.parametrize("ask,match", [
-    (dict(assistant_config=H.AssistantConfig(compile=True)), "compile=True"),
-    (dict(cache_implementation="static"), "cache_implementation='static'"),
     (dict(assistant_config=H.AssistantConfig(drafter="self_ssm")), "self_ssm"),
     (dict(assistant_config=H.AssistantConfig(verification="typical")), "typical"),
     (dict(return_dict_in_generate=True, output_scores=True), "output_scores"),
     (dict(drafter=RandomTreeDrafter(96)), "one per row"),
-], ids=["compile", "static-cache", "self_ssm", "lossy", "scores", "one-drafter"])
+], ids=["self_ssm", "lossy", "scores", "one-drafter"])
 def test_what_a_batch_does_not_support_is_named(ask, match):
     model = tiny_model("qwen3_5_text")
     ids, mask = padded_batch([6, 9], seed=7)

@@ -1,0 +1,331 @@
+"""Fixed-shape verification of a batch, captured as CUDA graphs: the batched counterpart of `static.StaticTreeRunner`.
+
+A request of R rows gets a runner with a static cache of R rows (`HybridTreeCache(static_length=...)`); row b's
+committed tokens sit in its slots 0 .. length[b] - 1 (its left-padded prompt first, masked where padded), so rows at
+different committed lengths need no realignment:
+
+- each step's trees, one per row, are padded to a bucket width n (8/16/32/64 by default, padding nodes hanging off
+  the committed state); every input (tokens and parents [R, n], each row's committed length and root position) is
+  staged in one host buffer and copied once; the mask, positions and per-row write positions are computed from them
+  inside the captured region;
+- the verify forward and the commit are captured once per bucket (on CUDA) and replayed; the commit reads each row's
+  accepted leaf from a device buffer (-1: the row commits nothing, its state stays bit-identical), copies each row's
+  path keys and values to its own next slots and rebuilds every row's recurrent state along its own path;
+- rows that finished keep their slot and get leaf -1 (no work is saved on them, but nothing is recaptured either);
+  a batch of another size gets a runner of its own (kept per model and batch size, like the one-row runners).
+
+Runs the same code eagerly without graphs (CPU), which is what the CPU tests check. Drafters that read the target's
+hidden states (EAGLE) and the fused verify regions (`compile_verify`) run on the one-row runner only, for now.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+from torch import nn
+from transformers.utils import logging
+
+from ..cache import HybridTreeCache
+from ..drafters import TargetHidden
+from ..forward import forward_tokens
+from ..graphs import Leased, capture
+from ..kernels.backend import resolve
+from ..kernels.tree import ancestor_mask
+from ..models import get_adapter
+from ..tree import VerifyTree, tree_attention_mask
+from .backend import VerifyOutputs
+from .static import CAPTURES, DEFAULT_BUCKETS, capture_key
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["BatchStaticRunner", "BatchStaticBackend", "batch_runner"]
+
+
+class _Bucket:
+    """Static buffers (and, on CUDA, the graphs) of one tree width for R rows."""
+
+    def __init__(self, rows: int, n: int, device: torch.device, key_valid: torch.Tensor, mask_dtype: torch.dtype):
+        self.rows, self.n = rows, n
+        # tokens [R, n], parents [R, n], committed lengths [R], root positions [R]: one buffer, one copy per step.
+        size = rows * (2 * n + 2)
+        self.inputs = torch.zeros(size, dtype=torch.long, device=device)
+        self.staging = torch.zeros(size, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.tokens = self.inputs[: rows * n].view(rows, n)
+        self.parent = self.inputs[rows * n : 2 * rows * n].view(rows, n)
+        self.parent.fill_(-1)
+        self.lengths = self.inputs[2 * rows * n : 2 * rows * n + rows]
+        self.roots = self.inputs[2 * rows * n + rows :]
+        self.write_pos = torch.zeros(rows, n, dtype=torch.long, device=device)
+        self.leaf = torch.full((rows,), -1, dtype=torch.long, device=device)
+        self.leaf_staging = torch.full((rows,), -1, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.key_valid = key_valid  # [R, L] the prompts' padding mask (ones past it), shared by the buckets
+        self.mask_dtype = mask_dtype
+        self.graph = self.commit_graph = None
+        self.out = self.pending = self.anc = self.depth = None
+
+    def prepare(self):
+        """Mask [R, 1, n, L], positions [R, n] and per-row write positions from the buffers (graph-safe)."""
+        anc = ancestor_mask(self.parent, include_self=True)  # [R, n, n]
+        depth = anc.sum(-1) - 1
+        self.anc, self.depth = anc, depth
+        self.write_pos.copy_(self.lengths[:, None] + torch.arange(self.n, device=anc.device))
+        mask = tree_attention_mask(anc, self.key_valid, self.lengths, self.mask_dtype)
+        return mask, self.roots[:, None] + depth
+
+
+class BatchStaticRunner(Leased):
+    """Verify forwards of fixed shape for R rows over a static `HybridTreeCache` (see the module docstring).
+
+    Args:
+        model: the target. rows: the batch size. static_length: slots per row (prompt, new tokens, one tree).
+        buckets: tree widths (root included) to capture. use_graphs: default when the model is on one CUDA device.
+    """
+
+    def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+                 use_graphs: bool | None = None):
+        get_adapter(model)  # route the recurrent mixers
+        self._model = weakref.ref(model)
+        self.rows = rows
+        self.device = model.device
+        self.static_length = static_length
+        self.cache = HybridTreeCache(model.config, static_length=static_length)
+        self.buckets = tuple(sorted({int(b) for b in buckets}))
+        if use_graphs is None:
+            use_graphs = self.device.type == "cuda" and len({p.device for p in model.parameters()}) == 1
+        self.use_graphs = use_graphs
+        self.key_valid = torch.ones(rows, static_length, dtype=torch.bool, device=self.device)
+        self._buckets = {n: _Bucket(rows, n, self.device, self.key_valid, model.dtype) for n in self.buckets}
+        self._pool = None
+        self._graph_commit = None
+        self._active: _Bucket | None = None
+        self.captures = 0
+
+    @property
+    def model(self) -> nn.Module:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the model of this batch runner has been deleted")
+        return model
+
+    def set_prompt_mask(self, mask: torch.Tensor) -> None:
+        """[R, P] 0/1 padding mask of the prompts (generated tokens are always valid)."""
+        self.key_valid.fill_(True)
+        self.key_valid[:, : mask.shape[1]].copy_(mask.bool())
+
+    def forward(self, tokens: torch.Tensor, parent: torch.Tensor, lengths: list[int],
+                roots: list[int]) -> torch.Tensor:
+        """Run one tree per row (host tensors [R, w], root first; w <= the largest bucket) whose keys go after each
+        row's `lengths[b]` committed slots, the root at position `roots[b]`. Returns the logits [R, n, V] (the
+        bucket's; rows' real nodes first). The cache stays in tree mode (commit or abort next)."""
+        width = tokens.shape[1]
+        bucket = self._buckets[next(b for b in self.buckets if b >= width)]
+        self._active = None
+        n, rows = bucket.n, self.rows
+        padded_tokens = torch.zeros(rows, n, dtype=torch.long)
+        padded_parent = torch.full((rows, n), -1, dtype=torch.long)
+        padded_tokens[:, :width] = tokens
+        padded_parent[:, :width] = parent
+        bucket.staging.copy_(torch.cat([padded_tokens.view(-1), padded_parent.view(-1),
+                                        torch.tensor(lengths, dtype=torch.long), torch.tensor(roots, dtype=torch.long)]))
+        bucket.inputs.copy_(bucket.staging, non_blocking=True)
+        if self.use_graphs:
+            if bucket.graph is None:
+                self._capture(bucket)
+            self.cache.begin_tree(bucket.parent, 0, pending=bucket.pending, check=False)
+            bucket.graph.replay()
+        else:
+            bucket.out = self._run(bucket)
+        self._active = bucket
+        return bucket.out.logits
+
+    def commit(self, leaves: list[int], committed_length: int) -> None:
+        """Keep each row's root->leaf path (`leaves[b]`, -1: nothing) of the pending trees."""
+        bucket = self._active
+        if bucket is None or self.cache.tree is None:
+            raise RuntimeError("commit called without a pending tree from this runner's forward")
+        try:
+            bucket.leaf_staging.copy_(torch.tensor(leaves, dtype=torch.long))
+            bucket.leaf.copy_(bucket.leaf_staging, non_blocking=True)
+            if bucket.commit_graph is not None:
+                bucket.commit_graph.replay()
+            else:
+                self._commit_body(bucket)
+        except BaseException:
+            self.cache.abort()
+            raise
+        finally:
+            self._active = None
+        self.cache.end_tree(committed_length)
+
+    def abort(self) -> None:
+        self.cache.abort()
+        self._active = None
+
+    def capture_all(self, prompt_length: int) -> None:
+        """Capture every bucket after the prefill (the cache's buffers exist), not at first use."""
+        if not self.use_graphs:
+            return
+        for bucket in self._buckets.values():
+            if bucket.graph is None:
+                bucket.lengths.fill_(prompt_length)
+                bucket.roots.fill_(prompt_length)
+                self._capture(bucket)
+
+    # ------------------------------------------------------------------ internals
+    def _run(self, bucket: _Bucket):
+        cursor = self.cache.cursor
+        self.cache.begin_tree(bucket.parent, 0, check=False)
+        mask, positions = bucket.prepare()
+        cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
+        try:
+            out = forward_tokens(self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
+                                 logits_to_keep=0)
+        except BaseException:
+            self.cache.abort()
+            raise
+        finally:
+            cursor.tree_mode = False
+        bucket.pending = self.cache.pending
+        return out
+
+    def _commit_body(self, bucket: _Bucket) -> None:
+        """Each row's path to its leaf, with fixed-shape device ops only (graph-safe). A row with leaf -1 commits
+        nothing: its recurrent state stays as it is and its copies land past its committed slots."""
+        leaf, n, rows = bucket.leaf, bucket.n, self.rows
+        nodes = torch.arange(n, device=leaf.device)
+        picked = bucket.anc.gather(1, leaf.clamp(min=0).view(rows, 1, 1).expand(rows, 1, n)).squeeze(1)
+        on_path = picked & (leaf >= 0).view(rows, 1)  # [R, n]
+        # order[b, p]: row b's path node at depth p (root first); past the leaf's depth node 0, whose copies land
+        # past the row's new committed length.
+        at_depth = on_path[:, None, :] & (bucket.depth[:, None, :] == nodes.view(1, n, 1))  # [R, depth, node]
+        order = at_depth.to(torch.int32).argmax(-1)
+        self.cache.commit_on_device(leaf, on_path, bucket.lengths[:, None] + order, bucket.write_pos)
+
+    def _forward_and_leave(self, bucket: _Bucket):
+        try:
+            return self._run(bucket)
+        finally:
+            self.cache.end_tree()
+
+    def _commit_and_leave(self, bucket: _Bucket) -> None:
+        self.cache.begin_tree(bucket.parent, 0, pending=bucket.pending, check=False)
+        try:
+            self._commit_body(bucket)
+        finally:
+            self.cache.end_tree()
+
+    def _capture(self, bucket: _Bucket) -> None:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        bucket.graph, bucket.out = capture(lambda: self._forward_and_leave(bucket), self._pool, self.device)
+        self.captures += 1
+        CAPTURES.total += 1
+        if self._graph_commit is None:
+            self._graph_commit = resolve(self.device) == "triton"
+        if self._graph_commit:
+            bucket.leaf.fill_(-1)  # the warm-up and the capture commit nothing
+            bucket.commit_graph, _ = capture(lambda: self._commit_and_leave(bucket), self._pool, self.device,
+                                             warmups=1)
+        logger.info("captured the batched verify forward for %d rows of %d nodes", self.rows, bucket.n)
+
+
+class BatchStaticBackend:
+    """The batch loop's backend on a leased `BatchStaticRunner` (the interface of `backend.BatchEagerBackend`).
+
+    Rows that leave the batch (`select_rows`) keep their slot in the runner and get empty trees that commit nothing.
+    """
+
+    tree_device = torch.device("cpu")  # the runner stages host trees in one copy
+
+    def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...], owner):
+        self.model = model
+        self.runner = batch_runner(model, rows, static_length, buckets, owner)
+        self.cache = self.runner.cache
+        self.widths = list(self.runner.buckets)
+        self.valid: list[int] = []  # committed tokens per running row (the root excepted): its next position
+        self.slots = 0  # the prompt width, then the longest row's committed slots (for the cost model's context)
+        self._lengths: list[int] = []  # committed slots per runner row (prompt padding included)
+        self._roots: list[int] = []
+        self._rows: list[int] = list(range(rows))  # runner row of each running row
+        self._real = 0
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor):
+        out = forward_tokens(self.model, input_ids, self.cache, position_ids=positions, attention_mask=attention_mask,
+                             logits_to_keep=1)
+        self.runner.set_prompt_mask(attention_mask)
+        self.runner.capture_all(input_ids.shape[1])
+        self.valid = attention_mask.sum(-1).tolist()
+        self._lengths = [input_ids.shape[1]] * input_ids.shape[0]
+        self._roots = list(self.valid)
+        self.slots = input_ids.shape[1]
+        return out
+
+    def forward(self, tree: VerifyTree) -> VerifyOutputs:
+        rows = self.runner.rows
+        width = tree.num_nodes
+        self._real = width
+        tokens = torch.zeros(rows, width, dtype=torch.long)
+        parent = torch.full((rows, width), -1, dtype=torch.long)
+        parent[:, 0] = -1
+        index = torch.tensor(self._rows, dtype=torch.long)
+        tokens[index] = tree.tokens
+        parent[index] = tree.parent
+        logits = self.runner.forward(tokens, parent, self._lengths, self._roots)
+        if len(self._rows) < rows:
+            logits = logits.index_select(0, index.to(logits.device))
+        return VerifyOutputs(logits=logits[:, :width])
+
+    def commit(self, paths: list[list[int]]) -> list[TargetHidden | None]:
+        leaves = [-1] * self.runner.rows
+        for row, path in zip(self._rows, paths):
+            leaves[row] = path[-1]
+            self._lengths[row] += len(path)
+            self._roots[row] += len(path)
+        self.valid = [v + len(p) for v, p in zip(self.valid, paths)]
+        self.slots = max(self._lengths)
+        self.runner.commit(leaves, self.slots)
+        return [None] * len(paths)
+
+    def select_rows(self, rows: list[int]) -> None:
+        self._rows = [self._rows[r] for r in rows]
+        self.valid = [self.valid[r] for r in rows]
+
+    def abort(self) -> None:
+        self.runner.abort()
+
+    def release(self) -> None:
+        self.runner.release()
+
+
+# Runners per model and batch size (their graphs point at their static caches): the last few kept, most recently used
+# last, as the one-row runners are; a runner leased to a running call is never handed out twice.
+_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+MAX_BATCH_RUNNERS_PER_MODEL = 4
+
+
+def batch_runner(model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...],
+                 owner=None) -> BatchStaticRunner:
+    """A `BatchStaticRunner` of `rows` rows and at least `static_length` slots for `model`, its cache empty, leased to
+    `owner` when given (hand it back with `runner.release()`)."""
+    key = (rows, tuple(sorted({int(b) for b in buckets})), capture_key(model))
+    with _LOCK:
+        runners = _RUNNERS.setdefault(model, {})
+        runner = runners.get(key)
+        if runner is not None and runner.in_use:
+            runner = BatchStaticRunner(model, rows, static_length, buckets)  # this call's own, not kept
+        else:
+            runners.pop(key, None)
+            if runner is not None and runner.static_length >= static_length:
+                runner.cache.reset()
+            else:
+                runner = None  # drop the short one before allocating the new cache
+                runner = BatchStaticRunner(model, rows, static_length, buckets)
+            runners[key] = runner
+            while len(runners) > MAX_BATCH_RUNNERS_PER_MODEL:
+                runners.pop(next(iter(runners)))
+        if owner is not None:
+            runner.lease(owner)
+    return runner
