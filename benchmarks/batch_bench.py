@@ -28,11 +28,12 @@ import sys
 import time
 
 import torch
+from bench import _sync, encode_prompts, load_model, quiet_gc
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from bench import _sync, encode_prompts, load_model, quiet_gc
 from hf_hybrid_spec.config import AssistantConfig
+from hf_hybrid_spec.engine import budget
 from hf_hybrid_spec.generate import speculative_generate
 from hf_hybrid_spec.testing import acceptance_drafter
 
@@ -96,6 +97,7 @@ def run(argv: list[str] | None = None) -> dict:
         ids = batch_of(prompts, rows)
         tokens = rows * args.max_new_tokens
         entry = {"batch": rows}
+        model.generate(ids, **gen)  # warm-up: kernels compile and autotune for this batch size on first use
         seconds, reference = timed(lambda: model.generate(ids, **gen), args.device)
         entry["stock_eager"] = tokens / seconds
         if not args.no_stock_static:
@@ -117,6 +119,10 @@ def run(argv: list[str] | None = None) -> dict:
             entry[f"{name}.mean_accepted"] = stats.mean_accepted_length
             entry[f"{name}.plain_steps"] = stats.plain_steps / max(stats.target_forwards, 1)
             entry[f"{name}.identical_rows"] = same
+            steps = max(stats.target_forwards, 1)
+            entry[f"{name}.draft_ms_per_step"] = 1000 * stats.draft_seconds / steps
+            entry[f"{name}.verify_ms_per_step"] = 1000 * stats.verify_seconds / steps
+            entry[f"{name}.steps"] = stats.target_forwards
         rows_out.append(entry)
     if gate_failures and not args.allow_mismatch:
         print("correctness gate failed:\n  " + "\n  ".join(gate_failures))
@@ -133,9 +139,17 @@ def run(argv: list[str] | None = None) -> dict:
         print(line)
     if gate_failures:
         print("rows differing from stock greedy (--allow-mismatch): " + "; ".join(gate_failures))
+    print("per step (ms): " + "; ".join(
+        f"B={e['batch']} {n} draft {e[n + '.draft_ms_per_step']:.2f} verify {e[n + '.verify_ms_per_step']:.2f}"
+        for e in rows_out for n in args.drafters))
+    costs = {f"B={key[3]} ctx={key[4]}": {w: round(s * 1e3, 3) for w, s in zip(c.widths, c.seconds)}
+             for key, c in budget._COSTS.items()}
+    if costs:
+        print("verify cost models (width: ms): " + "; ".join(f"{k} {v}" for k, v in costs.items()))
     result = {"model": args.model, "dtype": args.dtype, "prompt_tokens": args.prompt_tokens,
               "max_new_tokens": args.max_new_tokens, "device": torch.cuda.get_device_name() if
-              args.device.startswith("cuda") else "cpu", "rows": rows_out, "mismatches": gate_failures}
+              args.device.startswith("cuda") else "cpu", "rows": rows_out, "mismatches": gate_failures,
+              "cost_models": costs}
     if args.out:
         import os
 

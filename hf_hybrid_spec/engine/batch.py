@@ -24,12 +24,13 @@ from transformers.utils import logging
 
 from ..drafters import DraftBudget, DraftContext, TargetHidden
 from ..kernels.tree import ancestor_mask
-from ..tree import DraftTree, VerifyResult, VerifyTree
+from ..tree import DraftTree, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, StepInputs, greedy_walk, make_verifier, process_tree_logits
 from .backend import BatchEagerBackend
-from .budget import VerifyCost, cached_cost, choose_nodes, node_values, time_forward, trim_to_budget
-from .outputs import CACHE_FIELD, Recorder, SpecStats, SpeculativeDecoderOnlyOutput
+from .budget import VerifyCost, cached_cost, choose_nodes, node_values, paying_width, time_forward, trim_to_budget
+from .outputs import CACHE_FIELD, SpecStats, SpeculativeDecoderOnlyOutput
 from .request import Request, propose
+from .rows import BatchRecorder
 
 logger = logging.get_logger(__name__)
 
@@ -38,6 +39,8 @@ __all__ = ["decode_batch", "measure_verify_cost"]
 # Widths (nodes per row, root included) at which the eager path's verify cost is measured; a static runner is
 # measured at its buckets.
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 16, 32)
+# Widths the batched static runner captures besides the config's buckets.
+NARROW_BUCKETS = (1, 2, 4)
 
 
 def decode_batch(request: Request):
@@ -54,10 +57,9 @@ def decode_batch(request: Request):
     pads = (mask == 0).sum(-1).tolist()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     verifier = make_verifier(config, bool(gen.do_sample), drafters[0])
-    truncate = _has_eos_criterion(request.stopping)
-    recs = [Recorder(input_ids[b : b + 1], request.stopping, None, False, False) for b in range(rows)]
-    for rec in recs:
-        rec.truncate = truncate
+    pad = getattr(gen, "_pad_token_tensor", None)
+    pad = gen.pad_token_id if pad is None else int(pad)
+    rec = BatchRecorder(input_ids, request.stopping, _has_eos_criterion(request.stopping), pad, gen.max_length)
     row_stats = [SpecStats(prefill_tokens=prompt_length - pads[b]) for b in range(rows)]
     stats = SpecStats(prefill_tokens=int(mask.sum()), rows=row_stats)
     layers = tuple(drafters[0].target_hidden_layers)
@@ -74,69 +76,74 @@ def decode_batch(request: Request):
         logits = out.logits[:, -1].to(dtype=torch.float32)
         scores = processors(input_ids, logits.clone()) if processors else logits
         context = DraftContext(model, backend.cache, request.adapter, gen, None)
+        firsts = []
         for b in range(rows):
             hidden = None
             if layers:
                 hidden = TargetHidden(layers, tuple(out.hidden_states[i][b : b + 1, pads[b] :] for i in layers))
             drafters[b].begin(input_ids[b : b + 1, pads[b] :], context, hidden)
-            first = verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1], drafters[b], context,
-                                                                        hidden, None, node_budget))
-            recs[b].append(first.tokens, None, None, first.token_list)
-            drafters[b].accept(recs[b].input_ids[:, pads[b] :], VerifyResult(
-                path=[0], tokens=first.tokens, score_nodes=[0], token_list=first.token_list))
-        del out, logits, scores
+            firsts.append(verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1], drafters[b],
+                                                                             context, hidden, None, node_budget)))
+        rec.append(list(range(rows)), [first.token_list for first in firsts])
+        for b, first in enumerate(firsts):
+            drafters[b].accept(rec.ids(b, pads[b]), VerifyResult(path=[0], tokens=first.tokens, score_nodes=[0],
+                                                                  token_list=first.token_list))
+        del out, logits, scores, firsts
         cost = _cost_model(config, backend, model, rows)
-        running = list(range(rows))  # batch position -> row
-        running = _still_running(running, recs, truncate, backend, gen.max_length)
+        if cost is not None:  # the widest tree that could pay even if every draft node were accepted
+            node_budget = min(node_budget, paying_width(cost, rows, config.budget_slack, backend.widths) - 1)
+        running = _still_running(list(range(rows)), rec, backend, gen.max_length)
 
         # ---- draft, budget, verify, commit, record
         while running:
-            limit = _length_limit(recs, gen.max_length, truncate)
+            limit = _length_limit(rec, gen.max_length)
             t0 = time.perf_counter()
             drafts = []
             for b in running:
-                length = recs[b].input_ids.shape[1]
-                budget = DraftBudget(max_nodes=node_budget, max_depth=min(config.max_depth, limit - length - 1))
-                drafts.append(propose(drafters[b], recs[b].input_ids[:, pads[b] :], budget, verifier))
+                budget = DraftBudget(max_nodes=node_budget,
+                                     max_depth=min(config.max_depth, limit - rec.lengths[b] - 1))
+                drafts.append(propose(drafters[b], rec.ids(b, pads[b]), budget, verifier) if node_budget > 0
+                              else empty_draft(1))
             drafts = _apply_budget(drafts, cost, config, stats, backend.widths)
             t1 = time.perf_counter()
-            tree = _batch_tree([recs[b].host_ids[-1] for b in running], drafts, backend.tree_device)
+            tree = _batch_tree([rec.host[b][-1] for b in running], drafts, backend.tree_device)
             verified = backend.forward(tree)
             try:
                 for b in running:
                     drafters[b].overlap()
-                results = _verify_rows(tree, drafts, verified.logits, [recs[b] for b in running], verifier,
+                results = _verify_rows(tree, drafts, verified.logits, [rec.ids(b) for b in running], verifier,
                                        processors, raw_greedy)
                 del verified
             except BaseException:
                 backend.abort()
                 raise
             hidden = backend.commit([r.path for r in results])
+            rec.append(running, [r.token_list for r in results])
             t2 = time.perf_counter()
             stats.target_forwards += 1
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
             stats.plain_steps += int(all(d.num_nodes == 0 for d in drafts))
             for b, draft, result, row_hidden in zip(running, drafts, results, hidden):
-                accepted = int(result.tokens.shape[0])
+                accepted = len(result.token_list)
                 for s in (stats, row_stats[b]):
                     s.accepted_lengths.append(accepted)
                     s.drafted_tokens.append(draft.num_nodes)
                 row_stats[b].target_forwards += 1
-                recs[b].append(result.tokens, None, None, result.token_list)
-                drafters[b].accept(recs[b].input_ids[:, pads[b] :], result, row_hidden)
-            running = _still_running(running, recs, truncate, backend, gen.max_length)
+                drafters[b].accept(rec.ids(b, pads[b]), result, row_hidden)
+            running = _still_running(running, rec, backend, gen.max_length)
         for b in range(rows):
-            drafters[b].end(recs[b].input_ids[:, pads[b] :])
+            drafters[b].end(rec.ids(b, pads[b]))
     finally:
         backend.release()
-    sequences = _pad_rows(recs, truncate, gen, device)
+    length = max(rec.lengths) if rec.truncate else min(_length_limit(rec, gen.max_length), max(rec.lengths))
+    sequences = rec.sequences(length)
     logger.info("speculative_generate: batch of %d, %d target forwards (mean accepted length %.2f per row)", rows,
                 stats.target_forwards, stats.mean_accepted_length)
     if not gen.return_dict_in_generate:
         return sequences
-    # The batch's cache is not returned: its rows were right-aligned at different lengths and finished rows removed,
-    # so it is no cache stock generate could continue from.
+    # The batch's cache is not returned: its rows sit at different lengths (right-aligned by the eager backend, with
+    # finished rows removed), so it is no cache stock generate could continue from.
     return SpeculativeDecoderOnlyOutput(sequences=sequences, spec_stats=stats, **{CACHE_FIELD: None})
 
 
@@ -152,8 +159,10 @@ def _backend(request: Request, layers: tuple[int, ...], node_budget: int):
     from .batch_static import BatchStaticBackend
 
     # The buckets up to the first that holds a full row (node_budget drafts and the root): no larger tree can come.
+    # Plus narrow ones: with many rows a step of width 8 costs 8 tokens per row, where the budget often wants one
+    # (a plain decode step) or two.
     needed = next((b for b in config.compile_buckets if b >= node_budget + 1), max(config.compile_buckets))
-    buckets = tuple(b for b in config.compile_buckets if b <= needed)
+    buckets = tuple(sorted({b for b in config.compile_buckets if b <= needed} | set(NARROW_BUCKETS)))
     static_length = request.generation_config.max_length + max(buckets)
     return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request)
 
@@ -163,25 +172,19 @@ def _has_eos_criterion(stopping) -> bool:
     return any(hasattr(c, "eos_token_id") for c in stopping)
 
 
-def _length_limit(recs: list[Recorder], max_length: int, truncate: bool) -> int:
+def _length_limit(rec: BatchRecorder, max_length: int) -> int:
     """The longest a row may grow this step: `max_length`, or without EOS criteria, once every row has stopped, the
     length where the last one stopped (rows still short of it run up to it)."""
-    if truncate:
+    if rec.truncate or any(s is None for s in rec.stopped_at):
         return max_length
-    stops = [rec.stopped_at for rec in recs]
-    if all(s is not None for s in stops):
-        return min(max_length, max(stops))
-    return max_length
+    return min(max_length, max(rec.stopped_at))
 
 
-def _still_running(running: list[int], recs: list[Recorder], truncate: bool, backend,
-                   max_length: int) -> list[int]:
-    """The rows that go on (never one at `max_length`); the backend drops the others."""
-    limit = _length_limit(recs, max_length, truncate)
-    keep = [j for j, b in enumerate(running) if recs[b].input_ids.shape[1] < limit
-            and not (truncate and recs[b].finished)
-            and not (not truncate and all(rec.stopped_at is not None for rec in recs)
-                     and recs[b].input_ids.shape[1] >= limit)]
+def _still_running(running: list[int], rec: BatchRecorder, backend, max_length: int) -> list[int]:
+    """The rows that go on (never one at the length limit, nor one that stopped with `truncate`); the backend drops
+    the others."""
+    limit = _length_limit(rec, max_length)
+    keep = [j for j, b in enumerate(running) if rec.lengths[b] < limit and not rec.finished[b]]
     if len(keep) < len(running) and keep:
         backend.select_rows(keep)
     return [running[j] for j in keep]
@@ -227,8 +230,8 @@ def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: tor
                       _depth=move(ancestors.sum(-1) - 1))
 
 
-def _verify_rows(tree: VerifyTree, drafts: list[DraftTree], logits: torch.Tensor, recs: list[Recorder], verifier,
-                 processors, raw_greedy: bool) -> list[VerifyResult]:
+def _verify_rows(tree: VerifyTree, drafts: list[DraftTree], logits: torch.Tensor, row_ids: list[torch.Tensor],
+                 verifier, processors, raw_greedy: bool) -> list[VerifyResult]:
     """Each row's result. Greedy over raw logits: one argmax over [R, N, V] and one host read for the batch; else the
     row's own tree and scores through the rule (its processors see the row's ids, as stock generate's do)."""
     if raw_greedy:
@@ -241,36 +244,22 @@ def _verify_rows(tree: VerifyTree, drafts: list[DraftTree], logits: torch.Tensor
             for j, p in enumerate(host.parents):
                 children[p + 1 if p >= 0 else 0].append(j + 1)
             path, new = greedy_walk(tokens, children, best[row])
-            results.append(VerifyResult.from_host(path, new, logits.device))
+            # Host tensors: the loop records the host lists; a drafter that wants the tokens on a device moves them.
+            results.append(VerifyResult(path=path, tokens=torch.tensor(new, dtype=torch.long), score_nodes=path[:],
+                                        token_list=new))
         return results
     results = []
     host_tokens, host_parent = tree.tokens.cpu(), tree.parent.cpu()
-    for row, (draft, rec) in enumerate(zip(drafts, recs)):
+    for row, (draft, ids) in enumerate(zip(drafts, row_ids)):
         n = draft.num_nodes + 1
         row_tree = VerifyTree(tokens=host_tokens[row : row + 1, :n], parent=host_parent[row : row + 1, :n], draft=draft)
         raw = logits[row : row + 1, :n].to(torch.float32)
-        scores = process_tree_logits(rec.input_ids, row_tree, raw, processors)
-        results.append(verifier.verify(row_tree, scores, StepInputs(rec.input_ids.shape[1], None)))
+        scores = process_tree_logits(ids, row_tree, raw, processors)
+        result = verifier.verify(row_tree, scores, StepInputs(ids.shape[1], None))
+        if result.token_list is None:
+            result.token_list = result.tokens.tolist()
+        results.append(result)
     return results
-
-
-def _pad_rows(recs: list[Recorder], truncate: bool, gen, device) -> torch.Tensor:
-    """[B, L + new]: each row's tokens, stopped rows padded with the pad token (as stock generate pads them)."""
-    if truncate:
-        length = max(rec.input_ids.shape[1] for rec in recs)
-    else:
-        length = min(_length_limit(recs, gen.max_length, False), min(rec.input_ids.shape[1] for rec in recs))
-    pad = getattr(gen, "_pad_token_tensor", None)
-    if pad is None:
-        pad = gen.pad_token_id
-    if pad is None and any(rec.input_ids.shape[1] < length for rec in recs):
-        raise ValueError("rows of the batch stopped at different lengths and the generation config has no "
-                         "pad_token_id to fill the shorter ones")
-    out = torch.full((len(recs), length), 0 if pad is None else int(pad), dtype=torch.long, device=device)
-    for b, rec in enumerate(recs):
-        n = min(length, rec.input_ids.shape[1])
-        out[b, :n] = rec.input_ids[0, :n]
-    return out
 
 
 # ---------------------------------------------------------------------- the verify cost model

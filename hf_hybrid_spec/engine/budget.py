@@ -26,8 +26,8 @@ import torch
 
 from ..tree import DraftTree
 
-__all__ = ["VerifyCost", "BudgetChoice", "node_values", "choose_nodes", "trim_to_budget", "cached_cost",
-           "time_forward", "DEFAULT_PRIOR"]
+__all__ = ["VerifyCost", "BudgetChoice", "node_values", "choose_nodes", "paying_width", "trim_to_budget",
+           "cached_cost", "time_forward", "DEFAULT_PRIOR"]
 
 # The acceptance estimate of a draft node whose drafter gives no scores: DEFAULT_PRIOR ** depth.
 DEFAULT_PRIOR = 0.6
@@ -88,13 +88,15 @@ def node_values(draft: DraftTree, prior: float = DEFAULT_PRIOR) -> list[float]:
     return values
 
 
-def _select(ranked_rows: list[list[tuple[float, int]]], width: int, max_nodes: int | None):
-    """Each row's best `width - 1` nodes, then the best `max_nodes` of those across rows: [(value, row, index)]."""
-    picked = [(v, b, i) for b, row in enumerate(ranked_rows) for v, i in row[: max(width - 1, 0)]]
-    if max_nodes is not None and len(picked) > max_nodes:
-        picked.sort(key=lambda item: (-item[0], item[2], item[1]))
-        picked = picked[:max_nodes]
-    return picked
+def paying_width(cost: VerifyCost, rows: int, slack: float = 0.05, widths: list[int] | None = None) -> int:
+    """The widest tree (root included) that could beat a plain decode step under `cost` if every draft node were
+    accepted (rows * W tokens in T(W) against rows in T(1)); 1 when none could. Drafting wider is wasted work, and a
+    batch where this is 1 drafts nothing at all."""
+    best = 1
+    for w in widths or range(2, (cost.widths[-1] if cost.widths else 1) + 1):
+        if w > 1 and w / cost(w) >= (1.0 + slack) / cost(1):
+            best = max(best, w)
+    return best
 
 
 def choose_nodes(values: list[list[float]], cost: VerifyCost | None, slack: float = 0.05,
@@ -106,22 +108,33 @@ def choose_nodes(values: list[list[float]], cost: VerifyCost | None, slack: floa
     rows = len(values)
     # Within a row: highest value first, ties in index order (a parent's index is below its children's), so every
     # prefix of the ranking is closed under parents.
-    ranked_rows = [sorted(((v, i) for i, v in enumerate(row)), key=lambda item: (-item[0], item[1]))
-                   for row in values]
+    ranked = [sorted(range(len(row)), key=lambda i, row=row: (-row[i], i)) for row in values]
     widest = 1 + max((len(row) for row in values), default=0)
     if cost is None:
-        picked = _select(ranked_rows, widest, max_nodes)
+        width = widest
     else:
+        # Expected tokens at width w: the rows plus each row's best w - 1 values (prefix sums), the cap aside.
+        prefix = []
+        for row, order in zip(values, ranked):
+            sums, total = [0.0], 0.0
+            for i in order:
+                total += row[i]
+                sums.append(total)
+            prefix.append(sums)
         candidates = sorted({min(w, widest) for w in (widths or range(1, widest + 1))} | {1})
         plain = rows / cost(1)
-        picked, best_rate = [], plain
+        width, best_rate = 1, plain
         for w in candidates[1:]:
-            chosen = _select(ranked_rows, w, max_nodes)
-            rate = (rows + sum(v for v, _, _ in chosen)) / cost(w)
+            if max_nodes is not None and rows * (w - 1) > max_nodes:
+                expected = rows + sum(v for v, _, _ in _capped(values, ranked, w, max_nodes))
+            else:
+                expected = rows + sum(sums[min(w - 1, len(sums) - 1)] for sums in prefix)
+            rate = expected / cost(w)
             if rate > best_rate:
-                picked, best_rate = chosen, rate
+                width, best_rate = w, rate
         if best_rate < (1.0 + slack) * plain:
-            picked = []
+            width = 1
+    picked = _capped(values, ranked, width, max_nodes)
     keep: list[list[int]] = [[] for _ in range(rows)]
     for _, b, i in picked:
         keep[b].append(i)
@@ -129,6 +142,15 @@ def choose_nodes(values: list[list[float]], cost: VerifyCost | None, slack: floa
         row.sort()
     return BudgetChoice(keep=keep, width=1 + max((len(k) for k in keep), default=0), nodes=len(picked),
                         expected_tokens=rows + sum(v for v, _, _ in picked))
+
+
+def _capped(values: list[list[float]], ranked: list[list[int]], width: int, max_nodes: int | None):
+    """Each row's best `width - 1` nodes, then the best `max_nodes` of those across rows: [(value, row, index)]."""
+    picked = [(values[b][i], b, i) for b, order in enumerate(ranked) for i in order[: max(width - 1, 0)]]
+    if max_nodes is not None and len(picked) > max_nodes:
+        picked.sort(key=lambda item: (-item[0], item[2], item[1]))
+        picked = picked[:max_nodes]
+    return picked
 
 
 def trim_to_budget(draft: DraftTree, keep: list[int]) -> DraftTree:
