@@ -104,10 +104,19 @@ def run(argv: list[str] | None = None) -> dict:
             model.generate(ids, cache_implementation="static", **gen)  # compiles for this batch size
             seconds, _ = timed(lambda: model.generate(ids, cache_implementation="static", **gen), args.device)
             entry["stock_static"] = tokens / seconds
+        # The acceptance drafters propose the target's continuation as this loop computes it: in bf16 a batched tree
+        # forward rounds differently from stock's one-token steps, and a row that drifts from stock's greedy would
+        # otherwise accept nothing after the drift (its measured acceptance would not be the one asked for).
+        own = reference
+        if any(name.startswith("acceptance:") for name in args.drafters):
+            own = model.generate(ids, custom_generate=speculative_generate, **gen,
+                                 **method_kwargs("acceptance:1.0", reference, vocab, args.max_new_tokens))
         for name in args.drafters:
-            kwargs = method_kwargs(name, reference, vocab, args.max_new_tokens)
+            kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
+                                   args.max_new_tokens)
             model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs)  # warm-up, calibration
-            kwargs = method_kwargs(name, reference, vocab, args.max_new_tokens)  # fresh drafters
+            kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
+                                   args.max_new_tokens)  # fresh drafters
             seconds, out = timed(lambda: model.generate(ids, custom_generate=speculative_generate,
                                                         return_dict_in_generate=True, **gen, **kwargs), args.device)
             same = (out.sequences == reference).all(-1).float().mean().item()
