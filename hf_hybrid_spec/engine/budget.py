@@ -154,9 +154,17 @@ def _capped(values: list[list[float]], ranked: list[list[int]], width: int, max_
 
 
 def trim_to_budget(draft: DraftTree, keep: list[int]) -> DraftTree:
-    """`draft` reduced to the nodes `keep` (sorted, closed under parents)."""
+    """`draft` reduced to the nodes `keep` (sorted, closed under parents). A deterministic draft built on the host
+    (cache drafters) is rebuilt from its lists, a few microseconds where the tensor path costs tens: a batch trims
+    every row's draft every step."""
     if len(keep) == draft.num_nodes:
         return draft
+    host = draft.__dict__.get("_host")
+    if host is not None and draft.probs is None and draft.next_probs is None:
+        remap = {old: new for new, old in enumerate(keep)}
+        parents = [remap[host.parents[i]] if host.parents[i] >= 0 else -1 for i in keep]
+        scores = None if host.scores is None else [host.scores[i] for i in keep]
+        return DraftTree.from_lists([host.tokens[i] for i in keep], parents, scores, draft.info)
     return draft.select(torch.tensor(keep, dtype=torch.long, device=draft.tokens.device))
 
 
