@@ -25,7 +25,7 @@ from transformers.utils import logging
 from ..drafters import DraftBudget, DraftContext, TargetHidden
 from ..kernels.tree import ancestor_mask
 from ..tree import DraftTree, VerifyResult, VerifyTree, empty_draft
-from ..verification import FirstToken, StepInputs, greedy_walk, make_verifier, process_tree_logits
+from ..verification import FirstToken, StepInputs, greedy_walk, make_verifier, process_tree_logits, row_processors
 from .backend import BatchEagerBackend
 from .budget import VerifyCost, cached_cost, choose_nodes, node_values, paying_width, time_forward, trim_to_budget
 from .outputs import CACHE_FIELD, SpecStats, SpeculativeDecoderOnlyOutput
@@ -89,6 +89,7 @@ def decode_batch(request: Request):
             drafters[b].accept(rec.ids(b, pads[b]), VerifyResult(path=[0], tokens=first.tokens, score_nodes=[0],
                                                                   token_list=first.token_list))
         del out, logits, scores, firsts
+        per_row = [row_processors(processors, b) for b in range(rows)]
         cost = _cost_model(config, backend, model, rows)
         if cost is not None:  # the widest tree that could pay even if every draft node were accepted
             node_budget = min(node_budget, paying_width(cost, rows, config.budget_slack, backend.widths) - 1)
@@ -112,7 +113,7 @@ def decode_batch(request: Request):
                 for b in running:
                     drafters[b].overlap()
                 results = _verify_rows(tree, drafts, verified.logits, [rec.ids(b) for b in running], verifier,
-                                       processors, raw_greedy)
+                                       [per_row[b] for b in running], raw_greedy)
                 del verified
             except BaseException:
                 backend.abort()
@@ -231,7 +232,7 @@ def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: tor
 
 
 def _verify_rows(tree: VerifyTree, drafts: list[DraftTree], logits: torch.Tensor, row_ids: list[torch.Tensor],
-                 verifier, processors, raw_greedy: bool) -> list[VerifyResult]:
+                 verifier, processors: list, raw_greedy: bool) -> list[VerifyResult]:
     """Each row's result. Greedy over raw logits: one argmax over [R, N, V] and one host read for the batch; else the
     row's own tree and scores through the rule (its processors see the row's ids, as stock generate's do)."""
     if raw_greedy:
@@ -250,11 +251,11 @@ def _verify_rows(tree: VerifyTree, drafts: list[DraftTree], logits: torch.Tensor
         return results
     results = []
     host_tokens, host_parent = tree.tokens.cpu(), tree.parent.cpu()
-    for row, (draft, ids) in enumerate(zip(drafts, row_ids)):
+    for row, (draft, ids, row_procs) in enumerate(zip(drafts, row_ids, processors)):
         n = draft.num_nodes + 1
         row_tree = VerifyTree(tokens=host_tokens[row : row + 1, :n], parent=host_parent[row : row + 1, :n], draft=draft)
         raw = logits[row : row + 1, :n].to(torch.float32)
-        scores = process_tree_logits(ids, row_tree, raw, processors)
+        scores = process_tree_logits(ids, row_tree, raw, row_procs)
         result = verifier.verify(row_tree, scores, StepInputs(ids.shape[1], None))
         if result.token_list is None:
             result.token_list = result.tokens.tolist()

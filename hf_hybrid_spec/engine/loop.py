@@ -24,7 +24,7 @@ from transformers.utils import logging
 from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext
 from ..tree import VerifyResult, build_verify_tree
-from ..verification import FirstToken, StepInputs, Verifier, make_verifier, process_tree_logits
+from ..verification import FirstToken, StepInputs, Verifier, make_verifier, process_tree_logits, row_processors
 from .backend import EagerBackend, StaticBackend, TreeBackend
 from .outputs import (
     CACHE_FIELD,
@@ -93,6 +93,7 @@ def decode(request: Request):
         drafter.accept(rec.input_ids, VerifyResult(path=[0], tokens=first.tokens, score_nodes=[0],
                                                    token_list=first.token_list))
         stats.static = backend.static
+        processors = row_processors(processors, 0)  # the tree's nodes are the batch now (one row of ids each)
         # Greedy over the raw logits picks the same path when nothing processes them (an fp32 copy of [N, V] spared).
         raw_greedy = verifier.raw_greedy and not processors and rec.scores is None and rec.logits is None
 

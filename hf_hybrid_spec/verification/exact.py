@@ -18,13 +18,16 @@ the like behave as they do without speculation.
 
 from __future__ import annotations
 
+import copy
+
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from ..tree import VerifyResult, VerifyTree
 from .base import FirstToken, StepInputs, Verifier
 
-__all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "greedy_walk", "from_config"]
+__all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "greedy_walk", "row_processors",
+           "from_config"]
 
 
 class ExactVerifier(Verifier):
@@ -47,6 +50,24 @@ class ExactVerifier(Verifier):
 
 def from_config(config, do_sample: bool, drafter) -> ExactVerifier:
     return ExactVerifier(do_sample)
+
+
+def row_processors(processors: LogitsProcessorList | None, row: int) -> LogitsProcessorList | None:
+    """`processors` as they apply to batch row `row` on its own: tree verification calls them with one input row per
+    node of that row, so state kept per batch row is taken at `row` (transformers' repetition penalty ignores each
+    row's left padding through a [B] tensor, which becomes the row's own count). The list itself when nothing
+    changes."""
+    if not processors:
+        return processors
+    out, changed = LogitsProcessorList(), False
+    for processor in processors:
+        ignore = getattr(processor, "prompt_ignore_length", None)
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor):
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = int(ignore[row])
+            changed = True
+        out.append(processor)
+    return out if changed else processors
 
 
 def process_tree_logits(

@@ -144,6 +144,43 @@ def test_a_calibrated_budget_stays_exact(compile_):
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])
+def test_logits_processors_see_each_rows_ids_as_in_stock(compile_):
+    """Repetition penalty and n-gram blocking read each row's ids, left padding included, as stock generate's do."""
+    model = tiny_model("falcon_h1")
+    ids, mask = padded_batch([7, 12, 4], seed=8)
+    kw = dict(max_new_tokens=14, eos_token_id=None, repetition_penalty=1.4, no_repeat_ngram_size=3)
+    ref = greedy(model, ids, mask, **kw)
+    drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(ref, mask))]
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=drafters,
+                 assistant_config=H.AssistantConfig(compile=compile_), **kw)
+    assert torch.equal(out, ref)
+
+
+def test_stop_strings_and_the_stock_kwargs_after_enable():
+    """Stop strings (a device-side criterion, checked per row), and after `enable` the stock speculation kwargs
+    (prompt lookup, an assistant model) on a batch."""
+    from helpers import char_tokenizer
+
+    model = tiny_model("qwen3_5_text")
+    tok = char_tokenizer()
+    ids, mask = padded_batch([6, 10], seed=9)
+    plain = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=None)
+    stop = tok.decode(plain[0, ids.shape[1] + 3 : ids.shape[1] + 5])
+    kw = dict(max_new_tokens=16, eos_token_id=0, stop_strings=[stop], tokenizer=tok)
+    ref = greedy(model, ids, mask, **kw)
+    H.enable(model)
+    try:
+        out = greedy(model, ids, mask, assistant_config=H.AssistantConfig(global_cache=False), **kw)
+        assert torch.equal(out, ref)
+        kw = dict(max_new_tokens=12, eos_token_id=None)
+        ref = greedy(model, ids, mask, **kw)
+        assert torch.equal(greedy(model, ids, mask, prompt_lookup_num_tokens=4, **kw), ref)
+        assert torch.equal(greedy(model, ids, mask, assistant_model=tiny_model("qwen3_5_text", seed=1), **kw), ref)
+    finally:
+        del model.generate  # back to the class's generate
+
+
 @pytest.mark.fixture
 @pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
 def test_batch_greedy_on_the_fixtures(name):
@@ -161,7 +198,8 @@ def test_batch_greedy_on_the_fixtures(name):
 
 
 @pytest.mark.slow
-def test_batch_sampling_matches_each_rows_target_distribution():
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])
+def test_batch_sampling_matches_each_rows_target_distribution(compile_):
     """Rows of two prompts (two rows each, left-padded differently): each row's first two tokens follow the target's
     joint law for its prompt (chi-square at a fixed seed, p > 1e-3), and the harness rejects a sharper law."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper
@@ -182,6 +220,7 @@ def test_batch_sampling_matches_each_rows_target_distribution():
         out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=0.6, top_k=4, top_p=1.0,
                              max_new_tokens=2, eos_token_id=None, pad_token_id=PAD,
                              custom_generate=H.speculative_generate,
+                             assistant_config=H.AssistantConfig(compile=compile_),
                              drafter=[RandomSampledDrafter("tree" if b % 2 else "chain", seed=call * 4 + b)
                                       for b in range(4)])
         for b, p in enumerate(rows):

@@ -89,6 +89,23 @@ def test_min_new_tokens_and_repetition_penalty_are_honoured():
     assert torch.equal(out, ref)
 
 
+def test_repetition_penalty_with_left_padding_on_branching_trees():
+    """transformers' repetition penalty keeps the padding of each batch row in a [B] tensor; tree verification calls
+    it with one row per node of a depth, which it refused ("Incompatible prompt_ignore_length batch size")."""
+    from helpers import RandomTreeDrafter
+
+    model = tiny_model("falcon_h1")
+    ids = ids_of(10)
+    mask = torch.ones_like(ids)
+    mask[:, :3] = 0
+    kw = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, attention_mask=mask, repetition_penalty=1.2)
+    ref = model.generate(ids, **kw)
+    for compile_ in (False, True):
+        out = model.generate(ids, custom_generate=H.speculative_generate, drafter=RandomTreeDrafter(96, reference=ref),
+                             assistant_config=H.AssistantConfig(compile=compile_), **kw)
+        assert torch.equal(out, ref)
+
+
 def test_host_stopping_matches_the_stock_criteria():
     from transformers import StoppingCriteriaList
     from transformers.generation.stopping_criteria import (
