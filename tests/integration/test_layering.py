@@ -17,11 +17,12 @@ REPO = Path(__file__).resolve().parents[2]
 LAYERS = {
     "hf_hybrid_spec.kernels": 0, "hf_hybrid_spec._lazy": 0, "hf_hybrid_spec.registry": 0,
     "hf_hybrid_spec.config": 1, "hf_hybrid_spec.tree": 1, "hf_hybrid_spec.graphs": 1, "hf_hybrid_spec.stopping": 1,
-    "hf_hybrid_spec.hub": 1, "hf_hybrid_spec.prompts": 1, "hf_hybrid_spec.testing": 1,
+    "hf_hybrid_spec.hub": 1, "hf_hybrid_spec.prompts": 1,
     "hf_hybrid_spec.cache": 2,
     "hf_hybrid_spec.routing": 3, "hf_hybrid_spec.fusion": 3, "hf_hybrid_spec.forward": 3,
     "hf_hybrid_spec.models": 4,
     "hf_hybrid_spec.drafters": 5, "hf_hybrid_spec.eagle": 5, "hf_hybrid_spec.hvd": 5, "hf_hybrid_spec.cospec": 5,
+    "hf_hybrid_spec.testing": 5,  # test utilities: tiny models (layer 1 needs) and the acceptance-controlled drafter
     "hf_hybrid_spec.verification": 6,
     "hf_hybrid_spec.engine": 7,
     # The API and what drives the loop from above it.
