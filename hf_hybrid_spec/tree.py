@@ -270,17 +270,12 @@ def tree_attention_mask(ancestors: torch.Tensor, key_valid: torch.Tensor, prefix
     key_length = key_valid.shape[-1]
     slots = torch.arange(key_length, device=ancestors.device)
     if isinstance(prefix_length, torch.Tensor) and prefix_length.ndim == 1:
-        rel = slots[None] - prefix_length[:, None]  # [B, L]: each row's key slots relative to its tree
-        in_tree = (rel >= 0) & (rel < n)
+        rel = slots[None] - prefix_length[:, None]  # [B, L]: each row's key slots relative to its own tree
         index = rel.clamp(0, n - 1)[:, None, :].expand(b, n, key_length)
-        tree_part = ancestors.gather(2, index) & in_tree[:, None, :]
-        allowed = ((rel < 0) & key_valid.view(-1, key_length))[:, None, :] | tree_part
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=ancestors.device)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[:, None]
-    rel = slots - prefix_length  # key slot relative to the tree
-    in_tree = (rel >= 0) & (rel < n)
-    tree_part = ancestors[:, :, rel.clamp(0, n - 1)] & in_tree  # [B, N, L]
+        tree_part = ancestors.gather(2, index) & ((rel >= 0) & (rel < n))[:, None, :]  # [B, N, L]
+    else:
+        rel = slots - prefix_length  # key slot relative to the tree
+        tree_part = ancestors[:, :, rel.clamp(0, n - 1)] & ((rel >= 0) & (rel < n))  # [B, N, L]
     allowed = ((rel < 0) & key_valid.view(-1, key_length))[:, None, :] | tree_part
     mask = torch.zeros(allowed.shape, dtype=dtype, device=ancestors.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)

@@ -30,13 +30,12 @@ from transformers.utils import logging
 from ..cache import HybridTreeCache
 from ..drafters import TargetHidden
 from ..forward import forward_tokens
-from ..graphs import Leased, capture
-from ..kernels.backend import resolve
+from ..graphs import Leased
 from ..kernels.tree import ancestor_mask
 from ..models import get_adapter
 from ..tree import VerifyTree, tree_attention_mask
 from .backend import VerifyOutputs
-from .static import CAPTURES, DEFAULT_BUCKETS, capture_key
+from .static import DEFAULT_BUCKETS, capture_bucket, capture_key
 
 logger = logging.get_logger(__name__)
 
@@ -217,17 +216,7 @@ class BatchStaticRunner(Leased):
             self.cache.end_tree()
 
     def _capture(self, bucket: _Bucket) -> None:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        bucket.graph, bucket.out = capture(lambda: self._forward_and_leave(bucket), self._pool, self.device)
-        self.captures += 1
-        CAPTURES.total += 1
-        if self._graph_commit is None:
-            self._graph_commit = resolve(self.device) == "triton"
-        if self._graph_commit:
-            bucket.leaf.fill_(-1)  # the warm-up and the capture commit nothing
-            bucket.commit_graph, _ = capture(lambda: self._commit_and_leave(bucket), self._pool, self.device,
-                                             warmups=1)
+        capture_bucket(self, bucket, lambda: self._forward_and_leave(bucket), lambda: self._commit_and_leave(bucket))
         logger.info("captured the batched verify forward for %d rows of %d nodes", self.rows, bucket.n)
 
 
@@ -249,7 +238,6 @@ class BatchStaticBackend:
         self._lengths: list[int] = []  # committed slots per runner row (prompt padding included)
         self._roots: list[int] = []
         self._rows: list[int] = list(range(rows))  # runner row of each running row
-        self._real = 0
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor):
         out = forward_tokens(self.model, input_ids, self.cache, position_ids=positions, attention_mask=attention_mask,
@@ -265,10 +253,8 @@ class BatchStaticBackend:
     def forward(self, tree: VerifyTree) -> VerifyOutputs:
         rows = self.runner.rows
         width = tree.num_nodes
-        self._real = width
         tokens = torch.zeros(rows, width, dtype=torch.long)
-        parent = torch.full((rows, width), -1, dtype=torch.long)
-        parent[:, 0] = -1
+        parent = torch.full((rows, width), -1, dtype=torch.long)  # rows not running: lone nodes, nothing committed
         index = torch.tensor(self._rows, dtype=torch.long)
         tokens[index] = tree.tokens
         parent[index] = tree.parent

@@ -48,7 +48,8 @@ from ..tree import VerifyTree, tree_attention_mask
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["StaticTreeRunner", "StaticForwardOutput", "DEFAULT_BUCKETS", "static_runner", "release_runner", "capture_key"]
+__all__ = ["StaticTreeRunner", "StaticForwardOutput", "DEFAULT_BUCKETS", "static_runner", "release_runner", "capture_key",
+           "capture_bucket"]
 
 DEFAULT_BUCKETS = (8, 16, 32, 64)
 
@@ -364,21 +365,27 @@ class StaticTreeRunner(Leased):
     def _capture(self, bucket: _Bucket, prefix_length: int) -> None:
         # Warm-up forwards only write tree keys beyond the committed prefix and stash factors: nothing committed
         # changes. The last call (the captured one) leaves the bucket's mask, depth and factors in the graph's pool.
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        bucket.graph, bucket.out = capture(lambda: self._forward_and_leave(bucket, prefix_length), self._pool,
-                                           self.device)
-        self.captures += 1
-        CAPTURES.total += 1
-        if self._graph_commit is None:
-            self._graph_commit = resolve(self.device) == "triton"
-        if self._graph_commit:
-            # Warmed up with leaf = -1 (commits nothing: recurrent states stay as they are, attention copies only
-            # write slots from the prefix on), so Triton compiles the commit kernels outside the capture.
-            bucket.leaf.fill_(-1)
-            bucket.commit_graph, _ = capture(lambda: self._commit_and_leave(bucket, prefix_length),
-                                             self._pool, self.device, warmups=1)
+        capture_bucket(self, bucket, lambda: self._forward_and_leave(bucket, prefix_length),
+                       lambda: self._commit_and_leave(bucket, prefix_length))
         logger.info("captured the verify forward for trees of %d nodes", bucket.n)
+
+
+def capture_bucket(runner, bucket, forward, commit) -> None:
+    """Capture one bucket of a static runner (`StaticTreeRunner`, `batch_static.BatchStaticRunner`): `forward()` (one
+    verify forward that leaves the cache out of tree mode) into `bucket.graph` / `bucket.out`, and, where the commit
+    ops are graph-safe (the Triton kernels; the PyTorch commit reads the path back to the host), `commit()` into
+    `bucket.commit_graph`, warmed up and captured with every leaf at -1 (commits nothing: recurrent states stay as
+    they are, attention copies only write slots past the committed ones), so Triton compiles outside the capture."""
+    if runner._pool is None:
+        runner._pool = torch.cuda.graph_pool_handle()
+    bucket.graph, bucket.out = capture(forward, runner._pool, runner.device)
+    runner.captures += 1
+    CAPTURES.total += 1
+    if runner._graph_commit is None:  # decided once per runner, as the kernel backend is per call of generate
+        runner._graph_commit = resolve(runner.device) == "triton"
+    if runner._graph_commit:
+        bucket.leaf.fill_(-1)
+        bucket.commit_graph, _ = capture(commit, runner._pool, runner.device, warmups=1)
 
 
 # Runners outlive one `generate` call: their graphs point at the static cache's buffers, so the cache is reset
