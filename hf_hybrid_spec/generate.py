@@ -251,29 +251,72 @@ def speculative_generate(
 
 
 # ---------------------------------------------------------------------- enable()
+# Stock `generate` kwargs that ask for assisted decoding, and what `speculative_kwargs` makes of each (the table in
+# docs/drafters.md, "Stock speculation kwargs").
+STOCK_SPECULATION_KWARGS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_config", "use_mtp",
+                            "assistant_early_exit", "speculation_type", "assistant_tokenizer")
+
+
 def speculative_kwargs(model: nn.Module, kwargs: dict, default: AssistantConfig | dict | str | None = None) -> dict:
     """`generate` kwargs that run `speculative_generate`, from the kwargs of a stock call: `assistant_model=` becomes
-    the model drafter, `prompt_lookup_num_tokens=` (and `max_matching_ngram_size=`) the n-gram drafter,
-    `assistant_config=` (else `default`, else the suffix drafter) the configuration; stop strings with `tokenizer=`
-    become a stopping criterion (see `_stop_strings_with_tokenizer`). Returns a new dict."""
+    the model drafter (`num_assistant_tokens=` its chain depth), `prompt_lookup_num_tokens=` (and
+    `max_matching_ngram_size=`) the n-gram drafter, `use_mtp=True` the checkpoint's MTP head, `assistant_early_exit=E`
+    the first E layers with the model's own head (layerskip), `assistant_config=` (else `default`, else the suffix
+    drafter) the configuration; stop strings with `tokenizer=` become a stopping criterion (see
+    `_stop_strings_with_tokenizer`). Candidate generators that cannot verify through our cache raise a ValueError
+    saying why. Returns a new dict."""
     kwargs = dict(kwargs)
     assistant_model = kwargs.pop("assistant_model", None)
     lookup = kwargs.pop("prompt_lookup_num_tokens", None)
     ngram = kwargs.pop("max_matching_ngram_size", None)
+    use_mtp = kwargs.pop("use_mtp", None)
+    early_exit = kwargs.pop("assistant_early_exit", None)
+    assistant_tokens = kwargs.pop("num_assistant_tokens", None)
+    _refuse_stock_generators(kwargs, assistant_model)
     cfg = kwargs.pop("assistant_config", None)
     _stop_strings_with_tokenizer(model, kwargs)
     cfg = _resolve_config(cfg if cfg is not None else default, assistant_model)
+    asked = [name for name, value in (("assistant_model", assistant_model), ("prompt_lookup_num_tokens", lookup),
+                                      ("use_mtp", use_mtp or None), ("assistant_early_exit", early_exit))
+             if value is not None]
+    if len(asked) > 1:
+        raise ValueError(f"{' and '.join(asked)} each choose a drafter: pass one of them")
     if assistant_model is not None:
         if cfg.drafter != "model":
             cfg = cfg.replace(drafter="model")
+        if assistant_tokens is not None:
+            cfg = cfg.replace(max_depth=int(assistant_tokens),
+                              max_draft_tokens=max(cfg.max_draft_tokens, int(assistant_tokens)))
         kwargs["draft_model"] = assistant_model
     elif lookup is not None:
         cfg = cfg.replace(drafter="ngram", max_draft_tokens=int(lookup), ngram_size=int(ngram or cfg.ngram_size))
+    elif use_mtp:
+        cfg = cfg.replace(drafter="mtp")
+    elif early_exit is not None:
+        cfg = cfg.replace(drafter="layerskip", exit_layer=int(early_exit))
     kwargs["custom_generate"] = speculative_generate
     kwargs["assistant_config"] = cfg
     if kwargs.get("streamer") is not None:
         kwargs["spec_streamer"] = kwargs["streamer"]
     return kwargs
+
+
+def _refuse_stock_generators(kwargs: dict, assistant_model: nn.Module | None) -> None:
+    """ValueError for the stock candidate generators whose drafts cannot be verified through our cache, naming why
+    and what to use instead."""
+    if kwargs.pop("speculation_type", None) is not None:
+        raise ValueError("speculation_type='dflash' (transformers' DFlash block drafter) is not supported on hybrid "
+                         "models here: its draft model keeps a KV cache filled from the target's hidden states that "
+                         "transformers crops after rejections, and we have no DFlash drafter yet; use "
+                         "AssistantConfig(drafter='eagle') with an EAGLE-3 drafter, or use_mtp=True")
+    if kwargs.pop("assistant_tokenizer", None) is not None:
+        raise ValueError("assistant_tokenizer= (universal assisted decoding: a draft model with another tokenizer) is "
+                         "not supported: verification needs the draft tokens as ids of the target's vocabulary; use "
+                         "a draft model that shares the target's tokenizer")
+    name = type(assistant_model).__name__ if assistant_model is not None else ""
+    if name.startswith(("Gemma4Assistant", "Gemma4UnifiedAssistant")):
+        raise ValueError(f"{name} drafts from the shared key/value states of a Gemma 3n / Gemma 4 target, which "
+                         "hybrid models do not produce")
 
 
 def hub_generate(*args, model: nn.Module, **kwargs):
@@ -318,10 +361,12 @@ def enable(model: nn.Module, assistant_config: AssistantConfig | None = None) ->
 
         model.generate(**inputs, assistant_model=drafter_model)        # model drafter
         model.generate(**inputs, prompt_lookup_num_tokens=10)          # n-gram drafter
+        model.generate(**inputs, use_mtp=True)                         # the checkpoint's MTP head
+        model.generate(**inputs, assistant_early_exit=4)               # first 4 layers + the model's head
         model.generate(**inputs, assistant_config=AssistantConfig(...))
 
-    all run `speculative_generate` (stock `generate` refuses the first two on stateful models before any
-    custom callable runs). Plain calls without those kwargs are untouched. Only this model instance is
+    all run `speculative_generate` (stock `generate` refuses them on stateful models before any custom callable
+    runs; the docs' table "Stock speculation kwargs" lists every stock candidate generator). Plain calls without those kwargs are untouched. Only this model instance is
     changed; `assistant_config` sets its default configuration. Returns the model.
     """
     get_adapter(model)  # fail now, not at the first generate, for unsupported models
@@ -333,11 +378,11 @@ def enable(model: nn.Module, assistant_config: AssistantConfig | None = None) ->
     @functools.wraps(original)
     def generate(*args, **kwargs):
         custom = kwargs.get("custom_generate")
-        asks = any(kwargs.get(k) is not None for k in ("assistant_model", "prompt_lookup_num_tokens", "assistant_config"))
+        asks = any(kwargs.get(k) not in (None, False) for k in STOCK_SPECULATION_KWARGS)
         if custom not in (None, speculative_generate):
             if asks:
-                raise ValueError("assistant_model / prompt_lookup_num_tokens / assistant_config cannot be combined "
-                                 "with another custom_generate")
+                raise ValueError(f"the speculation kwargs ({', '.join(STOCK_SPECULATION_KWARGS)}) cannot be "
+                                 "combined with another custom_generate")
             return original(*args, **kwargs)
         if custom is None and not asks and default is None:
             return original(*args, **kwargs)

@@ -25,10 +25,11 @@ import torch
 from torch import nn
 
 from ..drafters.base import DraftBudget, DraftContext, Drafter, TargetHidden
+from ..drafters.expansion import host_draft
 from ..tree import DraftTree, VerifyResult, empty_draft
 from .modeling import EagleDrafter
 from .static import StaticEagleTree, static_eagle_tree
-from .tree import TreeCandidates, expand_tree
+from .tree import expand_tree
 
 __all__ = ["EagleTreeDrafter", "from_config"]
 
@@ -156,17 +157,8 @@ class EagleTreeDrafter(Drafter):
             tables = self.model.rotary_tables(depths.view(1, -1), self.last_hidden.dtype)
             cands = expand_tree(self.model, self.top_k, budget.max_nodes, budget.max_depth, self.last_hidden,
                                 self.last_logp, self.keys, self.values, None, tables)
-        return _host_draft(cands)
+        return host_draft(cands, "eagle")
 
-
-def _host_draft(cands: TreeCandidates) -> DraftTree:
-    """The kept candidates as a draft on the host, in one read (like a cache draft): trimming it, laying out the
-    verify tree and reading its tokens during verification then touch no device memory."""
-    n = cands.tokens.numel()
-    ints = torch.cat([cands.tokens, cands.parents, cands.keep]).cpu()
-    full = DraftTree(tokens=ints[:n].unsqueeze(0), parents=ints[n : 2 * n].unsqueeze(0),
-                     scores=cands.scores.exp().unsqueeze(0).cpu(), info={"drafter": "eagle"})
-    return full.select(ints[2 * n :])
 
 
 def from_config(config, target: nn.Module, draft_model: nn.Module | None) -> EagleTreeDrafter:

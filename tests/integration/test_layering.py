@@ -21,7 +21,7 @@ LAYERS = {
     "hf_hybrid_spec.cache": 2,
     "hf_hybrid_spec.routing": 3, "hf_hybrid_spec.fusion": 3, "hf_hybrid_spec.forward": 3,
     "hf_hybrid_spec.models": 4,
-    "hf_hybrid_spec.drafters": 5, "hf_hybrid_spec.eagle": 5, "hf_hybrid_spec.hvd": 5, "hf_hybrid_spec.cospec": 5,
+    "hf_hybrid_spec.drafters": 5, "hf_hybrid_spec.eagle": 5, "hf_hybrid_spec.mtp": 5, "hf_hybrid_spec.hvd": 5, "hf_hybrid_spec.cospec": 5,
     "hf_hybrid_spec.testing": 5,  # test utilities: tiny models (layer 1 needs) and the acceptance-controlled drafter
     "hf_hybrid_spec.verification": 6,
     "hf_hybrid_spec.engine": 7,

@@ -1,0 +1,200 @@
+"""The MTP drafter: the target checkpoint's own `mtp.*` head (Qwen3.5, Qwen3.5-MoE, Qwen3-Next), loaded from
+checkpoints these tests write, drafting chains and trees; greedy identity with plain generate, its drafts against a
+from-scratch recomputation, `use_mtp=True` after `enable`, and the errors."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec.drafters.base import DraftBudget, TargetHidden
+from hf_hybrid_spec.mtp import MtpHead, mtp_layer_count, save_mtp_state
+from hf_hybrid_spec.mtp.drafter import MtpDrafter
+from hf_hybrid_spec.testing import tiny_model
+from hf_hybrid_spec.tree import VerifyResult
+
+MTP_FAMILIES = ("qwen3_5_text", "qwen3_next", "qwen3_5_moe_text")
+
+
+def mtp_checkpoint(family: str, path, seed: int = 3, shard: str | None = None):
+    """A tiny `family` target saved with random MTP weights in the checkpoint layout; returns (target loaded
+    back from it, the head that was written)."""
+    target = tiny_model(family, mtp_num_hidden_layers=1)
+    torch.manual_seed(seed)
+    head = MtpHead.from_target(target)
+    # Sharper MTP logits than random init gives: drafts then differ from token to token.
+    with torch.no_grad():
+        head.fc.weight.mul_(3.0)
+    target.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
+    save_mtp_state(head, path)
+    loaded = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
+    return loaded, head
+
+
+@pytest.fixture(scope="module", params=MTP_FAMILIES)
+def family_checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    target, head = mtp_checkpoint(request.param, path)
+    return request.param, path, target, head
+
+
+def mtp_config(**kw) -> H.AssistantConfig:
+    return H.AssistantConfig(drafter="mtp", **{"max_draft_tokens": 12, "max_depth": 4, "global_cache": False, **kw})
+
+
+def test_checkpoint_layout_and_loading(family_checkpoint):
+    family, path, target, head = family_checkpoint
+    with open(os.path.join(path, "model.safetensors.index.json")) as f:
+        weight_map = json.load(f)["weight_map"]
+    mtp_keys = sorted(k for k in weight_map if k.startswith("mtp."))
+    assert {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
+            "mtp.norm.weight", "mtp.layers.0.self_attn.q_proj.weight"} <= set(mtp_keys)
+    if family != "qwen3_5_text":  # MoE: experts per expert on disk, as transformers writes a target's own
+        assert "mtp.layers.0.mlp.experts.0.gate_proj.weight" in mtp_keys
+        assert not any(k.endswith("gate_up_proj") for k in mtp_keys)
+    assert mtp_layer_count(target.config) == 1
+    # transformers dropped them from the target; the drafter loads them through the index, shared embedding/head.
+    assert not any(k.startswith("mtp") for k in target.state_dict())
+    loaded = MtpHead.from_target(target, load=True)
+    for (name, a), b in zip(head.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert loaded._shared.embed is target.get_input_embeddings()
+    assert loaded._shared.lm_head is target.get_output_embeddings()
+    assert not any(n.startswith(("embed", "lm_head")) for n in loaded.state_dict())
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_greedy_identity(family_checkpoint, top_k):
+    family, _, target, _ = family_checkpoint
+    torch.manual_seed(0)
+    for trial in range(2):
+        ids = torch.randint(3, 96, (1, 9 + 5 * trial))
+        ref = target.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
+        for compile_ in (False, True):
+            out = target.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None,
+                                  custom_generate=H.speculative_generate, return_dict_in_generate=True,
+                                  assistant_config=mtp_config(draft_top_k=top_k, compile=compile_))
+            assert torch.equal(out.sequences, ref), (family, top_k, compile_)
+            assert sum(out.spec_stats.drafted_tokens) > 0
+
+
+def test_greedy_identity_batch(family_checkpoint):
+    family, _, target, _ = family_checkpoint
+    ids = torch.tensor([[1, 1, 5, 9, 17, 33, 4], [7, 8, 9, 10, 11, 12, 13]])
+    mask = (ids != 1).long()
+    kw = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=1, attention_mask=mask)
+    ref = target.generate(ids, **kw)
+    out = target.generate(ids, custom_generate=H.speculative_generate, assistant_config=mtp_config(draft_top_k=2),
+                          **kw)
+    assert torch.equal(out, ref), family
+
+
+def _recompute_chain(head: MtpHead, target, ids: torch.Tensor, depth: int) -> list[int]:
+    """The greedy MTP chain off `ids` [1, L], recomputed from scratch: every depth is one causal pass over all
+    positions (the target's hidden states for committed pairs (h_t, x_{t+1}), the head's own output fed back for
+    drafted ones)."""
+    with torch.no_grad():
+        h = target(ids, output_hidden_states=True).hidden_states[-1][:, :-1]
+        tokens = ids[:, 1:]
+        chain = []
+        for _ in range(depth):
+            out = head(h, head.embed(tokens), torch.arange(h.shape[1]).unsqueeze(0), None, None)
+            chain.append(int(head.logits(out[0, -1]).argmax()))
+            h = torch.cat([h, out[:, -1:]], dim=1)
+            tokens = torch.cat([tokens, torch.tensor([[chain[-1]]])], dim=1)
+    return chain
+
+
+def test_drafts_match_recomputation(family_checkpoint):
+    """The store-based drafter (incremental keys/values, accepts that recompute accepted steps from the target's
+    hidden states, tree nodes overwritten) drafts exactly what a from-scratch recomputation drafts."""
+    family, _, target, _ = family_checkpoint
+    head = MtpHead.from_target(target, load=True)
+    drafter = MtpDrafter(head, target, top_k=1)
+    last = target.config.get_text_config().num_hidden_layers
+    budget = DraftBudget(max_nodes=4, max_depth=4)
+
+    def hidden_of(ids):
+        with torch.no_grad():
+            return target(ids, output_hidden_states=True).hidden_states[last]
+
+    torch.manual_seed(1)
+    ids = torch.randint(3, 96, (1, 10))
+    drafter.begin(ids, None, TargetHidden((last,), (hidden_of(ids),)))
+    ids = torch.cat([ids, torch.tensor([[7]])], dim=1)  # the first token, from the prefill's logits
+    drafter.accept(ids, VerifyResult(path=[0], tokens=torch.tensor([7]), score_nodes=[0]), None)
+    for step in range(4):
+        assert drafter.steps == ids.shape[1] - 1
+        draft = drafter.propose(ids, budget)
+        assert draft.tokens[0].tolist() == _recompute_chain(head, target, ids, 4), (family, step)
+        assert draft.parents[0].tolist() == [-1, 0, 1, 2]
+        new = torch.randint(3, 96, (1, 1 + step % 3))  # what the target "accepted" (path + bonus token)
+        ids = torch.cat([ids, new], dim=1)
+        # the verify forward's hidden states: the root and the accepted tokens, not the bonus token
+        run = hidden_of(ids)[:, -(new.shape[1] + 1) : -1]
+        drafter.accept(ids, VerifyResult(path=[0], tokens=new[0], score_nodes=[0]), TargetHidden((last,), (run,)))
+
+
+def test_use_mtp_after_enable(family_checkpoint):
+    family, _, target, _ = family_checkpoint
+    H.enable(target)
+    ids = torch.tensor([[5, 9, 17, 33, 4, 8, 12]])
+    ref = target.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None)
+    out = target.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None, use_mtp=True,
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert sum(out.spec_stats.drafted_tokens) > 0  # it drafted (plain generate returns no spec_stats)
+
+
+def test_sampling_runs(family_checkpoint):
+    _, _, target, _ = family_checkpoint
+    ids = torch.tensor([[5, 9, 17, 33]])
+    torch.manual_seed(0)
+    out = target.generate(ids, max_new_tokens=12, do_sample=True, eos_token_id=None,
+                          custom_generate=H.speculative_generate, assistant_config=mtp_config(draft_top_k=2))
+    assert out.shape == (1, 16)
+
+
+def test_errors(tmp_path):
+    # A family without MTP weights in its config.
+    falcon = tiny_model("falcon_h1")
+    with pytest.raises(ValueError, match="multi-token-prediction"):
+        MtpHead.from_target(falcon)
+    # A Qwen3.5 checkpoint whose config declares MTP but that holds no mtp.* tensors.
+    target = tiny_model("qwen3_5_text", mtp_num_hidden_layers=1)
+    target.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    ids = torch.tensor([[5, 9, 17]])
+    with pytest.raises(ValueError, match="no 'mtp"):
+        loaded.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate,
+                        assistant_config=mtp_config())
+    # A target not loaded from a checkpoint.
+    with pytest.raises(ValueError, match="not loaded from one"):
+        tiny_model("qwen3_5_text", mtp_num_hidden_layers=1).generate(
+            ids, max_new_tokens=4, custom_generate=H.speculative_generate, assistant_config=mtp_config())
+    # A head built for another model.
+    other = MtpHead.from_target(tiny_model("qwen3_5_text", mtp_num_hidden_layers=1))
+    with pytest.raises(ValueError, match="different model"):
+        loaded.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate, draft_model=other,
+                        assistant_config=mtp_config())
+    # Weights of another shape.
+    wrong = tiny_model("qwen3_5_text", mtp_num_hidden_layers=1, hidden_size=32, head_dim=8)
+    with pytest.raises(ValueError, match="shape"):
+        MtpHead.from_target(wrong).load_mtp_state_dict(
+            {k[len("mtp."):]: v for k, v in MtpHead.from_target(target).checkpoint_state_dict().items()})
+
+
+def test_sharded_checkpoint_reads_only_mtp_shard(tmp_path):
+    target, head = mtp_checkpoint("qwen3_next", tmp_path, shard="100KB")
+    with open(os.path.join(tmp_path, "model.safetensors.index.json")) as f:
+        weight_map = json.load(f)["weight_map"]
+    shards = {v for k, v in weight_map.items() if k.startswith("mtp.")}
+    assert shards == {"mtp.safetensors"} and len(set(weight_map.values())) > 2
+    with safe_open(os.path.join(tmp_path, "mtp.safetensors"), "pt") as f:
+        assert all(k.startswith("mtp.") for k in f.keys())
+    loaded = MtpHead.from_target(target, load=True)
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), loaded.state_dict().values()))
