@@ -101,6 +101,10 @@ class EagleConfig(PretrainedConfig):
         target_model_type, target_name_or_path, target_num_hidden_layers: what the drafter was trained for;
             `target_num_hidden_layers` bounds `aux_layers`.
         target_attention_layers: per target layer, whether it holds full attention (for the model card).
+        norm_before_residual: the layer's residual is the hidden input after `hidden_norm` (speculators' option)
+            instead of before it (EAGLE-3's and SpecForge's layer).
+        aux_layers_from_target: `aux_layers` are EAGLE-3's default for the target, [2, N // 2, N - 3], set when
+            the drafter is bound (imported checkpoints that name no layers).
         training: a free-form record of how it was trained (data, tokens, steps, measured acceptance), written
             into the model card.
     """
@@ -126,6 +130,8 @@ class EagleConfig(PretrainedConfig):
         target_num_hidden_layers: int | None = None,
         target_attention_layers: list[bool] | None = None,
         training: dict | None = None,
+        norm_before_residual: bool = False,
+        aux_layers_from_target: bool = False,
         **kwargs,
     ):
         self.hidden_size = hidden_size
@@ -145,6 +151,8 @@ class EagleConfig(PretrainedConfig):
         self.target_num_hidden_layers = target_num_hidden_layers
         self.target_attention_layers = None if target_attention_layers is None else list(target_attention_layers)
         self.training = dict(training or {})
+        self.norm_before_residual = bool(norm_before_residual)
+        self.aux_layers_from_target = bool(aux_layers_from_target)
         super().__init__(**kwargs)
         self._validate()
 

@@ -18,6 +18,7 @@ training-time-test pattern of `training.ttt_loss`.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -171,6 +172,13 @@ class EagleDrafter(LocalFirstMixin, PreTrainedModel):
 
     def bind(self, target: nn.Module) -> EagleDrafter:
         """Check `target` (see `check_target`) and share its token embedding. Returns self."""
+        if self.config.aux_layers_from_target:
+            n = target.config.get_text_config().num_hidden_layers
+            self.config.aux_layers = sorted({2, n // 2, n - 3})
+            self.config.aux_layers_from_target = False
+            if len(self.config.aux_layers) * self.config.hidden_size != self.fc.in_features:
+                raise ValueError(f"this drafter's fc reads {self.fc.in_features // self.config.hidden_size} target "
+                                 f"layers; EAGLE-3's default for a {n}-layer target is {self.config.aux_layers}")
         self.check_target(target)
         self._shared = _SharedEmbedding(target.get_input_embeddings())
         if self.config.tie_target_head:
@@ -220,13 +228,14 @@ class EagleDrafter(LocalFirstMixin, PreTrainedModel):
         every depth's at once); else they are computed from `positions`, once for queries and keys.
         """
         c = self.config
-        b, t, _ = hidden.shape
+        b, t, h = hidden.shape
         x = torch.cat([self.input_norm(embeds), self.hidden_norm(hidden)], dim=-1)
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         cos, sin = tables if tables is not None else self.rotary_tables(positions, q.dtype)
-        return EagleStep(rotate(q, cos, sin), rotate(k, cos, sin), v, hidden)
+        residual = x[..., h:] if c.norm_before_residual else hidden
+        return EagleStep(rotate(q, cos, sin), rotate(k, cos, sin), v, residual)
 
     def rotary_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [B, 1, T, head_dim] of positions [B, T] for this drafter's heads."""
@@ -282,8 +291,45 @@ class EagleDrafter(LocalFirstMixin, PreTrainedModel):
         return hidden, self.logits(hidden)
 
     # ------------------------------------------------------------------ Hub format
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs):
-        """Save config, weights (safetensors: no embedding, maps included) and a generated model card."""
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Load a drafter saved by `save_pretrained` in any layout of `formats.FORMATS`: ours, SpecForge's
+        (`LlamaForCausalLMEagle3`, `midlayer.*`) or speculators' (`eagle3`, `layers.0.*`)."""
+        from transformers.utils import cached_file
+
+        from ..hub import resolve_source
+        from .formats import detect_format, load_foreign
+
+        source = resolve_source(pretrained_model_name_or_path, cls.__name__)
+        path = cached_file(source, "config.json", _raise_exceptions_for_missing_entries=False)
+        if path is None:
+            return super().from_pretrained(source, *args, **kwargs)
+        with open(path) as f:
+            raw = json.load(f)
+        fmt = detect_format(raw)
+        if fmt == "hf_hybrid_spec":
+            return super().from_pretrained(source, *args, **kwargs)
+        config, state = load_foreign(source, raw, fmt)
+        if config.aux_layers_from_target:
+            config.aux_layers = list(range(1, 1 + config.training["aux_layer_count"]))  # placeholders until bind
+        drafter = cls(config)
+        drafter.load_state_dict({k: v.to(drafter.state_dict()[k].dtype) for k, v in state.items()})
+        dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+        if dtype is not None and dtype != "auto":
+            drafter = drafter.to(dtype)
+        return drafter.eval()
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, format: str = "hf_hybrid_spec",
+                        target: nn.Module | None = None, **kwargs):
+        """Save config, weights (safetensors: no embedding, maps included) and a generated model card.
+
+        `format`: "hf_hybrid_spec" (ours), or "specforge" / "speculators" for SGLang / vLLM (`formats`; `target`
+        supplies the head a `tie_target_head` drafter writes out there).
+        """
+        if format != "hf_hybrid_spec":
+            from .formats import export_drafter
+
+            return export_drafter(self, save_directory, format, target=target)
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             write_model_card(self.config, os.path.join(save_directory, "README.md"))
