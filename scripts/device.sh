@@ -9,6 +9,8 @@
 #             e2e on the same machine for an A/B of the two versions
 #   launch    what a tree op costs the host when launched from Python (the eager path), and the eager loop end to end
 #   hvd       Hybrid Verified Decoding on the agentic workload suite
+#   mtp       train the fixture's MTP head (it ships none; recipes/train_mtp.py), then MTP chain / tree vs EAGLE vs
+#             suffix with CUDA graphs in one run (MTP_STAGES="train eval" by default; MTP_MINUTES of training)
 #   batch     batched speculation against stock batched decoding at B = 1..64 (the fixture; BATCH_MODEL=random:... for a
 #             random-weight model with the acceptance-controlled drafter; BATCH_SIZES to choose the batch sizes)
 set -uo pipefail
@@ -50,6 +52,18 @@ case "${1:-}" in
     TAILN=${TAILN:-16} CUTC=400 run "${BATCH_SECONDS:-480}" "batch_${BM//[:\/.]/_}" python3 benchmarks/batch_bench.py --model "$BM" \
         --batch-sizes ${BATCH_SIZES:-1 4 8 16 32 64} --drafters ${BATCH_DRAFTERS:-$BD} --dtype bfloat16 \
         --prompt-tokens 256 --max-new-tokens 128 --allow-mismatch --out "$OUT/${BATCH_OUT:-batch}" ;;
+  mtp)
+    # The trained checkpoint stays in out/mtp (ignored, kept on a warm machine between calls); its MTP shard comes back.
+    if [[ " ${MTP_STAGES:-train eval} " == *" train "* ]]; then
+      TAILN=3 run $(( ${MTP_MINUTES:-4} * 60 + 150 )) mtp_train python3 recipes/train_mtp.py --target "$M" \
+          --output_dir out/mtp --max_minutes "${MTP_MINUTES:-4}" --max_steps "${MTP_STEPS:-4000}" --batch_size 16 \
+          --seq_len 512 --eval_prompts 8
+      cp out/mtp/checkpoint/mtp.safetensors out/mtp/mtp_eval.json out/mtp/train_log.jsonl "$OUT/" 2>/dev/null
+    fi
+    if [[ " ${MTP_STAGES:-train eval} " == *" eval "* ]]; then
+      TAILN=34 CUTC=200 run 560 mtp_eval python3 recipes/eval_eagle.py --model out/mtp/checkpoint --drafter "$D" \
+          --mtp --compile --dtype bfloat16 --num-prompts 8 --max-new-tokens 128 --allow-mismatch --out "$OUT/mtp_eval"
+    fi ;;
   *)
-    echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd|batch"; exit 2 ;;
+    echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd|mtp|batch"; exit 2 ;;
 esac

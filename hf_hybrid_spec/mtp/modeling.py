@@ -177,7 +177,9 @@ class MtpHead(nn.Module):
         """
         x = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden.to(embeds.dtype))], dim=-1)
         x = self.fc(x)
-        tables = self._shared.rotary(x, positions)
+        rotary = self._shared.rotary
+        # Qwen3.5's multimodal rotary embedding reads [3, B, T] position ids (all three the text positions here).
+        tables = rotary(x, positions[None].expand(3, *positions.shape) if hasattr(rotary, "mrope_section") else positions)
         out = self.layers[0](x, position_embeddings=tables, attention_mask=mask, position_ids=positions,
                              **{self._cache_kwarg: store})
         if isinstance(out, tuple):
@@ -191,7 +193,8 @@ class MtpHead(nn.Module):
 
     # ------------------------------------------------------------------ checkpoint layout
     def load_checkpoint(self, checkpoint: str | os.PathLike) -> None:
-        """Load the `mtp.*` weights of a target checkpoint (folder or Hub id); ValueError naming what is off."""
+        """Load the `mtp.*` weights of a target checkpoint (folder or Hub id, or an MTP `.safetensors` shard);
+        ValueError naming what is off."""
         state = load_mtp_state(checkpoint)
         if not state:
             raise ValueError(f"{checkpoint} holds no '{MTP_PREFIX}*' weights: this checkpoint ships no MTP module "
@@ -249,10 +252,15 @@ def _checkpoint_files(checkpoint: str | os.PathLike) -> tuple[list[str], set[str
 
 
 def load_mtp_state(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The checkpoint's `mtp.*` tensors (prefix removed), read from only the shards that hold them."""
+    """The checkpoint's `mtp.*` tensors (prefix removed), read from only the shards that hold them. `checkpoint` is
+    a checkpoint folder or Hub id, or one `.safetensors` file (an MTP shard on its own, as recipes/train_mtp.py
+    writes)."""
     from safetensors import safe_open
 
-    files, keys = _checkpoint_files(checkpoint)
+    if os.fspath(checkpoint).endswith(".safetensors"):
+        files, keys = [os.fspath(checkpoint)], None
+    else:
+        files, keys = _checkpoint_files(checkpoint)
     state = {}
     for file in files:
         with safe_open(file, framework="pt") as f:

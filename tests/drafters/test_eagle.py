@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import load_fixture
+from helpers import load_fixture, tiny_target_with_tokenizer
 from safetensors import safe_open
 
 import hf_hybrid_spec as H
@@ -527,27 +527,6 @@ def test_bad_input_gets_clear_errors():
 
 
 # ---------------------------------------------------------------------- the recipe
-def _tiny_target_with_tokenizer(path):
-    """A tiny Qwen3.5 target and a small byte-level BPE tokenizer trained here (no download)."""
-    import glob
-    import json as json_module
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    texts = [Path(f).read_text() for f in sorted(glob.glob(os.path.join(os.path.dirname(json_module.__file__), "*.py")))]
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|pad|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
-                                   bos_token="<|endoftext|>")
-    target = tiny_model("qwen3_5_text", vocab_size=len(fast))
-    target.save_pretrained(path)
-    fast.save_pretrained(path)
-
-
 def _recipe(tmp_path, settings: str):
     """`train_eagle3` imported from recipes/, a tiny target with a tokenizer at tmp_path/target, and a recipe YAML
     (training prompts from the json package's sources) with the test's own `settings` lines appended."""
@@ -556,7 +535,7 @@ def _recipe(tmp_path, settings: str):
     sys.path.insert(0, str(REPO / "recipes"))
     import train_eagle3
 
-    _tiny_target_with_tokenizer(tmp_path / "target")
+    tiny_target_with_tokenizer(tmp_path / "target")
     config = tmp_path / "recipe.yaml"
     config.write_text(f"source_dirs: [{os.path.dirname(json_module.__file__)}]\nheldout_prompts: 1\n"
                       "heldout_percent: 20\nprompt_tokens: 20\ndraft_vocab_size: 64\nbatch_size: 2\n"

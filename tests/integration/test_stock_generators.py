@@ -1,0 +1,72 @@
+"""Every candidate generator transformers ships, asked for by its stock `generate` kwarg after `enable(model)`: it runs
+verified through our cache (greedy identity with plain generate) or raises a ValueError saying why, on several
+families (the table in docs/drafters.md, "The stock kwargs")."""
+
+import pytest
+import torch
+from torch import nn
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec.testing import tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FAMILIES = ("qwen3_5_text", "falcon_h1", "lfm2", "nemotron_h")
+KW = dict(max_new_tokens=14, do_sample=False, eos_token_id=None)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def enabled(request):
+    model = H.enable(tiny_model(request.param))
+    ids = torch.randint(3, 90, (1, 9), generator=torch.Generator().manual_seed(3))
+    return request.param, model, ids, model.generate(ids, **KW)
+
+
+@pytest.mark.parametrize("kind", ["prompt_lookup", "early_exit", "assistant_model"])
+def test_working_generators_are_exact(enabled, kind):
+    family, model, ids, ref = enabled
+    kwargs = {"prompt_lookup": dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=2),
+              "early_exit": dict(assistant_early_exit=1),
+              "assistant_model": dict(assistant_model=tiny_model(family, seed=1))}[kind]
+    out = model.generate(ids, return_dict_in_generate=True, **kwargs, **KW)
+    assert torch.equal(out.sequences, ref), (family, kind)
+    assert hasattr(out, "spec_stats")  # it ran speculative_generate, not plain decoding
+
+
+def test_num_assistant_tokens_sets_the_chain_depth(enabled):
+    family, model, ids, ref = enabled
+    out = model.generate(ids, assistant_model=model, num_assistant_tokens=2, return_dict_in_generate=True, **KW)
+    assert torch.equal(out.sequences, ref)
+    # The model drafts for itself: every chain of 2 is accepted, plus the bonus token.
+    assert max(out.spec_stats.accepted_lengths) == 3
+
+
+def test_use_mtp_needs_mtp_weights(enabled):
+    family, model, ids, _ = enabled
+    if family == "qwen3_5_text":
+        pytest.skip("MTP on Qwen3.5 / Qwen3-Next checkpoints with mtp.* weights: tests/drafters/test_mtp.py")
+    with pytest.raises(ValueError, match="multi-token-prediction weights"):
+        model.generate(ids, use_mtp=True, **KW)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(speculation_type="dflash"), "DFlash"),
+    (dict(assistant_tokenizer="tok", tokenizer="tok"), "another tokenizer"),
+    (dict(prompt_lookup_num_tokens=3, use_mtp=True), "pass one of them"),
+], ids=["dflash", "other_tokenizer", "two_drafters"])
+def test_refused_generators_say_why(enabled, kwargs, match):
+    _, model, ids, _ = enabled
+    with pytest.raises(ValueError, match=match):
+        model.generate(ids, **kwargs, **KW)
+
+
+def test_gemma4_assistant_refused(enabled):
+    _, model, ids, _ = enabled
+    assistant = type("Gemma4AssistantForCausalLM", (nn.Module,), {})()
+    with pytest.raises(ValueError, match="Gemma 4"):
+        model.generate(ids, assistant_model=assistant, **KW)
+
+
+def test_plain_calls_stay_stock(enabled):
+    _, model, ids, ref = enabled
+    out = model.generate(ids, use_mtp=False, return_dict_in_generate=True, **KW)
+    assert torch.equal(out.sequences, ref) and not hasattr(out, "spec_stats")
