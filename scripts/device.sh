@@ -61,7 +61,10 @@ case "${1:-}" in
       cp out/mtp/checkpoint/mtp.safetensors out/mtp/mtp_eval.json out/mtp/train_log.jsonl "$OUT/" 2>/dev/null
     fi
     if [[ " ${MTP_STAGES:-train eval} " == *" eval "* ]]; then
-      TAILN=34 CUTC=200 run 560 mtp_eval python3 recipes/eval_eagle.py --model out/mtp/checkpoint --drafter "$D" \
+      # Without a trained checkpoint here (a fresh machine), the committed head: checkpoints/mtp/FIXTURE.
+      if [ -d out/mtp/checkpoint ]; then MT=(--model out/mtp/checkpoint); else
+        MT=(--model "$M" --mtp-weights "checkpoints/mtp/$FIX/mtp.safetensors"); fi
+      TAILN=34 CUTC=200 run 560 mtp_eval python3 recipes/eval_eagle.py "${MT[@]}" --drafter "$D" \
           --mtp --compile --dtype bfloat16 --num-prompts 8 --max-new-tokens 128 --allow-mismatch --out "$OUT/mtp_eval"
     fi ;;
   *)

@@ -12,8 +12,9 @@ each step the head holds one step per committed token but the root (as EAGLE-3 d
 
 The head's keys and values (`MtpStore`) hold only steps built from the target's real hidden states: tree nodes
 are written past the committed steps while drafting and overwritten afterwards; accepted ones are recomputed from
-the verify forward's hidden states. No second target pass. Drafting runs eagerly (also under `compile=True`, where
-the target's verification is captured).
+the verify forward's hidden states. No second target pass. With `static=True` (`AssistantConfig(compile=True)`) the
+keys and values live in a `StaticMtp` and, on CUDA, the tree expansion and the accept pass are captured graphs
+(`mtp.static`).
 """
 
 from __future__ import annotations
@@ -25,14 +26,9 @@ from ..drafters.base import DraftBudget, DraftContext, Drafter, TargetHidden
 from ..drafters.expansion import grow_tree, host_draft
 from ..tree import DraftTree, VerifyResult, empty_draft
 from .modeling import MtpHead, MtpStore
+from .static import StaticMtp, additive, static_mtp
 
 __all__ = ["MtpDrafter", "from_config"]
-
-
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool [T, S] (True = may attend) -> additive mask [1, 1, T, S] in `dtype` (eager and sdpa attention)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
 
 class MtpDrafter(Drafter):
@@ -42,11 +38,14 @@ class MtpDrafter(Drafter):
         head: the `MtpHead` (built for `target`).
         target: the target model.
         top_k: children per expanded node, and nodes expanded per depth.
+        static: keep the keys and values in preallocated storage and draft with fixed shapes, captured as CUDA
+            graphs on the GPU (`StaticMtp`, sized at `begin` from the request's max_length; `max_depth` sets its
+            tree part).
     """
 
     name = "mtp"
 
-    def __init__(self, head: MtpHead, target: nn.Module, top_k: int = 1):
+    def __init__(self, head: MtpHead, target: nn.Module, top_k: int = 1, static: bool = False, max_depth: int = 8):
         if not isinstance(head, MtpHead):
             raise TypeError(f"the 'mtp' drafter needs an MtpHead as draft_model, got {type(head).__name__}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -59,6 +58,8 @@ class MtpDrafter(Drafter):
         self.top_k = min(top_k, tc.vocab_size)
         self.target_hidden_layers = (tc.num_hidden_layers,)  # the last hidden state, after the final norm
         self.store = MtpStore()
+        self.static, self.max_depth = static, max_depth
+        self._static: StaticMtp | None = None  # this request's static storage (static=True)
         self._reset()
 
     def _reset(self) -> None:
@@ -72,6 +73,10 @@ class MtpDrafter(Drafter):
     def begin(self, input_ids: torch.Tensor, context: DraftContext | None = None,
               hidden: TargetHidden | None = None) -> None:
         self._reset()
+        self._release_static()
+        max_length = getattr(getattr(context, "generation_config", None), "max_length", None)
+        if self.static and max_length is not None:
+            self._static = static_mtp(self.head, self.top_k, self.max_depth, max_length, owner=self)
         self._take(hidden, "begin")
         self._advance(input_ids)
 
@@ -85,6 +90,12 @@ class MtpDrafter(Drafter):
 
     def release(self) -> None:
         self._reset()
+        self._release_static()
+
+    def _release_static(self) -> None:
+        if self._static is not None:
+            self._static.release()
+            self._static = None
 
     def _take(self, hidden: TargetHidden | None, where: str) -> None:
         if hidden is None:
@@ -104,13 +115,18 @@ class MtpDrafter(Drafter):
             return
         device = self.head.fc.weight.device
         tokens = input_ids[:, self.steps + 1 : self.steps + 1 + count].to(device)
+        if self._static is not None:
+            self.last_hidden, self.last_logp = self._static.advance(self.steps, pending[:, :count], tokens)
+            self.steps += count
+            self.pending = [pending[:, count:]] if available > count else []
+            return
         positions = torch.arange(self.steps, self.steps + count, device=device).unsqueeze(0)
         # Causal over everything held: new step i sees the `steps` old steps and new steps 0..i.
         allowed = torch.ones(count, self.steps + count, dtype=torch.bool, device=device)
         allowed[:, self.steps:] = torch.ones(count, count, dtype=torch.bool, device=device).tril()
         self.store.length = self.steps
         out = self.head(pending[:, :count].to(device), self.head.embed(tokens), positions,
-                        _additive(allowed, self.head.fc.weight.dtype), self.store)
+                        additive(allowed, self.head.fc.weight.dtype), self.store)
         self.steps += count
         self.pending = [pending[:, count:]] if available > count else []
         self.last_hidden = out[:, -1]
@@ -124,6 +140,8 @@ class MtpDrafter(Drafter):
                                "tokens; it is out of step with the target (begin/accept were not called in order)")
         if budget.max_depth <= 0 or budget.max_nodes <= 0:
             return empty_draft(1, input_ids.device)
+        if self._static is not None:
+            return host_draft(self._static.draft(self.steps, self.last_hidden, self.last_logp, budget), "mtp")
         k = min(self.top_k, budget.max_nodes)
         steps, device, dtype = self.steps, self.last_logp.device, self.head.fc.weight.dtype
         committed = torch.ones(k, steps, dtype=torch.bool, device=device)
@@ -133,7 +151,7 @@ class MtpDrafter(Drafter):
             # Every node of depth d sits at position steps + d - 1; its keys go after the nodes expanded before it.
             positions = torch.full((1, k), steps + depth - 1, dtype=torch.long, device=device)
             self.store.length = steps + own.shape[1] - k
-            mask = _additive(torch.cat([committed, own], dim=1), dtype)
+            mask = additive(torch.cat([committed, own], dim=1), dtype)
             out = self.head(hidden.unsqueeze(0), self.head.embed(tokens.unsqueeze(0)), positions, mask, self.store)[0]
             return out, torch.log_softmax(self.head.logits(out).float(), dim=-1)
 
@@ -155,4 +173,5 @@ def from_config(config, target: nn.Module, draft_model: nn.Module | None) -> Mtp
             head = MtpHead.from_target(target, load=True)
             # Not a submodule (object.__setattr__): the target's state dict and .to() stay as they were.
             object.__setattr__(target, "_hf_hybrid_spec_mtp_head", head)
-    return MtpDrafter(head, target, top_k=config.draft_top_k)
+    static = config.compile is True  # speculative_generate resolves "auto" before it builds the drafter
+    return MtpDrafter(head, target, top_k=config.draft_top_k, static=static, max_depth=config.max_depth)

@@ -109,12 +109,17 @@ def _recompute_chain(head: MtpHead, target, ids: torch.Tensor, depth: int) -> li
     return chain
 
 
-def test_drafts_match_recomputation(family_checkpoint):
+@pytest.mark.parametrize("static", [False, True])
+def test_drafts_match_recomputation(family_checkpoint, static):
     """The store-based drafter (incremental keys/values, accepts that recompute accepted steps from the target's
-    hidden states, tree nodes overwritten) drafts exactly what a from-scratch recomputation drafts."""
+    hidden states, tree nodes overwritten; or the fixed-shape static storage) drafts what a from-scratch
+    recomputation drafts."""
+    from types import SimpleNamespace
+
     family, _, target, _ = family_checkpoint
     head = MtpHead.from_target(target, load=True)
-    drafter = MtpDrafter(head, target, top_k=1)
+    drafter = MtpDrafter(head, target, top_k=1, static=static, max_depth=4)
+    context = SimpleNamespace(generation_config=SimpleNamespace(max_length=64))
     last = target.config.get_text_config().num_hidden_layers
     budget = DraftBudget(max_nodes=4, max_depth=4)
 
@@ -124,7 +129,8 @@ def test_drafts_match_recomputation(family_checkpoint):
 
     torch.manual_seed(1)
     ids = torch.randint(3, 96, (1, 10))
-    drafter.begin(ids, None, TargetHidden((last,), (hidden_of(ids),)))
+    drafter.begin(ids, context, TargetHidden((last,), (hidden_of(ids),)))
+    assert (drafter._static is not None) == static
     ids = torch.cat([ids, torch.tensor([[7]])], dim=1)  # the first token, from the prefill's logits
     drafter.accept(ids, VerifyResult(path=[0], tokens=torch.tensor([7]), score_nodes=[0]), None)
     for step in range(4):
