@@ -343,10 +343,22 @@ class SuffixStores:
 
 
 def build_methods(names: list[str], dtype, device, compiled: bool = False, compiled_only: bool = False,
-                  fused: bool = False):
+                  fused: bool = False, target=None):
     methods = []
     for name in names:
-        if name in PRESETS:
+        if name == "mtp" or name.startswith("mtp:"):
+            # mtp[:<mtp.safetensors>][:tree]: the target checkpoint's MTP head (or a shard of one), a chain of 3 or a
+            # 12-node tree of depth 3, top-k 3.
+            from hf_hybrid_spec.mtp import MtpHead
+
+            parts = name.split(":")[1:]
+            shape = parts.pop() if parts and parts[-1] in ("chain", "tree") else "chain"
+            head = MtpHead.from_target(target, load=True, checkpoint=parts[0] if parts else None,
+                                       layers=1 if parts else None)
+            nodes, top_k = (12, 3) if shape == "tree" else (3, 1)
+            methods.append((f"mtp-{shape}", AssistantConfig(drafter="mtp", max_draft_tokens=nodes, max_depth=3,
+                                                            draft_top_k=top_k, compile=False), head))
+        elif name in PRESETS:
             methods.append((name, AssistantConfig(**PRESETS[name]), None))
         elif name.startswith("model:"):
             draft, _ = load_model(name.split(":", 1)[1], dtype, device)
@@ -427,7 +439,8 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", required=True,
                         help="path / Hub id, random:qwen3_5-2b, random:falcon_h1-1.5b or tiny:<model_type>")
     parser.add_argument("--drafters", nargs="+", default=["suffix", "ngram"],
-                        help=f"presets {sorted(PRESETS)}, model:<path>, eagle:<dir>[:chain], layerskip:<E>, "
+                        help=f"presets {sorted(PRESETS)}, model:<path>, eagle:<dir>[:chain], mtp[:<mtp.safetensors>][:tree], "
+                             "layerskip:<E>, "
                              "self_ssm[:<variant>] or config:<dir with assistant_config.json>")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=None,
@@ -476,7 +489,7 @@ def run(argv: list[str] | None = None) -> dict:
     if args.compile_verify and not (args.compiled or args.compiled_only):
         parser.error("--compile-verify needs --compiled or --compiled-only")
     methods = build_methods(args.drafters, dtype, args.device, compiled=args.compiled or args.compiled_only,
-                            compiled_only=args.compiled_only, fused=args.compile_verify)
+                            compiled_only=args.compiled_only, fused=args.compile_verify, target=model)
     vocab = model.config.get_text_config().vocab_size
     prompts = encode_prompts(tok, args.num_prompts, args.device, vocab, args.prompt_tokens)
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens)

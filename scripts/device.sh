@@ -4,7 +4,8 @@
 #
 #   kernels   the GPU kernel tests at real sizes, then the tree kernels launched from Python and inside CUDA graphs
 #   e2e       one request end to end: stock eager, stock static+compile, AssistantConfig() as it comes (compile="auto"),
-#             suffix and EAGLE with CUDA graphs (+graphs) and the fused verify (+fused)
+#             suffix, EAGLE (and the MTP head where one is committed) with CUDA graphs (+graphs) and the fused verify
+#             (+fused)
 #   base      the same benchmark (suffix and EAGLE) with the code of an earlier commit in .carry/base: run right after
 #             e2e on the same machine for an A/B of the two versions
 #   launch    what a tree op costs the host when launched from Python (the eager path), and the eager loop end to end
@@ -24,7 +25,9 @@ case "${1:-}" in
     run 300 tree_kernels python3 benchmarks/tree_kernels.py --cuda-graph --ops gdn mamba2 --batch 1 8 --nodes 16 64 \
         --out "$OUT/kbench" ;;
   e2e)
-    TAILN=14 run 560 e2e python3 benchmarks/bench.py --model "$M" --drafters default suffix "eagle:$D" \
+    # The fixture's trained MTP head too, where one is committed (checkpoints/mtp/FIXTURE).
+    MTPD=(); [ -f "checkpoints/mtp/$FIX/mtp.safetensors" ] && MTPD=("mtp:checkpoints/mtp/$FIX/mtp.safetensors")
+    TAILN=${TAILN:-16} run 560 e2e python3 benchmarks/bench.py --model "$M" --drafters default suffix "eagle:$D" "${MTPD[@]}" \
         --compiled-only --compile-verify $E2E --out "$OUT/e2e" ;;
   base)
     [ -d .carry/base ] || { echo "no .carry/base: bash scripts/device_prepare.sh FIXTURE BASE_REF"; exit 2; }

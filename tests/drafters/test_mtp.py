@@ -240,3 +240,24 @@ def test_recipe_trains_and_saves_in_checkpoint_layout(tmp_path):
     with pytest.raises(SystemExit) as exc:
         train_mtp.main(["--help"])
     assert exc.value.code == 0
+
+
+def test_committed_head_on_the_fixture():
+    """The trained head in checkpoints/mtp loads onto the Qwen3.5 fixture, stays exact, and accepts (the fixture
+    repeats itself more than real models, so the bound is loose)."""
+    from pathlib import Path
+
+    from helpers import load_fixture
+
+    model, tok = load_fixture("qwen3_5-small")
+    shard = Path(__file__).resolve().parents[2] / "checkpoints" / "mtp" / "qwen3_5-small" / "mtp.safetensors"
+    head = MtpHead.from_target(model, load=True, checkpoint=shard, layers=1)
+    ids = tok("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", return_tensors="pt").input_ids
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None)
+    ref = model.generate(ids, **kw)
+    for top_k in (1, 3):
+        out = model.generate(ids, custom_generate=H.speculative_generate, draft_model=head,
+                             return_dict_in_generate=True, **kw,
+                             assistant_config=mtp_config(max_depth=3, max_draft_tokens=3 * top_k, draft_top_k=top_k))
+        assert torch.equal(out.sequences, ref)
+        assert out.spec_stats.mean_accepted_length > 1.5
