@@ -33,11 +33,13 @@ SSM_VARIANTS = ("zero_attention", "rescale_ssm", "skip_layer")
 HVD_POLICIES = ("learned", "threshold")
 BATCH_BUDGETS = ("auto", "calibrated", "fixed")
 # The tree budget a drafter gets when the config leaves it unset: EAGLE-2's dynamic tree for "eagle" (60 nodes, depth
-# 6, 10 children per expanded node), a chain of up to 8 tokens from a 24-node budget for the others (a cache drafter's
-# tree is shaped by its matches, not by draft_top_k).
+# 6, 10 children per expanded node), a chain of 3 for "mtp" (one MTP layer run recursively: its predictions fade with
+# depth, and vLLM and SGLang draft 1-3 tokens with it), a chain of up to 8 tokens from a 24-node budget for the others
+# (a cache drafter's tree is shaped by its matches, not by draft_top_k).
 DRAFTER_DEFAULTS = {
     "default": dict(max_draft_tokens=24, max_depth=8, draft_top_k=1),
     "eagle": dict(max_draft_tokens=60, max_depth=6, draft_top_k=10),
+    "mtp": dict(max_draft_tokens=3, max_depth=3, draft_top_k=1),
 }
 # Nesting allowed in `extra` (JSON from a file could otherwise nest deep enough to overflow the stack later).
 MAX_EXTRA_DEPTH = 8
@@ -48,8 +50,8 @@ class AssistantConfig:
     """Configuration of speculative decoding.
 
     Tree budget (left unset, `max_draft_tokens`, `max_depth` and `draft_top_k` take the drafter's defaults,
-    `DRAFTER_DEFAULTS`: 60 / 6 / 10 for "eagle", 24 / 8 / 1 for the others; `replace(drafter=...)` keeps the numbers a
-    config already holds):
+    `DRAFTER_DEFAULTS`: 60 / 6 / 10 for "eagle", 3 / 3 / 1 for "mtp", 24 / 8 / 1 for the others;
+    `replace(drafter=...)` keeps the numbers a config already holds):
         max_draft_tokens: most draft nodes verified per target forward (the root comes on top).
         max_depth: deepest draft node below the root; also bounds the tokens one forward can commit
             (max_depth + 1 with the bonus token).

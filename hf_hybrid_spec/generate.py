@@ -275,7 +275,8 @@ def speculative_kwargs(model: nn.Module, kwargs: dict, default: AssistantConfig 
     _refuse_stock_generators(kwargs, assistant_model)
     cfg = kwargs.pop("assistant_config", None)
     _stop_strings_with_tokenizer(model, kwargs)
-    cfg = _resolve_config(cfg if cfg is not None else default, assistant_model)
+    given = cfg if cfg is not None else default
+    cfg = _resolve_config(given, assistant_model)
     asked = [name for name, value in (("assistant_model", assistant_model), ("prompt_lookup_num_tokens", lookup),
                                       ("use_mtp", use_mtp or None), ("assistant_early_exit", early_exit))
              if value is not None]
@@ -291,7 +292,8 @@ def speculative_kwargs(model: nn.Module, kwargs: dict, default: AssistantConfig 
     elif lookup is not None:
         cfg = cfg.replace(drafter="ngram", max_draft_tokens=int(lookup), ngram_size=int(ngram or cfg.ngram_size))
     elif use_mtp:
-        cfg = cfg.replace(drafter="mtp")
+        # Without a configuration of the caller's, the MTP drafter's own budget (a chain of 3), not the suffix one's.
+        cfg = cfg.replace(drafter="mtp") if given is not None else AssistantConfig(drafter="mtp")
     elif early_exit is not None:
         cfg = cfg.replace(drafter="layerskip", exit_layer=int(early_exit))
     kwargs["custom_generate"] = speculative_generate

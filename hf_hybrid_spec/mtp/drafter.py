@@ -162,14 +162,15 @@ class MtpDrafter(Drafter):
         return host_draft(cands, "mtp")
 
 
-
 def from_config(config, target: nn.Module, draft_model: nn.Module | None) -> MtpDrafter:
     """The drafter `AssistantConfig(drafter="mtp")` names: `draft_model` an `MtpHead`, or None to load the target
     checkpoint's own `mtp.*` weights (once per target: the head is kept on the target)."""
     head = draft_model
     if head is None:
         head = getattr(target, "_hf_hybrid_spec_mtp_head", None)
-        if head is None:
+        param = next(target.parameters())
+        if head is None or (head.fc.weight.device, head.fc.weight.dtype) != (param.device, param.dtype):
+            # First use, or the target moved (`.to(...)`) since: load the head where the target now is.
             head = MtpHead.from_target(target, load=True)
             # Not a submodule (object.__setattr__): the target's state dict and .to() stay as they were.
             object.__setattr__(target, "_hf_hybrid_spec_mtp_head", head)

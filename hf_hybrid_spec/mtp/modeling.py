@@ -38,6 +38,8 @@ from ..forward import _cache_kwarg_for
 __all__ = ["MtpHead", "MtpStore", "mtp_layer_count", "load_mtp_state", "save_mtp_state", "MTP_PREFIX"]
 
 MTP_PREFIX = "mtp."
+# Text model types whose checkpoints ship this MTP layout (Qwen3.5, its MoE, Qwen3-Next).
+SUPPORTED_MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 _LAYER_COUNT_FIELDS = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
 
 
@@ -123,12 +125,12 @@ class MtpHead(nn.Module):
         if n < 1:
             raise ValueError(f"drafter='mtp' needs a checkpoint with multi-token-prediction weights: the "
                              f"{tc.model_type} config declares none ({' / '.join(_LAYER_COUNT_FIELDS)})")
+        if tc.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"drafter='mtp' knows the MTP layout of {', '.join(SUPPORTED_MODEL_TYPES)}; this target "
+                             f"is {tc.model_type}")
         decoder = target.get_decoder()
-        norm_cls = type(getattr(decoder, "norm", None) or getattr(decoder, "final_layernorm", None))
+        norm_cls = type(decoder.norm)
         layer_cls = type(decoder.layers[0])
-        if norm_cls is type(None) or not hasattr(decoder, "rotary_emb"):
-            raise ValueError(f"drafter='mtp' does not know the {tc.model_type} layout (needs a final norm and a "
-                             "rotary embedding on the decoder); supported: qwen3_5, qwen3_5_moe, qwen3_next")
         self.config = _mtp_config(target.config, n)
         h, eps = tc.hidden_size, tc.rms_norm_eps
         self.fc = nn.Linear(2 * h, h, bias=False)

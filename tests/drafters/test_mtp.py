@@ -154,6 +154,21 @@ def test_use_mtp_after_enable(family_checkpoint):
                           return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
     assert sum(out.spec_stats.drafted_tokens) > 0  # it drafted (plain generate returns no spec_stats)
+    assert max(out.spec_stats.drafted_tokens) <= 3  # the MTP drafter's own budget: a chain of 3
+
+
+def test_head_follows_the_target_when_it_moves(tmp_path):
+    target, _ = mtp_checkpoint("qwen3_5_text", tmp_path)
+    ids = torch.tensor([[5, 9, 17, 33, 4]])
+    kw = dict(max_new_tokens=8, do_sample=False, eos_token_id=None, custom_generate=H.speculative_generate,
+              assistant_config=mtp_config())
+    target.generate(ids, **kw)
+    first = target._hf_hybrid_spec_mtp_head
+    target.to(torch.float64)
+    out = target.generate(ids, **kw)
+    assert torch.equal(out, target.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None))
+    assert target._hf_hybrid_spec_mtp_head is not first
+    assert target._hf_hybrid_spec_mtp_head.fc.weight.dtype == torch.float64
 
 
 def test_sampling_runs(family_checkpoint):
@@ -170,6 +185,8 @@ def test_errors(tmp_path):
     falcon = tiny_model("falcon_h1")
     with pytest.raises(ValueError, match="multi-token-prediction"):
         MtpHead.from_target(falcon)
+    with pytest.raises(ValueError, match="knows the MTP layout"):
+        MtpHead.from_target(tiny_model("llama", mtp_num_hidden_layers=1))
     # A Qwen3.5 checkpoint whose config declares MTP but that holds no mtp.* tensors.
     target = tiny_model("qwen3_5_text", mtp_num_hidden_layers=1)
     target.save_pretrained(tmp_path)
