@@ -284,3 +284,43 @@ def tiny_target_with_tokenizer(path, **overrides):
     target = tiny_model("qwen3_5_text", vocab_size=len(fast), **overrides)
     target.save_pretrained(path)
     fast.save_pretrained(path)
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square goodness of fit of `counts` to the law `probs` (cells expecting < 5 merged)."""
+    from scipy.stats import chisquare
+
+    expected = probs * counts.sum()
+    # Merge cells with tiny expectations into one so the chi-square approximation holds.
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum().view(1)]) if small.any() else counts
+    exp = torch.cat([expected[~small], expected[small].sum().view(1)]) if small.any() else expected
+    keep = exp > 0
+    obs, exp = obs[keep].double(), exp[keep].double()
+    exp = exp * (obs.sum() / exp.sum())  # float rounding of the law's total
+    return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
+
+
+def target_joint(model, ids, processors):
+    """Exact P(first two generated tokens) under stock sampling with `processors` ([V * V], V the vocabulary)."""
+    V = model.config.get_text_config().vocab_size
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, -1].float()
+        p1 = torch.softmax(processors(ids, logits[None].clone())[0], dim=-1)
+        joint = torch.zeros(V, V)
+        for a in range(V):
+            ext = torch.cat([ids, torch.tensor([[a]])], dim=1)
+            la = model(input_ids=ext).logits[0, -1].float()
+            joint[a] = p1[a] * torch.softmax(processors(ext, la[None].clone())[0], dim=-1)
+    return joint.flatten()
+
+
+def sampled_pairs(model, ids, n, **kw):
+    """Counts [V * V] of the first two tokens of `n` sampled generations of `ids` (generate kwargs `kw`)."""
+    V = model.config.get_text_config().vocab_size
+    counts = torch.zeros(V * V)
+    for _ in range(n):
+        out = model.generate(ids, do_sample=True, top_p=1.0, max_new_tokens=2, eos_token_id=None, **kw)
+        a, b = out[0, -2:].tolist()
+        counts[a * V + b] += 1
+    return counts

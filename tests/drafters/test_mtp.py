@@ -20,10 +20,10 @@ from hf_hybrid_spec.tree import VerifyResult
 MTP_FAMILIES = ("qwen3_5_text", "qwen3_next", "qwen3_5_moe_text")
 
 
-def mtp_checkpoint(family: str, path, seed: int = 3, shard: str | None = None):
+def mtp_checkpoint(family: str, path, seed: int = 3, shard: str | None = None, vocab_size: int = 96):
     """A tiny `family` target saved with random MTP weights in the checkpoint layout; returns (target loaded
     back from it, the head that was written)."""
-    target = tiny_model(family, mtp_num_hidden_layers=1)
+    target = tiny_model(family, mtp_num_hidden_layers=1, vocab_size=vocab_size)
     torch.manual_seed(seed)
     head = MtpHead.from_target(target)
     # Sharper MTP logits than random init gives: drafts then differ from token to token.
@@ -171,13 +171,22 @@ def test_head_follows_the_target_when_it_moves(tmp_path):
     assert target._hf_hybrid_spec_mtp_head.fc.weight.dtype == torch.float64
 
 
-def test_sampling_runs(family_checkpoint):
-    _, _, target, _ = family_checkpoint
-    ids = torch.tensor([[5, 9, 17, 33]])
-    torch.manual_seed(0)
-    out = target.generate(ids, max_new_tokens=12, do_sample=True, eos_token_id=None,
-                          custom_generate=H.speculative_generate, assistant_config=mtp_config(draft_top_k=2))
-    assert out.shape == (1, 16)
+@pytest.mark.slow
+def test_sampling_matches_the_target_distribution(tmp_path):
+    """Sampling with MTP trees (deterministic top-k drafts) is distribution-exact: the first two sampled tokens
+    follow the target's own joint law (chi-square), and the harness rejects a sharper law."""
+    from helpers import chi2_pvalue, sampled_pairs, target_joint
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+    target, _ = mtp_checkpoint("qwen3_5_text", tmp_path, vocab_size=8)
+    ids = torch.tensor([[2, 5, 3, 7, 2, 5]])
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(5)])
+    joint = target_joint(target, ids, processors)
+    torch.manual_seed(4321)
+    counts = sampled_pairs(target, ids, 1000, temperature=0.7, top_k=5, custom_generate=H.speculative_generate,
+                           assistant_config=mtp_config(draft_top_k=2, max_draft_tokens=4, max_depth=2))
+    assert chi2_pvalue(counts, joint) > 1e-3
+    assert chi2_pvalue(counts, torch.softmax(2.0 * torch.log(joint + 1e-12), dim=0)) < 1e-3
 
 
 def test_errors(tmp_path):

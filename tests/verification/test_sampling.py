@@ -8,7 +8,7 @@ whole `generate` loop on a tiny-vocabulary hybrid model (joint distribution of t
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from helpers import chi2_pvalue, sampled_pairs, target_joint
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_hybrid_spec as H
@@ -18,18 +18,6 @@ from hf_hybrid_spec.tree import DraftTree, build_verify_tree
 from hf_hybrid_spec.verification import verify_sampling
 
 V = 8
-
-
-def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    # Merge cells with tiny expectations into one so the chi-square approximation holds.
-    small = expected < 5
-    obs = torch.cat([counts[~small], counts[small].sum().view(1)]) if small.any() else counts
-    exp = torch.cat([expected[~small], expected[small].sum().view(1)]) if small.any() else expected
-    keep = exp > 0
-    obs, exp = obs[keep].double(), exp[keep].double()
-    exp = exp * (obs.sum() / exp.sum())  # float rounding of the law's total
-    return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
 
 
 def two_level_tree(gen, with_q: bool):
@@ -92,28 +80,6 @@ class RandomSampledDrafter(Drafter):
         q = torch.distributions.Dirichlet(torch.full((V,), 0.5)).sample((depth,))
         toks = torch.stack([torch.multinomial(q[i], 1, generator=self.gen) for i in range(depth)]).view(1, -1)
         return DraftTree(tokens=toks, parents=(torch.arange(depth) - 1).view(1, -1), probs=q.unsqueeze(0))
-
-
-def target_joint(model, ids, processors):
-    """Exact P(first two generated tokens) under stock sampling with `processors`."""
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, -1].float()
-        p1 = torch.softmax(processors(ids, logits[None].clone())[0], dim=-1)
-        joint = torch.zeros(V, V)
-        for a in range(V):
-            ext = torch.cat([ids, torch.tensor([[a]])], dim=1)
-            la = model(input_ids=ext).logits[0, -1].float()
-            joint[a] = p1[a] * torch.softmax(processors(ext, la[None].clone())[0], dim=-1)
-    return joint.flatten()
-
-
-def sampled_pairs(model, ids, n, **kw):
-    counts = torch.zeros(V * V)
-    for _ in range(n):
-        out = model.generate(ids, do_sample=True, top_p=1.0, max_new_tokens=2, eos_token_id=None, **kw)
-        a, b = out[0, -2:].tolist()
-        counts[a * V + b] += 1
-    return counts
 
 
 @pytest.mark.slow
