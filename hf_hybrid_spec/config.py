@@ -105,7 +105,7 @@ class AssistantConfig:
             faster path). Also turned on by `generate(..., cache_implementation="static")`.
         compile_buckets: tree sizes (root included) captured; a tree is padded to the smallest that fits and the
             draft budget is capped at the largest minus one.
-        compile_drafter: with `compile`, also compile the EAGLE drafter's passes with Inductor (before they are
+        compile_drafter: with `compile`, also compile the EAGLE (or MTP) drafter's passes with Inductor (before they are
             captured on a GPU: a 60-node tree drafts in 1.25 ms instead of 2.0 on the H200; on CPU the compiled
             passes run as they are, ~20-30% less drafting time). Costs ~20 s of compiling per pass (the tree
             expansion for the request's full budget, the accept pass) once per process and drafter, so it is off by

@@ -11,7 +11,8 @@
 #   launch    what a tree op costs the host when launched from Python (the eager path), and the eager loop end to end
 #   hvd       Hybrid Verified Decoding on the agentic workload suite
 #   mtp       train the fixture's MTP head (it ships none; recipes/train_mtp.py), then MTP chain / tree vs EAGLE vs
-#             suffix with CUDA graphs in one run (MTP_STAGES="train eval" by default; MTP_MINUTES of training)
+#             suffix with CUDA graphs in one run (MTP_STAGES="train eval" by default; MTP_MINUTES of training;
+#             MTP_EVAL_ARGS=--compile-drafter to fuse the drafters' passes)
 #   batch     batched speculation against stock batched decoding at B = 1..64 (the fixture; BATCH_MODEL=random:... for a
 #             random-weight model with the acceptance-controlled drafter; BATCH_SIZES to choose the batch sizes)
 set -uo pipefail
@@ -68,7 +69,8 @@ case "${1:-}" in
       if [ -d out/mtp/checkpoint ]; then MT=(--model out/mtp/checkpoint); else
         MT=(--model "$M" --mtp-weights "checkpoints/mtp/$FIX/mtp.safetensors"); fi
       TAILN=34 CUTC=200 run 560 mtp_eval python3 recipes/eval_eagle.py "${MT[@]}" --drafter "$D" \
-          --mtp --compile --dtype bfloat16 --num-prompts 8 --max-new-tokens 128 --allow-mismatch --out "$OUT/mtp_eval"
+          --mtp --compile ${MTP_EVAL_ARGS:-} --dtype bfloat16 --num-prompts 8 --max-new-tokens 128 --allow-mismatch \
+          --out "$OUT/mtp_eval"
     fi ;;
   *)
     echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd|mtp|batch"; exit 2 ;;

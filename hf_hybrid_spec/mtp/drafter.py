@@ -41,11 +41,13 @@ class MtpDrafter(Drafter):
         static: keep the keys and values in preallocated storage and draft with fixed shapes, captured as CUDA
             graphs on the GPU (`StaticMtp`, sized at `begin` from the request's max_length; `max_depth` sets its
             tree part).
+        fuse: with `static`, compile its passes with Inductor before capturing them (`compile_drafter=True`).
     """
 
     name = "mtp"
 
-    def __init__(self, head: MtpHead, target: nn.Module, top_k: int = 1, static: bool = False, max_depth: int = 8):
+    def __init__(self, head: MtpHead, target: nn.Module, top_k: int = 1, static: bool = False, max_depth: int = 8,
+                 fuse: bool = False):
         if not isinstance(head, MtpHead):
             raise TypeError(f"the 'mtp' drafter needs an MtpHead as draft_model, got {type(head).__name__}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -58,7 +60,7 @@ class MtpDrafter(Drafter):
         self.top_k = min(top_k, tc.vocab_size)
         self.target_hidden_layers = (tc.num_hidden_layers,)  # the last hidden state, after the final norm
         self.store = MtpStore()
-        self.static, self.max_depth = static, max_depth
+        self.static, self.max_depth, self.fuse = static, max_depth, fuse
         self._static: StaticMtp | None = None  # this request's static storage (static=True)
         self._reset()
 
@@ -76,7 +78,8 @@ class MtpDrafter(Drafter):
         self._release_static()
         max_length = getattr(getattr(context, "generation_config", None), "max_length", None)
         if self.static and max_length is not None:
-            self._static = static_mtp(self.head, self.top_k, self.max_depth, max_length, owner=self)
+            self._static = static_mtp(self.head, self.top_k, self.max_depth, max_length, owner=self,
+                                      fuse=self.fuse)
         self._take(hidden, "begin")
         self._advance(input_ids)
 
@@ -175,4 +178,5 @@ def from_config(config, target: nn.Module, draft_model: nn.Module | None) -> Mtp
             # Not a submodule (object.__setattr__): the target's state dict and .to() stay as they were.
             object.__setattr__(target, "_hf_hybrid_spec_mtp_head", head)
     static = config.compile is True  # speculative_generate resolves "auto" before it builds the drafter
-    return MtpDrafter(head, target, top_k=config.draft_top_k, static=static, max_depth=config.max_depth)
+    return MtpDrafter(head, target, top_k=config.draft_top_k, static=static, max_depth=config.max_depth,
+                      fuse=static and config.compile_drafter)

@@ -9,7 +9,12 @@ the tree expansion is captured once per draft budget and the accept pass (the he
 tokens the target just committed) once per count, then replayed. On CPU the same code runs eagerly (what the tests
 exercise). The prompt's steps at `begin` run eagerly on the same storage.
 
-One `StaticMtp` per (head, top-k, depth) is kept on the head and reused by later requests (their graphs point at its
+With `fuse=True` (`AssistantConfig(compile=True, compile_drafter=True)`) both passes are compiled by Inductor
+(`torch.compile(fullgraph=True)`: the expansion per draft budget, the accept pass once with a dynamic count) before
+they are captured, as EAGLE's are; a compile that fails warns and the plain pass runs from then on (drafting never
+decides what is committed).
+
+One `StaticMtp` per (head, top-k, depth, fuse) is kept on the head and reused by later requests (their graphs point at its
 buffers); a longer request replaces it, and a request that finds it leased to another one (a thread) gets storage of
 its own.
 """
@@ -64,12 +69,14 @@ class StaticMtp(Leased):
         max_depth: the deepest draft (sets the tree part of the buffers).
         capacity: committed steps the buffers hold (a request's max_length is enough).
         use_graphs: capture CUDA graphs (default: when the head is on CUDA).
+        fuse: compile the passes with Inductor (then capture them; on CPU the compiled passes run as they are).
     """
 
     MAX_GRAPHS = 4  # draft budgets captured; others (a request's last few steps, mostly) run eagerly
     MAX_ADVANCE = 16  # tokens per accept with a captured pass; longer runs (begin) are eager on the same storage
 
-    def __init__(self, head: MtpHead, top_k: int, max_depth: int, capacity: int, use_graphs: bool | None = None):
+    def __init__(self, head: MtpHead, top_k: int, max_depth: int, capacity: int, use_graphs: bool | None = None,
+                 fuse: bool = False):
         c = head.config
         weight = head.fc.weight
         self.head, self.top_k, self.max_depth, self.capacity = head, top_k, max_depth, capacity
@@ -91,6 +98,8 @@ class StaticMtp(Leased):
         self._graphs: dict = {}
         self._pool = None
         self.captures = 0
+        self.fuse = fuse
+        self._compiled: dict[str, object] = {}
 
     # ------------------------------------------------------------------ the passes (fixed shapes)
     def _advance(self, count: int, hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,8 +144,9 @@ class StaticMtp(Leased):
             return self._advance(count, hidden.to(self.dtype), tokens)
         self.adv_hidden[:, :count].copy_(hidden)
         self.adv_tokens[:, :count].copy_(tokens)
-        return self._run(("advance", count), lambda: self._advance(count, self.adv_hidden[:, :count],
-                                                                    self.adv_tokens[:, :count]))
+        advance = self._pass("advance")
+        return self._run(("advance", count), lambda: advance(count, self.adv_hidden[:, :count],
+                                                             self.adv_tokens[:, :count]))
 
     def draft(self, steps: int, hidden: torch.Tensor, logp: torch.Tensor, budget: DraftBudget) -> TreeCandidates:
         """A tree off the newest of `steps` committed steps (hidden [1, H], logp [V])."""
@@ -144,7 +154,32 @@ class StaticMtp(Leased):
         self.logp.copy_(logp)
         self.steps.fill_(steps)
         depth = min(budget.max_depth, self.max_depth)
-        return self._run(("expand", budget.max_nodes, depth), lambda: self._expand(budget.max_nodes, depth))
+        expand = self._pass("expand")
+        return self._run(("expand", budget.max_nodes, depth), lambda: expand(budget.max_nodes, depth))
+
+    def _pass(self, which: str):
+        """The plain pass, or with `fuse` its Inductor-compiled form (made on first use; int arguments are
+        specialized for the expansion, dynamic for the accept pass's count)."""
+        plain = self._expand if which == "expand" else self._advance
+        if not self.fuse:
+            return plain
+        compiled = self._compiled.get(which)
+        if compiled is None:
+            compiled = torch.compile(plain, fullgraph=True, dynamic=which == "advance")
+            self._compiled[which] = compiled
+
+        def run(*args):
+            if not self.fuse:
+                return plain(*args)
+            try:
+                return compiled(*args)
+            except Exception as err:  # noqa: BLE001 - Dynamo / Inductor / Triton raise many types
+                logger.warning("compiling the MTP %s pass failed (%s: %s); running it unfused", which,
+                               type(err).__name__, err)
+                self.fuse = False
+                return plain(*args)
+
+        return run
 
     def _run(self, key: tuple, fn):
         if not self.use_graphs:
@@ -176,18 +211,18 @@ class StaticMtp(Leased):
 _LOCK = threading.Lock()
 
 
-def static_mtp(head: MtpHead, top_k: int, max_depth: int, capacity: int, owner=None) -> StaticMtp:
-    """The StaticMtp kept on `head` for (top-k, depth), replaced by a larger one when `capacity` exceeds it, leased
-    to `owner`; one leased to a request still running is never handed out twice (that request gets its own)."""
-    key = (top_k, max_depth, str(head.fc.weight.device), str(head.fc.weight.dtype))
+def static_mtp(head: MtpHead, top_k: int, max_depth: int, capacity: int, owner=None, fuse: bool = False) -> StaticMtp:
+    """The StaticMtp kept on `head` for (top-k, depth, fuse), replaced by a larger one when `capacity` exceeds it,
+    leased to `owner`; one leased to a request still running is never handed out twice (that request gets its own)."""
+    key = (top_k, max_depth, str(head.fc.weight.device), str(head.fc.weight.dtype), fuse)
     with _LOCK:
         kept = head.__dict__.setdefault("_static_mtp", {})
         store = kept.get(key)
         if store is not None and store.in_use:
-            store = StaticMtp(head, top_k, max_depth, capacity)
+            store = StaticMtp(head, top_k, max_depth, capacity, fuse=fuse)
         elif store is None or store.capacity < capacity:
             kept.pop(key, None)
-            store = StaticMtp(head, top_k, max_depth, capacity)
+            store = StaticMtp(head, top_k, max_depth, capacity, fuse=fuse)
             kept[key] = store
         if owner is not None:
             store.lease(owner)

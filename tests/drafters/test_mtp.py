@@ -287,3 +287,21 @@ def test_committed_head_on_the_fixture():
                              assistant_config=mtp_config(max_depth=3, max_draft_tokens=3 * top_k, draft_top_k=top_k))
         assert torch.equal(out.sequences, ref)
         assert out.spec_stats.mean_accepted_length > 1.5
+
+
+@pytest.mark.slow
+def test_compile_drafter_fuses_the_mtp_passes(tmp_path):
+    """compile_drafter=True: both MTP passes compile whole with Inductor (fullgraph: a graph break fails here; on
+    CPU they run without graphs) and draft what the plain static passes draft, step for step."""
+    target, head = mtp_checkpoint("qwen3_5_text", tmp_path)
+    ids = torch.tensor([[5, 9, 17, 33, 4, 8, 12]])
+    kw = dict(do_sample=False, max_new_tokens=12, eos_token_id=None, custom_generate=H.speculative_generate,
+              return_dict_in_generate=True)
+    ref = target.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=None)
+    cfg = mtp_config(draft_top_k=2, max_draft_tokens=4, max_depth=3, compile=True)
+    plain = target.generate(ids, assistant_config=cfg, **kw)
+    fused = target.generate(ids, assistant_config=cfg.replace(compile_drafter=True), **kw)
+    assert torch.equal(plain.sequences, ref) and torch.equal(fused.sequences, ref)
+    assert fused.spec_stats.accepted_lengths == plain.spec_stats.accepted_lengths
+    store = next(s for s in target._hf_hybrid_spec_mtp_head._static_mtp.values() if s.fuse)
+    assert set(store._compiled) == {"expand", "advance"}  # both compiled passes ran, neither fell back
