@@ -10,9 +10,10 @@ tokens the target just committed) once per count, then replayed. On CPU the same
 exercise). The prompt's steps at `begin` run eagerly on the same storage.
 
 With `fuse=True` (`AssistantConfig(compile=True, compile_drafter=True)`) both passes are compiled by Inductor
-(`torch.compile(fullgraph=True)`: the expansion per draft budget, the accept pass once with a dynamic count) before
-they are captured, as EAGLE's are; a compile that fails warns and the plain pass runs from then on (drafting never
-decides what is committed).
+(`torch.compile(fullgraph=True)`) before they are captured, as EAGLE's are: the accept pass once with a dynamic
+count, the expansion for the first draft budget only (a request's full budget; the smaller ones of its last steps
+replay plain graphs: compiling every budget took seconds each inside the first requests on the H200). A compile that
+fails warns and the plain pass runs from then on (drafting never decides what is committed).
 
 One `StaticMtp` per (head, top-k, depth, fuse) is kept on the head and reused by later requests (their graphs point at its
 buffers); a longer request replaces it, and a request that finds it leased to another one (a thread) gets storage of
@@ -74,6 +75,7 @@ class StaticMtp(Leased):
 
     MAX_GRAPHS = 4  # draft budgets captured; others (a request's last few steps, mostly) run eagerly
     MAX_ADVANCE = 16  # tokens per accept with a captured pass; longer runs (begin) are eager on the same storage
+    MAX_FUSED = 1  # draft budgets whose expansion is compiled (one Inductor compile each)
 
     def __init__(self, head: MtpHead, top_k: int, max_depth: int, capacity: int, use_graphs: bool | None = None,
                  fuse: bool = False):
@@ -100,6 +102,7 @@ class StaticMtp(Leased):
         self.captures = 0
         self.fuse = fuse
         self._compiled: dict[str, object] = {}
+        self._fused_budgets: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------------ the passes (fixed shapes)
     def _advance(self, count: int, hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,15 +157,20 @@ class StaticMtp(Leased):
         self.logp.copy_(logp)
         self.steps.fill_(steps)
         depth = min(budget.max_depth, self.max_depth)
-        expand = self._pass("expand")
+        expand = self._pass("expand", (budget.max_nodes, depth))
         return self._run(("expand", budget.max_nodes, depth), lambda: expand(budget.max_nodes, depth))
 
-    def _pass(self, which: str):
+    def _pass(self, which: str, budget: tuple[int, int] | None = None):
         """The plain pass, or with `fuse` its Inductor-compiled form (made on first use; int arguments are
-        specialized for the expansion, dynamic for the accept pass's count)."""
+        specialized for the expansion, dynamic for the accept pass's count). Only the first `MAX_FUSED` budgets'
+        expansions are compiled."""
         plain = self._expand if which == "expand" else self._advance
         if not self.fuse:
             return plain
+        if budget is not None and budget not in self._fused_budgets:
+            if len(self._fused_budgets) >= self.MAX_FUSED:
+                return plain
+            self._fused_budgets.add(budget)
         compiled = self._compiled.get(which)
         if compiled is None:
             compiled = torch.compile(plain, fullgraph=True, dynamic=which == "advance")

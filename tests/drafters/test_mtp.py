@@ -305,3 +305,4 @@ def test_compile_drafter_fuses_the_mtp_passes(tmp_path):
     assert fused.spec_stats.accepted_lengths == plain.spec_stats.accepted_lengths
     store = next(s for s in target._hf_hybrid_spec_mtp_head._static_mtp.values() if s.fuse)
     assert set(store._compiled) == {"expand", "advance"}  # both compiled passes ran, neither fell back
+    assert len(store._fused_budgets) == 1  # the expansion of the first budget only
