@@ -21,9 +21,9 @@ CONFIG_NAME = "assistant_config.json"
 
 # The built-in drafters: `model` drafts with `draft_model=` (any causal LM, same tokenizer), `eagle` with an
 # `hf_hybrid_spec.eagle.EagleDrafter`, `mtp` with the target checkpoint's own multi-token-prediction head
-# (`hf_hybrid_spec.mtp`; Qwen3.5, Qwen3-Next), `self_ssm` / `layerskip` with the target's own SSM pathway or first layers, `hvd`
-# picks per step between the suffix draft and a model draft (`hf_hybrid_spec.hvd`). `drafter=` and `verification=`
-# accept every name registered in `hf_hybrid_spec.registry` (these, and any registered since).
+# (`hf_hybrid_spec.mtp`; Qwen3.5, Qwen3-Next), `self_ssm` / `layerskip` with the target's own SSM pathway or first
+# layers, `hvd` picks per step between the suffix draft and a model draft (`hf_hybrid_spec.hvd`). `drafter=` and
+# `verification=` accept every name registered in `hf_hybrid_spec.registry` (these, and any registered since).
 DRAFTERS = ("suffix", "ngram", "model", "eagle", "mtp", "self_ssm", "layerskip", "hvd")
 # Lossy, opt-in rules (`hf_hybrid_spec.verification.arbitrated`) keep the draft's token at some mismatches.
 VERIFICATIONS = ("lossless", "cospec", "fly", "typical")

@@ -251,8 +251,8 @@ def speculative_generate(
 
 
 # ---------------------------------------------------------------------- enable()
-# Stock `generate` kwargs that ask for assisted decoding, and what `speculative_kwargs` makes of each (the table in
-# docs/drafters.md, "Stock speculation kwargs").
+# Stock `generate` kwargs that ask for assisted decoding; what `speculative_kwargs` makes of each is the table in
+# docs/drafters.md, "The stock kwargs".
 STOCK_SPECULATION_KWARGS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_config", "use_mtp",
                             "assistant_early_exit", "speculation_type", "assistant_tokenizer")
 
@@ -368,8 +368,9 @@ def enable(model: nn.Module, assistant_config: AssistantConfig | None = None) ->
         model.generate(**inputs, assistant_config=AssistantConfig(...))
 
     all run `speculative_generate` (stock `generate` refuses them on stateful models before any custom callable
-    runs; the docs' table "Stock speculation kwargs" lists every stock candidate generator). Plain calls without those kwargs are untouched. Only this model instance is
-    changed; `assistant_config` sets its default configuration. Returns the model.
+    runs; docs/drafters.md, "The stock kwargs", lists every stock candidate generator). Plain calls without those
+    kwargs are untouched. Only this model instance is changed; `assistant_config` sets its default configuration.
+    Returns the model.
     """
     get_adapter(model)  # fail now, not at the first generate, for unsupported models
     if getattr(model.generate, "__hf_hybrid_spec_enabled__", False):

@@ -313,7 +313,8 @@ class EagleDrafter(LocalFirstMixin, PreTrainedModel):
         if config.aux_layers_from_target:
             config.aux_layers = list(range(1, 1 + config.training["aux_layer_count"]))  # placeholders until bind
         drafter = cls(config)
-        drafter.load_state_dict({k: v.to(drafter.state_dict()[k].dtype) for k, v in state.items()})
+        own = drafter.state_dict()
+        drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
         if dtype is not None and dtype != "auto":
             drafter = drafter.to(dtype)

@@ -181,7 +181,8 @@ class MtpHead(nn.Module):
         x = self.fc(x)
         rotary = self._shared.rotary
         # Qwen3.5's multimodal rotary embedding reads [3, B, T] position ids (all three the text positions here).
-        tables = rotary(x, positions[None].expand(3, *positions.shape) if hasattr(rotary, "mrope_section") else positions)
+        rope_positions = positions[None].expand(3, *positions.shape) if hasattr(rotary, "mrope_section") else positions
+        tables = rotary(x, rope_positions)
         out = self.layers[0](x, position_embeddings=tables, attention_mask=mask, position_ids=positions,
                              **{self._cache_kwarg: store})
         if isinstance(out, tuple):

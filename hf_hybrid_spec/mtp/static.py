@@ -15,9 +15,9 @@ count, the expansion for the first draft budget only (a request's full budget; t
 replay plain graphs: compiling every budget took seconds each inside the first requests on the H200). A compile that
 fails warns and the plain pass runs from then on (drafting never decides what is committed).
 
-One `StaticMtp` per (head, top-k, depth, fuse) is kept on the head and reused by later requests (their graphs point at its
-buffers); a longer request replaces it, and a request that finds it leased to another one (a thread) gets storage of
-its own.
+One `StaticMtp` per (head, top-k, depth, fuse) is kept on the head and reused by later requests (their graphs point
+at its buffers); a longer request replaces it, and a request that finds it leased to another one (a thread) gets
+storage of its own.
 """
 
 from __future__ import annotations
