@@ -249,7 +249,8 @@ def test_recipe_trains_and_saves_in_checkpoint_layout(tmp_path):
     rc = train_mtp.main(["--target", str(tmp_path / "target"), "--output_dir", str(out), "--max_steps", "12",
                          "--batch_size", "2", "--seq_len", "24", "--warmup_steps", "1", "--lr", "3e-3",
                          "--source_dirs", os.path.dirname(json_module.__file__), "--heldout_percent", "30",
-                         "--eval_prompts", "1", "--eval_new_tokens", "6", "--device", "cpu"])
+                         "--eval_prompts", "1", "--eval_new_tokens", "6", "--device", "cpu",
+                         "--num_workers", "1"])
     assert rc == 0
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert len(log) == 12 and len(log[0]["per_depth"]) == 2
