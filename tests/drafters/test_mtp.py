@@ -307,3 +307,18 @@ def test_compile_drafter_fuses_the_mtp_passes(tmp_path):
     store = next(s for s in target._hf_hybrid_spec_mtp_head._static_mtp.values() if s.fuse)
     assert set(store._compiled) == {"expand", "advance"}  # both compiled passes ran, neither fell back
     assert len(store._fused_budgets) == 1  # the expansion of the first budget only
+
+
+def test_drafters_example_runs():
+    """examples/drafters.py (every drafter on the fixture, checked against plain greedy) exits 0."""
+    import importlib.util
+    from pathlib import Path
+
+    from helpers import load_fixture
+
+    load_fixture("qwen3_5-small")  # skips (or fails in CI) without the fixture
+    path = Path(__file__).resolve().parents[2] / "examples" / "drafters.py"
+    spec = importlib.util.spec_from_file_location("drafters_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--max-new-tokens", "12"]) == 0
