@@ -82,7 +82,7 @@ def _rope_theta(layer: dict) -> float:
 
 
 def _config_from(layer: dict, fmt: str, draft_vocab: int, ids: list[int] | None, norm_before_residual: bool,
-                 target_hidden: int | None) -> EagleConfig:
+                 target_hidden: int | None, fc_inputs: int) -> EagleConfig:
     for key, bad in (("attention_bias", True), ("mlp_bias", True)):
         if layer.get(key, False) == bad:
             raise ValueError(f"this EAGLE-3 checkpoint has {key}=true; the EagleDrafter has no biases")
@@ -96,14 +96,18 @@ def _config_from(layer: dict, fmt: str, draft_vocab: int, ids: list[int] | None,
         raise ValueError(f"this EAGLE-3 checkpoint reads a target of hidden size {target_hidden} at width {hidden}; "
                          "the EagleDrafter works at the target's width")
     heads = int(layer["num_attention_heads"])
-    aux = None if ids is None else [i + 1 if fmt == "specforge" else i for i in ids]
+    if fc_inputs % hidden:
+        raise ValueError(f"fc.weight reads {fc_inputs} features, not k x {hidden}")
+    # Without ids, fc's width says how many layers: placeholders until `bind` sets EAGLE-3's default for the target.
+    aux = list(range(1, 1 + fc_inputs // hidden)) if ids is None else \
+        [i + 1 if fmt == "specforge" else i for i in ids]
     return EagleConfig(
         hidden_size=hidden, vocab_size=int(layer["vocab_size"]), draft_vocab_size=draft_vocab, aux_layers=aux,
         num_attention_heads=heads, num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
         head_dim=int(layer.get("head_dim") or hidden // heads), intermediate_size=int(layer["intermediate_size"]),
         rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta(layer),
         max_position_embeddings=int(layer.get("max_position_embeddings", 8192)),
-        norm_before_residual=norm_before_residual,
+        norm_before_residual=norm_before_residual, aux_layers_from_target=ids is None,
         target_name_or_path=layer.get("_verifier"), training={"imported_from": fmt},
     )
 
@@ -126,7 +130,6 @@ def load_foreign(folder: str, config: dict, fmt: str) -> tuple[EagleConfig, dict
         verifier = (config.get("speculators_config") or {}).get("verifier") or {}
         layer["_verifier"] = verifier.get("name_or_path")
     draft_vocab = int(config.get("draft_vocab_size") or layer["vocab_size"])
-    ours = _config_from(layer, fmt, draft_vocab, ids, norm_before_residual, target_hidden)
     weights = cached_file(folder, "model.safetensors", _raise_exceptions_for_missing_entries=False)
     if weights is None:
         raise ValueError(f"{folder} has no model.safetensors (EAGLE-3 drafters are one file)")
@@ -149,11 +152,8 @@ def load_foreign(folder: str, config: dict, fmt: str) -> tuple[EagleConfig, dict
     if unknown or missing:
         raise ValueError(f"this {fmt} checkpoint does not hold the EAGLE-3 layout we read: unknown {unknown[:6]}, "
                          f"missing {missing[:6]}")
-    if state["fc.weight"].shape[1] % ours.hidden_size:
-        raise ValueError(f"fc.weight of shape {tuple(state['fc.weight'].shape)} does not read k x {ours.hidden_size}")
-    if ids is None:  # the number of aux layers comes from fc's width; their indices from the target, at bind()
-        ours.aux_layers_from_target = True
-    ours.training["aux_layer_count"] = state["fc.weight"].shape[1] // ours.hidden_size
+    ours = _config_from(layer, fmt, draft_vocab, ids, norm_before_residual, target_hidden,
+                        state["fc.weight"].shape[1])
     # Checkpoints without vocabulary maps draft the first draft_vocab target ids (d2t = 0), as SGLang assumes.
     state.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.long))
     if "t2d" not in state:

@@ -310,8 +310,6 @@ class EagleDrafter(LocalFirstMixin, PreTrainedModel):
         if fmt == "hf_hybrid_spec":
             return super().from_pretrained(source, *args, **kwargs)
         config, state = load_foreign(source, raw, fmt)
-        if config.aux_layers_from_target:
-            config.aux_layers = list(range(1, 1 + config.training["aux_layer_count"]))  # placeholders until bind
         drafter = cls(config)
         own = drafter.state_dict()
         drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
