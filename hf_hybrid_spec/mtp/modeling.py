@@ -89,10 +89,6 @@ class MtpStore:
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
-    # What transformers' mask and cache helpers may ask of a cache object.
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.length
-
     def release(self) -> None:
         self.keys = self.values = None
         self.length = 0
@@ -140,8 +136,6 @@ class MtpHead(nn.Module):
         self.norm = norm_cls(h, eps=eps)
         self._cache_kwarg = _cache_kwarg_for(layer_cls)
         self._shared = _Shared(target.get_input_embeddings(), target.get_output_embeddings(), decoder.rotary_emb)
-        self.target_layers = tc.num_hidden_layers
-        self.target_model_type = tc.model_type
         self._init_from(target)
         param = next(target.parameters())
         self.to(device=param.device, dtype=param.dtype)

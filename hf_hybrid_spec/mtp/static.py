@@ -57,9 +57,6 @@ class _Slots:
         self.values.index_copy_(2, self.write_at, value)
         return self.keys, self.values
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.keys.shape[2]
-
 
 class StaticMtp(Leased):
     """Static storage and captured passes for one MtpHead.
@@ -99,7 +96,6 @@ class StaticMtp(Leased):
         self.adv_tokens = torch.zeros(1, self.MAX_ADVANCE, dtype=torch.long, device=self.device)
         self._graphs: dict = {}
         self._pool = None
-        self.captures = 0
         self.fuse = fuse
         self._compiled: dict[str, object] = {}
         self._fused_budgets: set[tuple[int, int]] = set()
@@ -207,13 +203,9 @@ class StaticMtp(Leased):
                 self.use_graphs = False
                 return fn()
             self._graphs[key] = entry
-            self.captures += 1
         graph, out = entry
         graph.replay()
         return out
-
-    def release(self) -> None:
-        super().release()
 
 
 _LOCK = threading.Lock()
