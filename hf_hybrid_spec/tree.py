@@ -13,8 +13,8 @@ import torch
 
 from .kernels.tree import ancestor_mask, node_depth, validate_parent
 
-__all__ = ["DraftTree", "HostTree", "VerifyTree", "VerifyResult", "build_verify_tree", "chain_tree", "empty_draft",
-           "tree_attention_mask"]
+__all__ = ["DraftTree", "HostTree", "VerifyTree", "VerifyResult", "additive_mask", "build_verify_tree", "chain_tree",
+           "empty_draft", "tree_attention_mask"]
 
 
 @dataclass
@@ -277,9 +277,14 @@ def tree_attention_mask(ancestors: torch.Tensor, key_valid: torch.Tensor, prefix
         rel = slots - prefix_length  # key slot relative to the tree
         tree_part = ancestors[:, :, rel.clamp(0, n - 1)] & ((rel >= 0) & (rel < n))  # [B, N, L]
     allowed = ((rel < 0) & key_valid.view(-1, key_length))[:, None, :] | tree_part
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=ancestors.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
+    return additive_mask(allowed, dtype)[:, None]
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool `allowed` (True = may attend) -> the additive mask of the same shape in `dtype` (0 or the dtype's most
+    negative value), as eager and sdpa attention add it to the scores."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def build_verify_tree(root: torch.Tensor, draft: DraftTree, device: torch.device | str | None = None) -> VerifyTree:

@@ -30,6 +30,7 @@ from transformers.utils import logging
 from ..drafters.base import DraftBudget
 from ..drafters.expansion import TreeCandidates, grow_tree
 from ..graphs import Leased, capture
+from ..tree import additive_mask
 from .modeling import MtpHead
 
 logger = logging.get_logger(__name__)
@@ -39,8 +40,7 @@ __all__ = ["StaticMtp", "static_mtp"]
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool [T, S] (True = may attend) -> additive mask [1, 1, T, S] in `dtype` (eager and sdpa attention)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive_mask(allowed, dtype)[None, None]
 
 
 class _Slots:
