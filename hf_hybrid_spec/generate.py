@@ -306,8 +306,9 @@ def speculative_kwargs(model: nn.Module, kwargs: dict, default: AssistantConfig 
 def _refuse_stock_generators(kwargs: dict, assistant_model: nn.Module | None) -> None:
     """ValueError for the stock candidate generators whose drafts cannot be verified through our cache, naming why
     and what to use instead."""
-    if kwargs.pop("speculation_type", None) is not None:
-        raise ValueError("speculation_type='dflash' (transformers' DFlash block drafter) is not supported on hybrid "
+    kind = kwargs.pop("speculation_type", None)
+    if kind is not None:
+        raise ValueError(f"speculation_type={kind!r} (transformers' DFlash block drafter) is not supported on hybrid "
                          "models here: its draft model keeps a KV cache filled from the target's hidden states that "
                          "transformers crops after rejections, and we have no DFlash drafter yet; use "
                          "AssistantConfig(drafter='eagle') with an EAGLE-3 drafter, or use_mtp=True")

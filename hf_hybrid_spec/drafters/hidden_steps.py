@@ -89,7 +89,9 @@ class HiddenStepDrafter(Drafter):
     @torch.no_grad()
     def _advance(self, input_ids: torch.Tensor) -> None:
         """Run the steps that both a feature and the token after it are known for."""
-        pending = torch.cat(self.pending, dim=1) if self.pending else None
+        # One piece is the usual case (an accept's run): no concatenation, no copy.
+        pending = (self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending, dim=1)) if self.pending \
+            else None
         available = 0 if pending is None else pending.shape[1]
         count = min(available, input_ids.shape[1] - 1 - self.steps)
         if count <= 0:
