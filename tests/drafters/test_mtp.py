@@ -213,6 +213,11 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="different model"):
         loaded.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate, draft_model=other,
                         assistant_config=mtp_config())
+    # The failed calls left the model usable: plain and speculative decoding still run, exactly.
+    plain = loaded.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    spec = loaded.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None,
+                           custom_generate=H.speculative_generate, assistant_config=H.AssistantConfig())
+    assert torch.equal(plain, spec)
     # Weights of another shape.
     wrong = tiny_model("qwen3_5_text", mtp_num_hidden_layers=1, hidden_size=32, head_dim=8)
     with pytest.raises(ValueError, match="shape"):
