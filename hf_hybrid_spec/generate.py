@@ -115,8 +115,8 @@ def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_confi
         raise NotImplementedError(f"speculative_generate does not support these model inputs: {extra}")
     for name in ("cache", "past_key_values"):
         cache = model_kwargs.get(name)
-        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-            raise NotImplementedError("continuing from a filled cache is not supported; pass the full prompt instead")
+        if cache is not None and input_ids.shape[0] > 1 and cache.get_seq_length() > 0:
+            raise NotImplementedError("continuing from a filled cache supports batch size 1 for now")
 
 
 def _check_batch(input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict) -> None:

@@ -1,9 +1,12 @@
 """The tree cache: a transformers `DynamicCache` that verifies a whole draft tree in one forward (`tree_cache`), the
-static layers of its CUDA-graph variant (`layers`), and what a pending tree holds (`state`)."""
+static layers of its CUDA-graph variant (`layers`), what a pending tree holds (`state`), and committed states moved
+between caches (`transfer`)."""
 
 from .layers import StaticCursor, StaticKVLayer, StaticKVMixin, StaticLinearKVLayer
 from .state import CacheSnapshot, CommitsPath, PendingRecurrent, TreeState
+from .transfer import CommittedState, committed_length, export_committed, import_committed
 from .tree_cache import HybridTreeCache
 
 __all__ = ["HybridTreeCache", "TreeState", "PendingRecurrent", "CommitsPath", "CacheSnapshot", "StaticCursor",
-           "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer"]
+           "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer", "CommittedState", "committed_length",
+           "export_committed", "import_committed"]

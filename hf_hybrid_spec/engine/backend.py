@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..cache import HybridTreeCache
+from ..cache import CommittedState, HybridTreeCache, import_committed
 from ..drafters import HistoryHidden, TargetHidden
 from ..forward import forward_tokens, forward_tree
 from ..tree import VerifyResult, VerifyTree
@@ -78,11 +78,18 @@ class TreeBackend(ABC):
         return 0
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
-                output_attentions: bool = False, **prompt_inputs):
-        """The prompt's forward, exactly as stock generate runs it: the model's outputs (last position's logits)."""
+                output_attentions: bool = False, past: CommittedState | None = None, **prompt_inputs):
+        """The prompt's forward, exactly as stock generate runs it: the model's outputs (last position's logits).
+        With `past` (the committed state of the prompt's first `past.length` tokens, a continued call), the cache
+        starts from it and only the rest of the prompt runs, as stock generate runs a prompt after a filled cache."""
         self.prompt_length = input_ids.shape[1]
-        return forward_tokens(self.model, input_ids, self.cache, position_ids=positions, attention_mask=attention_mask,
-                              logits_to_keep=1, output_hidden_states=bool(self.hidden_layers) or self.output_hidden_states,
+        start = 0
+        if past is not None:
+            import_committed(self.cache, past)
+            start = past.length
+        return forward_tokens(self.model, input_ids[:, start:], self.cache, position_ids=positions[..., start:],
+                              attention_mask=attention_mask, logits_to_keep=1,
+                              output_hidden_states=bool(self.hidden_layers) or self.output_hidden_states,
                               output_attentions=output_attentions, **prompt_inputs)
 
     @abstractmethod
@@ -112,9 +119,9 @@ class EagerBackend(TreeBackend):
         self._mask: torch.Tensor | None = None  # [B, L] 0/1 padding mask of the committed tokens
         self._last = None  # the pending tree's model outputs
 
-    def prefill(self, input_ids, attention_mask, positions, output_attentions=False, **prompt_inputs):
+    def prefill(self, input_ids, attention_mask, positions, output_attentions=False, past=None, **prompt_inputs):
         self._mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.device)
-        return super().prefill(input_ids, attention_mask, positions, output_attentions, **prompt_inputs)
+        return super().prefill(input_ids, attention_mask, positions, output_attentions, past, **prompt_inputs)
 
     def forward(self, tree: VerifyTree, length: int) -> VerifyOutputs:
         mask = self._mask
@@ -180,8 +187,8 @@ class StaticBackend(TreeBackend):
     def captures(self) -> int:
         return self.runner.captures
 
-    def prefill(self, input_ids, attention_mask, positions, output_attentions=False, **prompt_inputs):
-        out = super().prefill(input_ids, attention_mask, positions, output_attentions, **prompt_inputs)
+    def prefill(self, input_ids, attention_mask, positions, output_attentions=False, past=None, **prompt_inputs):
+        out = super().prefill(input_ids, attention_mask, positions, output_attentions, past, **prompt_inputs)
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         if self.offsets is not None:
             self.runner.set_position_offsets(self.offsets)

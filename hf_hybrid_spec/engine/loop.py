@@ -21,6 +21,7 @@ import time
 import torch
 from transformers.utils import logging
 
+from ..cache import CommittedState, committed_length, export_committed
 from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext
 from ..tree import VerifyResult, build_verify_tree
@@ -39,7 +40,7 @@ from .request import Request, propose
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["Request", "decode", "PROMPT_INPUTS"]
+__all__ = ["Request", "decode", "PROMPT_INPUTS", "continued_state"]
 
 # Inputs of a multimodal prompt, for its prefill only (as stock decoding drops them after the first forward):
 # transformers runs the vision encoder before decoding and passes its outputs as `mm_encoder_outputs`.
@@ -64,9 +65,10 @@ def decode(request: Request):
         raise NotImplementedError("output_attentions / output_hidden_states need the eager path: the static path's "
                                   "captured verify forward keeps neither; pass compile=False (and no "
                                   "cache_implementation='static')")
+    past = continued_state(request)
     rec = Recorder(input_ids, request.stopping, request.streamer, want_dict and bool(gen.output_scores),
                    want_dict and bool(gen.output_logits), want_attentions, want_states)
-    stats = SpecStats(prefill_tokens=input_ids.shape[1])
+    stats = SpecStats(prefill_tokens=input_ids.shape[1] - (past.length if past is not None else 0))
     verifier = make_verifier(config, do_sample, drafter)
     offsets, positions = _positions(request)
     backend = _backend(request, verifier, offsets, rec, want_attentions, want_states)
@@ -75,7 +77,9 @@ def decode(request: Request):
         # ---- prefill and the first token
         mask = request.model_kwargs.get("attention_mask")
         prompt_inputs = {k: v for k, v in request.model_kwargs.items() if k in PROMPT_INPUTS and v is not None}
-        out = backend.prefill(input_ids, mask, positions, output_attentions=want_attentions, **prompt_inputs)
+        out = backend.prefill(input_ids, mask, positions, output_attentions=want_attentions, past=past,
+                              **prompt_inputs)
+        del past
         del prompt_inputs
         layers = tuple(drafter.target_hidden_layers)
         prompt_hidden = target_hidden(out, layers)
@@ -153,6 +157,41 @@ def decode(request: Request):
     return SpeculativeDecoderOnlyOutput(
         sequences=rec.input_ids, scores=rec.scores, logits=rec.logits, attentions=rec.attentions,
         hidden_states=rec.hidden_states, spec_stats=stats, **{CACHE_FIELD: backend.cache})
+
+
+def continued_state(request: Request) -> CommittedState | None:
+    """The committed state a call continues from: a copy of what `past_key_values` (or `cache`) holds when it is
+    filled, else None. transformers' rule: the cache holds the prompt's first tokens, and the rest of `input_ids`
+    runs after them. The caller's cache is copied, never changed (the output's `past_key_values` is the loop's own);
+    a static runner's cache returned by an earlier call is copied before this call leases (and resets) a runner."""
+    past = None
+    for name in ("past_key_values", "cache"):
+        value = request.model_kwargs.get(name)
+        if value is not None and hasattr(value, "layers") and committed_length(value) > 0:
+            past = value
+    if past is None:
+        return None
+    length = committed_length(past)
+    prompt = request.input_ids.shape[1]
+    if length >= prompt:
+        raise ValueError(f"past_key_values holds {length} tokens and input_ids {prompt}: input_ids must be the whole "
+                         "sequence (the cached tokens, then at least one new token), as stock generate takes it")
+    if getattr(past, "in_tree_mode", False):
+        raise RuntimeError("past_key_values has a pending verify tree (a call that failed midway?): it holds no "
+                           "committed state to continue from")
+    if request.drafter.target_hidden_layers:
+        raise NotImplementedError(f"the {request.drafter.name!r} drafter reads the target's hidden states of the whole "
+                                  "prompt, which a filled cache does not keep: pass the full prompt without "
+                                  "past_key_values, or use a drafter that reads tokens only (suffix, ngram, model)")
+    mask = request.model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.bool().all()):
+        raise NotImplementedError("continuing from a filled cache with padding in the attention mask is not supported")
+    unsupported = [k for k in PROMPT_INPUTS if request.model_kwargs.get(k) is not None and not (
+        isinstance(request.model_kwargs[k], (dict, list, tuple)) and not request.model_kwargs[k])]
+    if unsupported or (request.model_kwargs.get("position_ids") is not None
+                       and request.model_kwargs["position_ids"].ndim == 3):
+        raise NotImplementedError("continuing from a filled cache with a multimodal prompt is not supported")
+    return export_committed(past)
 
 
 def _positions(request: Request) -> tuple[torch.Tensor | None, torch.Tensor]:
