@@ -41,12 +41,16 @@ _EXPORTS = {
     "clear_global_suffix_cache": "drafters",
     "get_adapter": "models",
     "supported_model_types": "models",
+    "generate_batch": "serving",
+    "init_continuous_batching": "serving",
+    "ServingConfig": "serving",
 }
 
 __all__ = [
     "AssistantConfig", "DraftBudget", "DraftTree", "Drafter", "HybridTreeCache", "LayerSkipDrafter", "ModelDrafter",
     "NgramDrafter", "SelfSSMDrafter", "SpecStats", "SpeculativeDecoderOnlyOutput", "SuffixDrafter", "VerifyTree",
     "clear_global_suffix_cache", "enable", "get_adapter", "speculative_generate", "supported_model_types",
+    "generate_batch", "init_continuous_batching", "ServingConfig",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
@@ -64,6 +68,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     )
     from .generate import SpecStats, SpeculativeDecoderOnlyOutput, enable, speculative_generate
     from .models import get_adapter, supported_model_types
+    from .serving import ServingConfig, generate_batch, init_continuous_batching
     from .tree import DraftTree, VerifyTree
 
 

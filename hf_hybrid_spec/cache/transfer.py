@@ -61,16 +61,18 @@ def committed_length(cache) -> int:
 
 
 def export_committed(cache, row: int = 0, length: int | None = None) -> CommittedState:
-    """Copies of row `row`'s first `length` committed tokens (default: all) of `cache`, outside tree mode."""
+    """Copies of row `row`'s first `length` committed tokens (default: all) of `cache`, outside tree mode. A static
+    batched cache's rows hold different lengths (its layers know only the longest): give the row's `length`; its
+    recurrent states are the row's whole committed state, so `length` must be all the row holds."""
     if getattr(cache, "in_tree_mode", False):
         raise RuntimeError("export_committed: the cache has a pending tree")
-    total = committed_length(cache)
-    length = total if length is None else length
-    if not 0 <= length <= total:
-        raise ValueError(f"export_committed: length {length} outside the cache's {total} tokens")
+    length = committed_length(cache) if length is None else length
     state = CommittedState(length)
     for idx, layer in enumerate(cache.layers):
         if kv_length(layer) is not None:
+            held = layer.keys.shape[-2] if isinstance(layer, StaticKVMixin) else kv_length(layer)
+            if not 0 <= length <= held:
+                raise ValueError(f"export_committed: length {length} outside layer {idx}'s {held} tokens")
             state.kv[idx] = (layer.keys[row : row + 1, :, :length].clone(),
                              layer.values[row : row + 1, :, :length].clone())
         if is_linear(layer):

@@ -34,7 +34,7 @@ from .rows import BatchRecorder
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["decode_batch", "measure_verify_cost"]
+__all__ = ["decode_batch", "measure_verify_cost", "batch_tree", "verify_rows", "apply_budget"]
 
 # Widths (nodes per row, root included) at which the eager path's verify cost is measured; a static runner is
 # measured at its buckets.
@@ -105,14 +105,14 @@ def decode_batch(request: Request):
                                      max_depth=min(config.max_depth, limit - rec.lengths[b] - 1))
                 drafts.append(propose(drafters[b], rec.ids(b, pads[b]), budget, verifier) if node_budget > 0
                               else empty_draft(1))
-            drafts = _apply_budget(drafts, cost, config, stats, backend.widths)
+            drafts = apply_budget(drafts, cost, config, stats, backend.widths)
             t1 = time.perf_counter()
-            tree = _batch_tree([rec.host[b][-1] for b in running], drafts, backend.tree_device)
+            tree = batch_tree([rec.host[b][-1] for b in running], drafts, backend.tree_device)
             verified = backend.forward(tree)
             try:
                 for b in running:
                     drafters[b].overlap()
-                results = _verify_rows(tree, drafts, verified.logits, [rec.ids(b) for b in running], verifier,
+                results = verify_rows(tree, drafts, verified.logits, [rec.ids(b) for b in running], verifier,
                                        [per_row[b] for b in running], raw_greedy)
                 del verified
             except BaseException:
@@ -191,7 +191,7 @@ def _still_running(running: list[int], rec: BatchRecorder, backend, max_length: 
     return [running[j] for j in keep]
 
 
-def _apply_budget(drafts: list[DraftTree], cost: VerifyCost | None, config, stats: SpecStats,
+def apply_budget(drafts: list[DraftTree], cost: VerifyCost | None, config, stats: SpecStats,
                   widths: list[int] | None) -> list[DraftTree]:
     """The drafts after the batch-wide budget: every node when they fit `max_verify_nodes` and no cost model is in
     use, else the global top-n by value (`budget.choose_nodes`)."""
@@ -205,7 +205,7 @@ def _apply_budget(drafts: list[DraftTree], cost: VerifyCost | None, config, stat
     return [trim_to_budget(d, keep) for d, keep in zip(drafts, choice.keep)]
 
 
-def _batch_tree(roots: list[int], drafts: list[DraftTree], device: torch.device) -> VerifyTree:
+def batch_tree(roots: list[int], drafts: list[DraftTree], device: torch.device) -> VerifyTree:
     """One verify tree [R, N] on `device` from the rows' roots and drafts, laid out on the host: each row is its root
     and draft (draft node j at index j + 1), padded to the widest row with leaves under the root that nobody commits
     (they attend to the root only, and no real node sees them)."""
@@ -231,7 +231,7 @@ def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: tor
                       _depth=move(ancestors.sum(-1) - 1))
 
 
-def _verify_rows(tree: VerifyTree, drafts: list[DraftTree], logits: torch.Tensor, row_ids: list[torch.Tensor],
+def verify_rows(tree: VerifyTree, drafts: list[DraftTree], logits: torch.Tensor, row_ids: list[torch.Tensor],
                  verifier, processors: list, raw_greedy: bool) -> list[VerifyResult]:
     """Each row's result. Greedy over raw logits: one argmax over [R, N, V] and one host read for the batch; else the
     row's own tree and scores through the rule (its processors see the row's ids, as stock generate's do)."""

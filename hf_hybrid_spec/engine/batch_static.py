@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from ..cache import HybridTreeCache
+from ..cache import CommittedState, HybridTreeCache, export_committed, import_committed
 from ..drafters import TargetHidden
 from ..forward import forward_tokens
 from ..graphs import Leased
@@ -228,9 +228,12 @@ class BatchStaticBackend:
 
     tree_device = torch.device("cpu")  # the runner stages host trees in one copy
 
-    def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...], owner):
+    def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...], owner,
+                 runner: BatchStaticRunner | None = None):
         self.model = model
-        self.runner = batch_runner(model, rows, static_length, buckets, owner)
+        # A runner of the caller's own (a serving engine's, kept for its lifetime), else one leased from the pool.
+        self.runner = runner if runner is not None else batch_runner(model, rows, static_length, buckets, owner)
+        self._owns_lease = runner is None
         self.cache = self.runner.cache
         self.widths = list(self.runner.buckets)
         self.valid: list[int] = []  # committed tokens per running row (the root excepted): its next position
@@ -259,7 +262,7 @@ class BatchStaticBackend:
         tokens[index] = tree.tokens
         parent[index] = tree.parent
         logits = self.runner.forward(tokens, parent, self._lengths, self._roots)
-        if len(self._rows) < rows:
+        if self._rows != list(range(rows)):  # rows left, or joined out of slot order (serving)
             logits = logits.index_select(0, index.to(logits.device))
         return VerifyOutputs(logits=logits[:, :width])
 
@@ -278,11 +281,46 @@ class BatchStaticBackend:
         self._rows = [self._rows[r] for r in rows]
         self.valid = [self.valid[r] for r in rows]
 
+    # ---- slots (continuous batching): rows join a running batch between steps
+    def start_empty(self) -> None:
+        """Make every slot's buffers exist (a one-token forward of every row) with no row running, and capture the
+        buckets; rows then join with `admit`."""
+        rows = self.runner.rows
+        zeros = torch.zeros(rows, 1, dtype=torch.long, device=self.model.device)
+        forward_tokens(self.model, zeros, self.cache, position_ids=zeros, attention_mask=torch.ones_like(zeros),
+                       logits_to_keep=1)
+        self.runner.set_prompt_mask(torch.ones_like(zeros))
+        self.runner.capture_all(1)
+        self._rows, self.valid = [], []
+        self._lengths, self._roots = [0] * rows, [0] * rows
+        self.slots = 1
+
+    def admit(self, slot: int, state: CommittedState) -> None:
+        """Row `slot` (not running) starts a sequence from `state`, its prompt's committed state without padding; it
+        runs from the next forward, last among the running rows."""
+        if slot in self._rows:
+            raise ValueError(f"slot {slot} is running")
+        import_committed(self.cache, state, row=slot)
+        self.runner.key_valid[slot].fill_(True)
+        self._lengths[slot] = self._roots[slot] = state.length
+        self._rows.append(slot)
+        self.valid.append(state.length)
+        self.slots = max(self.slots, state.length)
+
+    def export_row(self, row: int) -> CommittedState:
+        """A copy of running row `row`'s committed state (its slot's first `valid` tokens)."""
+        return export_committed(self.cache, row=self._rows[row], length=self._lengths[self._rows[row]])
+
+    @property
+    def running_slots(self) -> list[int]:
+        return list(self._rows)
+
     def abort(self) -> None:
         self.runner.abort()
 
     def release(self) -> None:
-        self.runner.release()
+        if self._owns_lease:
+            self.runner.release()
 
 
 # Runners per model and batch size (their graphs point at their static caches): the last few kept, most recently used

@@ -28,6 +28,7 @@ LAYERS = {
     # The API and what drives the loop from above it.
     "hf_hybrid_spec.generate": 8, "hf_hybrid_spec.analysis": 8, "hf_hybrid_spec.hvd.profiling": 8,
     "hf_hybrid_spec.hvd.factory": 8, "hf_hybrid_spec": 8,
+    "hf_hybrid_spec.serving": 8,  # continuous batching and the server, on the engine
 }
 
 

@@ -1,0 +1,515 @@
+"""Continuous batching with tree speculation for hybrid models: requests join and leave a running batch between
+steps.
+
+    engine = ServingEngine(model, AssistantConfig(), ServingConfig(max_slots=16))
+    engine.add(ServingRequest("a", prompt_ids, max_new_tokens=128))
+    while engine.has_work:
+        for update in engine.step():     # GenerationOutput per request that changed (transformers' type)
+            ...
+
+Each request owns a slot of one static batched cache (`engine.batch_static.BatchStaticRunner`): the attention layers'
+KV buffers and the recurrent and conv states are indexed by slot (mamba's `state_batch_indices`), so a request joins
+by writing its prompt's committed state into a free slot and leaves by freeing it; nothing else moves. A step is one
+verify forward over every slot (captured as CUDA graphs per tree width on a GPU; free slots commit nothing), with each
+running request's draft tree, acceptance and commit its own, under the batch-wide budget (`engine.budget`).
+
+A joining request's prompt runs alone on a one-row cache (its prefill), starting from the longest stored prefix
+(`PrefixStore`: the state an earlier request left behind when the new prompt extends it), and its committed state is
+copied into the slot. Requests fail alone: bad input at `add`, an error of its drafter, processors or stopping
+criteria during a step free only its slot; an error of the forward itself fails every running request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.utils import logging
+
+from ..cache import HybridTreeCache, export_committed, import_committed
+from ..config import AssistantConfig
+from ..drafters import DraftBudget, DraftContext, make_drafter
+from ..engine.batch import apply_budget, batch_tree, measure_verify_cost, verify_rows
+from ..engine.batch_static import BatchStaticBackend, BatchStaticRunner
+from ..engine.budget import cached_cost
+from ..engine.outputs import SpecStats
+from ..engine.request import propose
+from ..engine.rows import BatchRecorder
+from ..engine.static import DEFAULT_BUCKETS
+from ..forward import forward_tokens
+from ..models import get_adapter
+from ..tree import VerifyResult, VerifyTree, empty_draft
+from ..verification import FirstToken, make_verifier, row_processors
+from .prefix import PrefixStore
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["ServingConfig", "ServingRequest", "SpecGenerationOutput", "ServingEngine"]
+
+
+@dataclass
+class ServingConfig:
+    """Sizes of a serving engine.
+
+    Attributes:
+        max_slots: requests decoded at once (slots of the batched cache); more wait in line.
+        max_total_tokens: the longest request (prompt and new tokens) a slot holds.
+        prefix_cache_bytes: the bound on the prefix store's states (0: no prefix reuse).
+        prefix_cache_entries: the bound on the prefix store's entries.
+    """
+
+    max_slots: int = 8
+    max_total_tokens: int = 2048
+    prefix_cache_bytes: int = 1 << 30
+    prefix_cache_entries: int = 64
+
+    def __post_init__(self):
+        if self.max_slots < 1 or self.max_total_tokens < 2:
+            raise ValueError(f"ServingConfig needs max_slots >= 1 and max_total_tokens >= 2, got {self.max_slots}, "
+                             f"{self.max_total_tokens}")
+
+
+@dataclass
+class ServingRequest:
+    """One request.
+
+    Attributes:
+        request_id: unique among the engine's requests.
+        input_ids: the prompt's token ids (non-empty).
+        max_new_tokens: new tokens at most (None: the generation config's).
+        generation_config: per-request settings (sampling, temperature, top-k / top-p, eos); None: the engine's.
+        stopping_criteria: more criteria of the request's own, called as stock generate calls them ([1, L] ids).
+        record_timestamps: keep each new token's time in `GenerationOutput.timestamps`.
+        streaming: report every step's new tokens, not only the finished request.
+    """
+
+    request_id: str
+    input_ids: list[int]
+    max_new_tokens: int | None = None
+    generation_config: GenerationConfig | None = None
+    stopping_criteria: list[StoppingCriteria] = field(default_factory=list)
+    record_timestamps: bool = False
+    streaming: bool = False
+
+
+@dataclass
+class SpecGenerationOutput(GenerationOutput):
+    """transformers' continuous-batching result with the request's speculation statistics (`spec_stats`) and how
+    many prompt tokens came from the prefix store (`reused_prefix_tokens`)."""
+
+    spec_stats: SpecStats | None = None
+    reused_prefix_tokens: int = 0
+
+
+class _Active:
+    """A request in a slot: its drafter, rule, processors, committed tokens and output."""
+
+    def __init__(self, request: ServingRequest, output: SpecGenerationOutput, gen: GenerationConfig, drafter,
+                 verifier, processors: LogitsProcessorList, stopping: StoppingCriteriaList, limit: int, device):
+        self.request, self.output, self.gen = request, output, gen
+        self.drafter, self.verifier, self.processors = drafter, verifier, processors
+        self.limit = limit  # the sequence's length limit (prompt + max new tokens)
+        self.rec = BatchRecorder(torch.tensor([request.input_ids], dtype=torch.long, device=device), stopping, True,
+                                 gen.pad_token_id, limit)
+        self.row_processors = row_processors(processors, 0)
+        self.raw_greedy = verifier.raw_greedy and not processors
+        self.cached: list[int] = []  # the tokens the slot's cache has committed (for the prefix store)
+        self.stats = SpecStats(prefill_tokens=len(request.input_ids))
+
+    def ids(self) -> torch.Tensor:
+        return self.rec.ids(0)
+
+    @property
+    def length(self) -> int:
+        return self.rec.lengths[0]
+
+    @property
+    def finished(self) -> bool:
+        return self.rec.finished[0] or self.length >= self.limit
+
+
+class ServingEngine:
+    """Continuous batching of `ServingRequest`s on `model` with tree speculation (see the module docstring).
+
+    Args:
+        model: a supported hybrid (or attention-only) causal LM on one device.
+        assistant_config: the speculation settings (drafter, budget, `compile`: "auto" captures CUDA graphs on a
+            GPU); drafters that read the target's hidden states (EAGLE, MTP) or draft on its own cache
+            (self-speculation) are not supported here yet.
+        serving_config: slots, lengths, prefix store.
+        generation_config: the requests' defaults (default: the model's).
+        draft_model: for `drafter="model"`.
+    """
+
+    def __init__(self, model: nn.Module, assistant_config: AssistantConfig | None = None,
+                 serving_config: ServingConfig | None = None, generation_config: GenerationConfig | None = None,
+                 draft_model: nn.Module | None = None):
+        self.model = model
+        self.adapter = get_adapter(model)
+        config = assistant_config or AssistantConfig()
+        if config.verification != "lossless":
+            raise NotImplementedError(f"verification={config.verification!r} is not supported by the serving engine")
+        devices = {p.device for p in model.parameters()}
+        if len(devices) != 1:
+            raise NotImplementedError("the serving engine runs a model on one device")
+        self.device = next(iter(devices))
+        use_graphs = config.compile is True or (config.compile == "auto" and self.device.type == "cuda")
+        self.config = config.replace(compile=False, compile_drafter=False, compile_verify=False)
+        self.draft_model = draft_model
+        probe = make_drafter(self.config, model, draft_model)
+        try:
+            if probe.target_hidden_layers or not probe.per_row:
+                raise NotImplementedError(f"the {probe.name!r} drafter is not supported by the serving engine yet (it "
+                                          "reads the target's hidden states or drafts on its cache); use suffix, "
+                                          "ngram or model")
+        finally:
+            probe.release()
+        self.serving = serving_config or ServingConfig()
+        self.generation_config = generation_config or model.generation_config
+        self.node_budget = min(self.config.max_draft_tokens, self.config.max_verify_nodes)
+        needed = next((b for b in self.config.compile_buckets if b >= self.node_budget + 1),
+                      max(self.config.compile_buckets or DEFAULT_BUCKETS))
+        buckets = tuple(sorted({b for b in self.config.compile_buckets if b <= needed} | {1, 2, 4}))
+        self.node_budget = min(self.node_budget, max(buckets) - 1)
+        self.max_width = max(buckets)
+        slots = self.serving.max_slots
+        runner = BatchStaticRunner(model, slots, self.serving.max_total_tokens + self.max_width, buckets,
+                                   use_graphs=use_graphs and self.device.type == "cuda")
+        self.backend = BatchStaticBackend(model, slots, runner.static_length, buckets, owner=None, runner=runner)
+        with torch.inference_mode():
+            self.backend.start_empty()
+        self.prefixes = PrefixStore(self.serving.prefix_cache_bytes, self.serving.prefix_cache_entries) \
+            if self.serving.prefix_cache_bytes > 0 else None
+        self._waiting: list[tuple[ServingRequest, SpecGenerationOutput]] = []
+        self._active: dict[int, _Active] = {}  # slot -> request
+        self._ids: set[str] = set()
+        self._cost = None
+        self.stats = SpecStats()
+
+    # ------------------------------------------------------------------ requests
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._active)
+
+    @property
+    def running(self) -> int:
+        return len(self._active)
+
+    def add(self, request: ServingRequest) -> SpecGenerationOutput:
+        """Queue `request`. Returns its output: PENDING, or FAILED with `error` set when the request is invalid (it
+        never reaches a slot)."""
+        output = SpecGenerationOutput(request_id=request.request_id, prompt_ids=list(request.input_ids))
+        problem = self._check(request)
+        if problem is not None:
+            output.status, output.error = RequestStatus.FAILED, problem
+            return output
+        self._ids.add(request.request_id)
+        self._waiting.append((request, output))
+        return output
+
+    def cancel(self, request_id: str) -> SpecGenerationOutput | None:
+        """Drop a waiting or running request (its slot is freed). Returns its output, FAILED with error
+        "cancelled", or None when no such request is in the engine."""
+        for i, (request, output) in enumerate(self._waiting):
+            if request.request_id == request_id:
+                del self._waiting[i]
+                self._ids.discard(request_id)
+                return self._fail_output(output, "cancelled")
+        for slot, active in list(self._active.items()):
+            if active.request.request_id == request_id:
+                self._leave([slot], failed="cancelled")
+                return active.output
+        return None
+
+    def fail_all(self, error: str) -> list[SpecGenerationOutput]:
+        """Fail every waiting and running request (an engine-wide error)."""
+        outputs = [self._fail_output(o, error) for _, o in self._waiting]
+        self._waiting.clear()
+        outputs += [a.output for a in self._active.values()]
+        self._leave(list(self._active), failed=error)
+        self._ids.clear()
+        return outputs
+
+    def _check(self, request: ServingRequest) -> str | None:
+        ids = request.input_ids
+        vocab = self.model.get_output_embeddings().weight.shape[0] if self.model.get_output_embeddings() is not None \
+            else self.model.config.get_text_config().vocab_size
+        if request.request_id in self._ids:
+            return f"request id {request.request_id!r} is already in use"
+        if not ids:
+            return "the prompt is empty"
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
+            return f"the prompt holds token ids outside the vocabulary [0, {vocab})"
+        new = self._max_new(request)
+        if new is None or new < 1:
+            return f"max_new_tokens must be >= 1, got {new}"
+        if len(ids) + new > self.serving.max_total_tokens:
+            return (f"the prompt ({len(ids)} tokens) and max_new_tokens ({new}) exceed the engine's max_total_tokens "
+                    f"({self.serving.max_total_tokens})")
+        gen = self._gen(request)
+        if gen.num_beams not in (None, 1) or (gen.num_return_sequences or 1) > 1:
+            return "beam search and num_return_sequences > 1 are not supported"
+        return None
+
+    def _max_new(self, request: ServingRequest) -> int | None:
+        """New tokens at most: the request's, else its generation config's `max_new_tokens`, else what its
+        `max_length` leaves after the prompt."""
+        if request.max_new_tokens is not None:
+            return request.max_new_tokens
+        gen = self._gen(request)
+        if gen.max_new_tokens is not None:
+            return gen.max_new_tokens
+        return None if gen.max_length is None else gen.max_length - len(request.input_ids)
+
+    def _gen(self, request: ServingRequest) -> GenerationConfig:
+        return request.generation_config if request.generation_config is not None else self.generation_config
+
+    # ------------------------------------------------------------------ the step
+    @torch.inference_mode()
+    def step(self) -> list[SpecGenerationOutput]:
+        """Admit waiting requests into free slots, then one speculative step of every running request. Returns the
+        outputs that changed: finished or failed ones, and streaming ones with new tokens."""
+        updates: list[SpecGenerationOutput] = []
+        self._admit(updates)
+        if not self._active:
+            return updates
+        slots = self.backend.running_slots
+        actives = [self._active[s] for s in slots]
+        t0 = time.perf_counter()
+        drafts, failed = [], []
+        for slot, a in zip(slots, actives):
+            try:
+                depth = min(self.config.max_depth, a.limit - a.length - 1)
+                drafts.append(propose(a.drafter, a.ids(), DraftBudget(max_nodes=self.node_budget, max_depth=depth),
+                                      a.verifier) if self.node_budget > 0 else empty_draft(1))
+            except Exception as error:  # this request's drafter: it fails alone
+                failed.append((slot, f"drafter failed: {error!r}"))
+                drafts.append(empty_draft(1))
+        drafts = apply_budget(drafts, self._cost_model(), self.config, self.stats, self.backend.widths)
+        t1 = time.perf_counter()
+        tree = batch_tree([a.rec.host[0][-1] for a in actives], drafts, self.backend.tree_device)
+        try:
+            verified = self.backend.forward(tree)
+        except Exception as error:
+            self.backend.abort()
+            logger.error("serving: the verify forward failed (%r); failing the running requests", error)
+            return updates + self.fail_all(f"forward failed: {error!r}")
+        for a in actives:
+            a.drafter.overlap()
+        results = self._verify(tree, drafts, verified.logits, actives, failed, slots)
+        del verified
+        self.backend.commit([r.path for r in results])
+        t2 = time.perf_counter()
+        self.stats.target_forwards += 1
+        self.stats.draft_seconds += t1 - t0
+        self.stats.verify_seconds += t2 - t1
+        now = time.perf_counter()
+        done = []
+        bad = dict(failed)
+        for slot, a, draft, result in zip(slots, actives, drafts, results):
+            if slot in bad:
+                continue
+            a.cached.extend([a.rec.host[0][-1]] + [draft.host().tokens[j - 1] for j in result.path[1:]])
+            try:
+                before = a.length
+                a.rec.append([0], [result.token_list])
+                a.drafter.accept(a.ids(), result, None)
+            except Exception as error:  # the request's stopping criteria or drafter
+                bad[slot] = f"failed after a step: {error!r}"
+                continue
+            new = a.rec.host[0][before : a.length]
+            a.output.generated_tokens.extend(new)
+            if a.output.timestamps is not None:
+                a.output.timestamps.extend([now] * len(new))
+            for s in (self.stats, a.stats):
+                s.accepted_lengths.append(len(result.token_list))
+                s.drafted_tokens.append(draft.num_nodes)
+            a.stats.target_forwards += 1
+            if a.finished:
+                done.append(slot)
+            elif a.request.streaming and new:
+                updates.append(_snapshot(a.output))
+        if bad:
+            for slot, error in bad.items():
+                updates.append(self._active[slot].output)
+                self._leave([slot], failed=error)
+        for slot in done:
+            updates.append(self._active[slot].output)
+        self._leave(done)
+        return updates
+
+    def _verify(self, tree: VerifyTree, drafts, logits, actives: list[_Active], failed: list, slots: list[int]):
+        """Each running request's result (root only for a request that failed this step: its slot commits nothing
+        that anyone keeps)."""
+        if all(a.raw_greedy for a in actives):
+            return verify_rows(tree, drafts, logits, [a.ids() for a in actives], actives[0].verifier,
+                               [None] * len(actives), True)
+        results = []
+        for row, (slot, a, draft) in enumerate(zip(slots, actives, drafts)):
+            n = draft.num_nodes + 1
+            one = VerifyTree(tokens=tree.tokens[row : row + 1, :n], parent=tree.parent[row : row + 1, :n])
+            try:
+                results += verify_rows(one, [draft], logits[row : row + 1, :n], [a.ids()], a.verifier,
+                                       [a.row_processors], a.raw_greedy)
+            except Exception as error:  # the request's processors
+                failed.append((slot, f"verification failed: {error!r}"))
+                results.append(VerifyResult(path=[0], tokens=torch.zeros(0, dtype=torch.long), score_nodes=[0],
+                                            token_list=[]))
+        return results
+
+    def _cost_model(self):
+        """The batch-wide budget's cost model: the verify forward over every slot, measured once on CUDA (all slots
+        run every step, so the running count does not change it); None elsewhere or with batch_budget='fixed'."""
+        mode = self.config.batch_budget
+        if mode == "fixed" or (mode == "auto" and self.device.type != "cuda"):
+            return None
+        if self._cost is None:
+            key = (id(self.model), str(self.device), str(self.model.dtype), "serving", self.serving.max_slots,
+                   self.backend.runner.static_length)
+            self._cost = cached_cost(key, lambda: measure_verify_cost(self.backend, self.device))
+        return self._cost
+
+    # ------------------------------------------------------------------ joining and leaving
+    def _admit(self, updates: list) -> None:
+        free = [s for s in range(self.serving.max_slots) if s not in self._active]
+        while self._waiting and free:
+            request, output = self._waiting.pop(0)
+            slot = free.pop(0)
+            try:
+                self._join(slot, request, output)
+            except Exception as error:  # bad input the checks missed, a drafter that fails to begin
+                logger.warning("serving: request %s failed to start: %r", request.request_id, error)
+                started = self._active.pop(slot, None)
+                if started is not None:
+                    started.drafter.release()
+                if slot in self.backend.running_slots:
+                    self.backend.select_rows([i for i, s in enumerate(self.backend.running_slots) if s != slot])
+                self._ids.discard(request.request_id)
+                updates.append(self._fail_output(output, f"failed to start: {error!r}"))
+                free.insert(0, slot)
+                continue
+            active = self._active[slot]
+            if active.finished:  # one new token was all it asked for, or the first one stopped it
+                updates.append(active.output)
+                self._leave([slot])
+                free.insert(0, slot)
+            elif request.streaming:
+                updates.append(_snapshot(output))
+
+    def _join(self, slot: int, request: ServingRequest, output: SpecGenerationOutput) -> None:
+        gen = self._gen(request)
+        new = self._max_new(request)
+        prompt = list(request.input_ids)
+        limit = len(prompt) + new
+        stopping = StoppingCriteriaList([MaxLengthCriteria(limit)])
+        eos = gen.eos_token_id
+        if eos is not None:
+            stopping.append(EosTokenCriteria(eos))
+        stopping.extend(request.stopping_criteria)
+        drafter = make_drafter(self.config, self.model, self.draft_model)
+        verifier = make_verifier(self.config, bool(gen.do_sample), drafter)
+        active = _Active(request, output, gen, drafter, verifier, _processors(gen), stopping, limit, self.device)
+        if request.record_timestamps:
+            output.timestamps = []
+        output.status = RequestStatus.PREFILLING
+        self._active[slot] = active
+        # The prompt's prefill on a one-row cache, from the longest stored prefix.
+        staging = HybridTreeCache(self.model.config)
+        start = 0
+        hit = self.prefixes.longest(prompt) if self.prefixes is not None else None
+        if hit is not None:
+            import_committed(staging, hit.state)
+            start = hit.length
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, len(prompt), device=self.device)[None]
+        out = forward_tokens(self.model, ids[:, start:], staging, position_ids=positions, logits_to_keep=1)
+        self.backend.admit(slot, export_committed(staging))
+        del staging
+        output.reused_prefix_tokens = start
+        active.stats.prefill_tokens = len(prompt) - start
+        active.cached = list(prompt)
+        logits = out.logits[:, -1].to(torch.float32)
+        del out
+        scores = active.processors(ids, logits.clone()) if active.processors else logits
+        context = DraftContext(self.model, self.backend.cache, self.adapter, gen, None)
+        drafter.begin(ids, context, None)
+        first = verifier.first_token(scores, FirstToken(ids, drafter, context, None, None, self.node_budget))
+        active.rec.append([0], [first.token_list])
+        drafter.accept(active.ids(), VerifyResult(path=[0], tokens=first.tokens, score_nodes=[0],
+                                                  token_list=first.token_list))
+        output.generated_tokens.extend(active.rec.host[0][len(prompt) :])
+        output.status = RequestStatus.DECODING
+        output.lifespan = (time.perf_counter(), -1)
+        if output.timestamps is not None:
+            output.timestamps.append(time.perf_counter())
+
+    def _leave(self, slots: list[int], failed: str | None = None) -> None:
+        """Free `slots`: finished requests store their state in the prefix store and report FINISHED; with `failed`,
+        FAILED with that error."""
+        if not slots:
+            return
+        running = self.backend.running_slots
+        for slot in slots:
+            a = self._active.pop(slot)
+            self._ids.discard(a.request.request_id)
+            try:
+                if failed is None:
+                    a.drafter.end(a.ids())
+                    if self.prefixes is not None and len(a.cached) == self.backend._lengths[slot]:
+                        self.prefixes.put(a.cached, self.backend.export_row(running.index(slot)))
+            finally:
+                a.drafter.release()
+            a.output.spec_stats = a.stats
+            a.output.lifespan = (a.output.lifespan[0], time.perf_counter())
+            if failed is None:
+                a.output.status = RequestStatus.FINISHED
+            else:
+                self._fail_output(a.output, failed)
+        keep = [i for i, s in enumerate(running) if s not in slots]
+        if len(keep) < len(running):
+            self.backend.select_rows(keep)
+
+    @staticmethod
+    def _fail_output(output: SpecGenerationOutput, error: str) -> SpecGenerationOutput:
+        output.status, output.error = RequestStatus.FAILED, error
+        return output
+
+
+def _snapshot(output: SpecGenerationOutput) -> SpecGenerationOutput:
+    """A copy of a running request's output for a stream (the engine keeps appending to its own)."""
+    copy = SpecGenerationOutput(request_id=output.request_id, prompt_ids=output.prompt_ids,
+                                generated_tokens=list(output.generated_tokens), status=output.status,
+                                created_time=output.created_time, lifespan=output.lifespan,
+                                reused_prefix_tokens=output.reused_prefix_tokens)
+    copy.timestamps = None if output.timestamps is None else list(output.timestamps)
+    return copy
+
+
+def _processors(gen: GenerationConfig) -> LogitsProcessorList:
+    """The processors stock generate builds for the settings a serving request carries (repetition penalty; with
+    sampling, temperature, top-k, top-p, min-p), in stock's order."""
+    processors = LogitsProcessorList()
+    if gen.repetition_penalty is not None and gen.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(penalty=gen.repetition_penalty))
+    if gen.do_sample:
+        if gen.temperature is not None and gen.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(gen.temperature))
+        if gen.top_k is not None and gen.top_k != 0:
+            processors.append(TopKLogitsWarper(top_k=gen.top_k, min_tokens_to_keep=1))
+        if gen.top_p is not None and gen.top_p < 1.0:
+            processors.append(TopPLogitsWarper(top_p=gen.top_p, min_tokens_to_keep=1))
+        if getattr(gen, "min_p", None) is not None:
+            processors.append(MinPLogitsWarper(min_p=gen.min_p, min_tokens_to_keep=1))
+    return processors

@@ -1,0 +1,320 @@
+"""Continuous batching with speculation (`hf_hybrid_spec.serving`): every request's greedy output equals plain
+`generate` on its own prompt, with requests joining and leaving between steps, finishing at different times, under
+concurrent arrivals, with prefix reuse on and off; sampling follows the target's law; failures and cancellations stay
+with their request; memory stays bounded over 1,000 requests."""
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+from helpers import chi2_pvalue, drafter_kwargs, load_fixture, target_joint
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
+from transformers.generation.continuous_batching.requests import RequestStatus
+from verification.test_sampling import V
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec.serving import (
+    PrefixStore,
+    ServingConfig,
+    ServingEngine,
+    ServingRequest,
+    generate_batch,
+    init_continuous_batching,
+)
+from hf_hybrid_spec.testing import TINY_FAMILIES, tiny_model
+
+PAD = 1
+
+
+def prompts(count, seed=0, vocab=96):
+    """Prompts of different lengths, each repeating a short random pattern (cache drafters match them)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (4 + i % 3,), generator=g).repeat(8)[: 6 + 5 * (i % 4)].tolist()
+            for i in range(count)]
+
+
+def plain(model, ids, max_new_tokens, eos_token_id=None, **kw):
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_token_id, pad_token_id=PAD,
+                         **kw)
+    return out[0, len(ids):].tolist()
+
+
+def greedy_config(**kw):
+    return GenerationConfig(**{"do_sample": False, "eos_token_id": None, "pad_token_id": PAD, **kw})
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_generate_batch_matches_plain_generate_for_every_family(family):
+    model = tiny_model(family)
+    inputs = prompts(7)
+    # Fewer slots than requests: requests join as others leave, in a slot order that is not the batch order. (The
+    # engine runs one code path: the batched static runner, with CUDA graphs on a GPU, eagerly here.)
+    out = generate_batch(model, inputs, greedy_config(), H.AssistantConfig(global_cache=False),
+                         ServingConfig(max_slots=3, max_total_tokens=64), max_new_tokens=11)
+    assert list(out) == [f"req_{i}" for i in range(7)]
+    for i, ids in enumerate(inputs):
+        result = out[f"req_{i}"]
+        assert result.status == RequestStatus.FINISHED and result.error is None
+        assert result.generated_tokens == plain(model, ids, 11), i
+        assert result.prompt_ids == ids
+
+
+@pytest.mark.parametrize("name", ["suffix", "ngram", "model"])
+def test_every_token_drafter_and_early_eos(name):
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(6, seed=1)
+    refs = [plain(model, ids, 14) for ids in inputs]
+    eos = refs[2][3]  # request 2 (and any other that makes it) stops early
+    kw = drafter_kwargs(name, model)
+    out = generate_batch(model, inputs, greedy_config(eos_token_id=eos), kw["assistant_config"],
+                         ServingConfig(max_slots=4, max_total_tokens=64), max_new_tokens=14,
+                         draft_model=kw.get("draft_model"))
+    for i, ids in enumerate(inputs):
+        assert out[f"req_{i}"].generated_tokens == plain(model, ids, 14, eos_token_id=eos), i
+    assert len(out["req_2"].generated_tokens) == 4
+
+
+def test_requests_with_their_own_lengths_and_settings():
+    model = tiny_model("falcon_h1")
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=2, max_total_tokens=64),
+                           greedy_config())
+    inputs = prompts(5, seed=2)
+    lengths = [3, 17, 1, 9, 12]
+    for i, (ids, n) in enumerate(zip(inputs, lengths)):
+        assert engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=n)).status == RequestStatus.PENDING
+    done = {}
+    while engine.has_work:
+        for output in engine.step():
+            done[output.request_id] = output
+    for i, (ids, n) in enumerate(zip(inputs, lengths)):
+        assert done[f"r{i}"].generated_tokens == plain(model, ids, n)
+        assert done[f"r{i}"].spec_stats.target_forwards <= n
+    assert engine.running == 0 and engine.backend.running_slots == []
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["prefix-reuse", "no-reuse"])
+def test_agent_turns_reuse_the_last_calls_state(reuse):
+    """A session's next prompt is its last prompt, the reply and a tool result: with the prefix store its prefill runs
+    only the new tokens, and the output is still plain generate's on the whole prompt."""
+    model = tiny_model("qwen3_5_text")
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
+                           ServingConfig(max_slots=2, max_total_tokens=160, prefix_cache_bytes=(1 << 26) if reuse else 0),
+                           greedy_config())
+    sessions = prompts(2, seed=3)
+    g = random.Random(0)
+    last_lengths: list[int] = []  # each session's last prompt and reply
+    for turn in range(3):
+        for s, ids in enumerate(sessions):
+            engine.add(ServingRequest(f"s{s}t{turn}", ids, max_new_tokens=8))
+        outputs = {}
+        while engine.has_work:
+            for output in engine.step():
+                outputs[output.request_id] = output
+        for s, ids in enumerate(sessions):
+            result = outputs[f"s{s}t{turn}"]
+            assert result.generated_tokens == plain(model, ids, 8), (turn, s)
+            if reuse and turn > 0:
+                # Everything but the new tool tokens came from the store (the reply's last token is not committed).
+                assert result.reused_prefix_tokens == last_lengths[s] - 1
+                assert result.spec_stats.prefill_tokens == len(ids) - result.reused_prefix_tokens
+            else:
+                assert result.reused_prefix_tokens == 0
+        last_lengths = [len(ids) + 8 for ids in sessions]
+        sessions = [ids + outputs[f"s{s}t{turn}"].generated_tokens + [g.randrange(3, 96) for _ in range(5)]
+                    for s, ids in enumerate(sessions)]
+    if reuse:
+        assert engine.prefixes.hits == 4
+
+
+@pytest.mark.fixture
+@pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
+def test_fixture_sessions_match_plain_generate(name):
+    """Two agent turns of three code prompts on a trained fixture, two slots, prefix reuse on: every reply is plain
+    greedy's on its whole prompt, and the second turn reuses the first's state."""
+    model, tokenizer = load_fixture(name)
+    texts = ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "import os\n\ndef list_files(path):\n"]
+    sessions = [tokenizer(t).input_ids for t in texts]
+    engine = ServingEngine(model, H.AssistantConfig(), ServingConfig(max_slots=2, max_total_tokens=256),
+                           greedy_config(eos_token_id=tokenizer.eos_token_id))
+    accepted = []
+    for turn in range(2):
+        for s, ids in enumerate(sessions):
+            engine.add(ServingRequest(f"{s}/{turn}", ids, max_new_tokens=32))
+        outputs = {}
+        while engine.has_work:
+            for output in engine.step():
+                outputs[output.request_id] = output
+        for s, ids in enumerate(sessions):
+            result = outputs[f"{s}/{turn}"]
+            assert result.generated_tokens == plain(model, ids, 32, eos_token_id=tokenizer.eos_token_id), (s, turn)
+            assert (result.reused_prefix_tokens > 0) == (turn > 0)
+            accepted.append(result.spec_stats.mean_accepted_length)
+        sessions = [ids + outputs[f"{s}/{turn}"].generated_tokens + tokenizer("\n# test it\n").input_ids
+                    for s, ids in enumerate(sessions)]
+    assert max(accepted) > 1.0  # the fixtures repeat themselves more than real models do
+
+
+def test_prefix_store_bounds_and_lookup():
+    from hf_hybrid_spec.cache import CommittedState
+
+    def state(n, width=4):
+        return CommittedState(n, kv={0: (torch.zeros(1, 1, n, width), torch.zeros(1, 1, n, width))})
+
+    store = PrefixStore(max_bytes=state(10).nbytes * 2, max_entries=3)
+    assert store.put([1, 2, 3], state(3)) and store.put([1, 2, 3, 4, 5], state(5))
+    hit = store.longest([1, 2, 3, 4, 5, 6])
+    assert hit.length == 5
+    assert store.longest([1, 2, 3, 4, 5]).length == 3  # a key equal to the prompt leaves nothing to run: not used
+    assert store.longest([9, 1, 2, 3]) is None
+    assert not store.put(list(range(30)), state(30))  # over the byte bound on its own
+    for n in range(6, 12):
+        store.put(list(range(n)), state(n))
+    assert len(store) <= 3 and store.nbytes <= store.max_bytes
+    with pytest.raises(ValueError, match="key has"):
+        store.put([1, 2], state(3))
+
+
+class Boom(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        if input_ids.shape[1] > 14:
+            raise RuntimeError("boom")
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def test_a_failing_request_fails_alone():
+    model = tiny_model("qwen3_5_text")
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=3, max_total_tokens=48),
+                           greedy_config())
+    inputs = prompts(4, seed=4)
+    bad = [engine.add(ServingRequest("empty", [], max_new_tokens=4)),
+           engine.add(ServingRequest("vocab", [5, 96, 7], max_new_tokens=4)),
+           engine.add(ServingRequest("long", [5] * 40, max_new_tokens=20))]
+    assert [b.status for b in bad] == [RequestStatus.FAILED] * 3
+    assert "empty" in bad[0].error and "vocabulary" in bad[1].error and "max_total_tokens" in bad[2].error
+    engine.add(ServingRequest("ok0", inputs[0], max_new_tokens=10))
+    engine.add(ServingRequest("boom", inputs[1], max_new_tokens=10, stopping_criteria=[Boom()]))
+    engine.add(ServingRequest("ok2", inputs[2], max_new_tokens=10))
+    engine.add(ServingRequest("ok3", inputs[3], max_new_tokens=10))
+    assert engine.add(ServingRequest("ok3", inputs[3], max_new_tokens=10)).status == RequestStatus.FAILED  # dup id
+    done = {}
+    while engine.has_work:
+        for output in engine.step():
+            done[output.request_id] = output
+    assert done["boom"].status == RequestStatus.FAILED and "boom" in done["boom"].error
+    for i in (0, 2, 3):
+        assert done[f"ok{i}"].status == RequestStatus.FINISHED
+        assert done[f"ok{i}"].generated_tokens == plain(model, inputs[i], 10)
+
+
+def test_cancel_frees_the_slot():
+    model = tiny_model("qwen3_5_text")
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=1, max_total_tokens=96),
+                           greedy_config())
+    inputs = prompts(2, seed=5)
+    engine.add(ServingRequest("long", inputs[0], max_new_tokens=60))
+    engine.add(ServingRequest("next", inputs[1], max_new_tokens=6))
+    engine.step()
+    assert engine.running == 1
+    cancelled = engine.cancel("long")
+    assert cancelled.status == RequestStatus.FAILED and cancelled.error == "cancelled"
+    assert engine.cancel("nobody") is None
+    done = {}
+    while engine.has_work:
+        for output in engine.step():
+            done[output.request_id] = output
+    assert done["next"].generated_tokens == plain(model, inputs[1], 6)
+
+
+def test_manager_under_concurrent_arrivals_and_streams():
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(8, seed=6)
+    refs = [plain(model, ids, 9) for ids in inputs]
+    manager = init_continuous_batching(model, H.AssistantConfig(global_cache=False),
+                                       ServingConfig(max_slots=3, max_total_tokens=64), greedy_config())
+    ids_by_index = {}
+    with manager:
+        def client(indices, delay):
+            for i in indices:
+                time.sleep(delay)
+                ids_by_index[i] = manager.add_request(inputs[i], max_new_tokens=9)
+
+        threads = [threading.Thread(target=client, args=([0, 2, 4, 6], 0.003)),
+                   threading.Thread(target=client, args=([1, 3, 5], 0.005))]
+        for t in threads:
+            t.start()
+        stream_id = manager.add_request(inputs[7], max_new_tokens=9, streaming=True)
+        seen = [list(o.generated_tokens) for o in manager.request_id_iter(stream_id, timeout=60)]
+        for t in threads:
+            t.join()
+        results = {i: manager.get_result(rid, timeout=60) for i, rid in ids_by_index.items()}
+    assert not manager.is_running()
+    for i, result in results.items():
+        assert result.status == RequestStatus.FINISHED and result.generated_tokens == refs[i], i
+    assert seen[-1] == refs[7] and len(seen) >= 2
+    assert all(a == b[: len(a)] for a, b in zip(seen, seen[1:]))  # every update extends the last
+    with pytest.raises(KeyError, match="streaming"):
+        next(manager.request_id_iter("req_unknown"))
+
+
+def test_stop_fails_what_is_left():
+    model = tiny_model("qwen3_5_text")
+    manager = init_continuous_batching(model, H.AssistantConfig(global_cache=False),
+                                       ServingConfig(max_slots=1, max_total_tokens=128), greedy_config())
+    manager.start()
+    rid = manager.add_request(prompts(1)[0], max_new_tokens=100)
+    manager.stop(timeout=30)
+    result = manager.get_result(rid, timeout=10)
+    assert result is not None and result.is_finished()
+    assert result.status == RequestStatus.FINISHED or result.error == "stopped"
+
+
+def test_sampling_follows_the_targets_law():
+    """Each request's first two sampled tokens follow the target's joint law for its prompt (chi-square at a fixed
+    seed, p > 1e-3, the suffix drafter proposing on repetitive prompts), and the harness rejects a sharper law."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper
+
+    model = tiny_model("qwen3_5_text", vocab_size=V, seed=3)
+    inputs = [[2, 5, 3, 2, 5, 3, 2, 5], [4, 6, 4, 6, 4]]
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.6), TopKLogitsWarper(4)])
+    joints = [target_joint(model, torch.tensor([p]), processors) for p in inputs]
+    gen = GenerationConfig(do_sample=True, temperature=0.6, top_k=4, top_p=1.0, eos_token_id=None, pad_token_id=PAD)
+    torch.manual_seed(1234)
+    batch = [inputs[i % 2] for i in range(600)]
+    out = generate_batch(model, batch, gen, H.AssistantConfig(global_cache=False),
+                         ServingConfig(max_slots=16, max_total_tokens=16), max_new_tokens=2)
+    counts = [torch.zeros(V * V) for _ in inputs]
+    for i in range(len(batch)):
+        a, c = out[f"req_{i}"].generated_tokens
+        counts[i % 2][a * V + c] += 1
+    for count, joint in zip(counts, joints):
+        assert chi2_pvalue(count, joint) > 1e-3
+        sharper = torch.softmax(2.0 * torch.log(joint + 1e-12), dim=0)
+        assert chi2_pvalue(count, sharper) < 1e-3
+
+
+def test_a_thousand_requests_stay_bounded():
+    model = tiny_model("qwen3_5_text")
+    config = ServingConfig(max_slots=8, max_total_tokens=32, prefix_cache_bytes=1 << 18, prefix_cache_entries=16)
+    engine = ServingEngine(model, H.AssistantConfig(), config, greedy_config())
+    g = torch.Generator().manual_seed(7)
+    for i in range(1000):
+        engine.add(ServingRequest(f"r{i}", torch.randint(3, 96, (6,), generator=g).tolist(), max_new_tokens=3))
+    finished = 0
+    while engine.has_work:
+        finished += sum(o.status == RequestStatus.FINISHED for o in engine.step())
+    assert finished == 1000
+    assert len(engine.prefixes) <= 16 and engine.prefixes.nbytes <= 1 << 18
+    assert engine.running == 0 and not engine._ids and engine.backend.running_slots == []
+
+
+def test_unsupported_drafters_and_rules_say_so():
+    model = tiny_model("qwen3_5_text")
+    with pytest.raises(NotImplementedError, match="verification"):
+        ServingEngine(model, H.AssistantConfig(verification="typical"))
+    with pytest.raises(NotImplementedError, match="self_ssm"):
+        ServingEngine(model, H.AssistantConfig(drafter="self_ssm"))
+    with pytest.raises(ValueError, match="max_slots"):
+        ServingConfig(max_slots=0)
