@@ -15,6 +15,8 @@
 #             MTP_EVAL_ARGS=--compile-drafter to fuse the drafters' passes)
 #   batch     batched speculation against stock batched decoding at B = 1..64 (the fixture; BATCH_MODEL=random:... for a
 #             random-weight model with the acceptance-controlled drafter; BATCH_SIZES to choose the batch sizes)
+#   serve     agentic sessions under Poisson arrivals: stock static AR one request at a time vs our continuous batching
+#             without and with speculation (and without prefix reuse); SERVE_RATES sessions per second
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -56,6 +58,16 @@ case "${1:-}" in
     TAILN=${TAILN:-16} CUTC=400 run "${BATCH_SECONDS:-480}" "batch_${BM//[:\/.]/_}" python3 benchmarks/batch_bench.py --model "$BM" \
         --batch-sizes ${BATCH_SIZES:-1 4 8 16 32 64} --drafters ${BATCH_DRAFTERS:-$BD} --dtype bfloat16 \
         --prompt-tokens 256 --max-new-tokens 128 --allow-mismatch --out "$OUT/${BATCH_OUT:-batch}" ;;
+  serve)
+    # The serving engine's captured graphs first, in fp32 on the fixture: every gate reply identical to plain generate.
+    # SERVE_STAGES="gate bench" by default (each stage fits one device call on its own).
+    [[ " ${SERVE_STAGES:-gate bench} " == *" gate "* ]] && TAILN=4 run 240 serve_gate python3 benchmarks/serve_bench.py \
+        --model "$M" --dtype float32 --sessions 4 --rates 8 --methods cb+spec --max-new-tokens 32 \
+        --max-total-tokens 1280 --gate 4
+    [[ " ${SERVE_STAGES:-gate bench} " == *" bench "* ]] && TAILN=${TAILN:-18} CUTC=400 run "${SERVE_SECONDS:-540}" serve \
+        python3 benchmarks/serve_bench.py --model "$M" --dtype bfloat16 --rates ${SERVE_RATES:-0.5 2 8} \
+        --max-new-tokens 128 --max-slots 16 --max-total-tokens 1280 --allow-mismatch --max-seconds 90 --out "$OUT/serve"
+    true ;;
   mtp)
     # The trained checkpoint stays in out/mtp (ignored, kept on a warm machine between calls); its MTP shard comes back.
     if [[ " ${MTP_STAGES:-train eval} " == *" train "* ]]; then
@@ -73,5 +85,5 @@ case "${1:-}" in
           --out "$OUT/mtp_eval"
     fi ;;
   *)
-    echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd|mtp|batch"; exit 2 ;;
+    echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd|mtp|batch|serve"; exit 2 ;;
 esac

@@ -68,12 +68,14 @@ class ServingConfig:
         max_total_tokens: the longest request (prompt and new tokens) a slot holds.
         prefix_cache_bytes: the bound on the prefix store's states (0: no prefix reuse).
         prefix_cache_entries: the bound on the prefix store's entries.
+        speculation: False runs every step as a plain decode step (continuous batching alone: a baseline).
     """
 
     max_slots: int = 8
     max_total_tokens: int = 2048
     prefix_cache_bytes: int = 1 << 30
     prefix_cache_entries: int = 64
+    speculation: bool = True
 
     def __post_init__(self):
         if self.max_slots < 1 or self.max_total_tokens < 2:
@@ -182,7 +184,7 @@ class ServingEngine:
         needed = next((b for b in self.config.compile_buckets if b >= self.node_budget + 1),
                       max(self.config.compile_buckets or DEFAULT_BUCKETS))
         buckets = tuple(sorted({b for b in self.config.compile_buckets if b <= needed} | {1, 2, 4}))
-        self.node_budget = min(self.node_budget, max(buckets) - 1)
+        self.node_budget = min(self.node_budget, max(buckets) - 1) if self.serving.speculation else 0
         self.max_width = max(buckets)
         slots = self.serving.max_slots
         runner = BatchStaticRunner(model, slots, self.serving.max_total_tokens + self.max_width, buckets,

@@ -1,0 +1,313 @@
+"""Benchmark: serving agentic multi-turn sessions under Poisson arrivals, in one process.
+
+    python benchmarks/serve_bench.py --model ../shared/models/qwen3_5-small --rates 0.5 2 8 --out out/serve
+    python benchmarks/serve_bench.py --model tiny:qwen3_5_text --dtype float32 --device cpu --sessions 4 --dry-run
+
+Sessions come from the workload suite (`benchmarks/workloads.json`: agent loops, code edits, tool calls, plain code).
+Sessions arrive as a Poisson process at each `--rates` value (sessions per second); within a session call i + 1 is sent
+the moment call i returns, its prompt the token ids of call i's prompt, call i's reply and the session's next text
+(an agent that keeps token ids, so a follow-up call extends the last one token for token). Methods:
+
+- `stock`: stock `generate(cache_implementation="static")` (compiled; warmed up first) serving requests one at a
+  time in arrival order, the way a user without a batching engine serves;
+- `cb`: our continuous batching with speculation off (every step a plain decode step over the running requests);
+- `cb+spec`: our continuous batching with tree speculation (`AssistantConfig()` as it comes), prefix reuse on;
+- `cb+spec-noreuse`: the same without the prefix store (what reuse saves on follow-up calls' time to first token).
+
+First a correctness gate (each CB method's greedy replies against plain `generate` on the same prompts: exact in fp32;
+bf16 reports the share of identical replies), then every method at every rate, bounded by `--max-seconds` per run.
+Per run: time to first token and time per output token (p50 / p99, ms), TTFT of follow-up calls, committed tokens/s
+over the run, mean accepted length. A table, a PNG (TPOT p50 and throughput against the rate), and a JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from bench import load_model, quiet_gc
+from tqdm.auto import tqdm
+from transformers import GenerationConfig
+from transformers.utils import logging
+from workloads import load_suite
+
+from hf_hybrid_spec.config import AssistantConfig
+from hf_hybrid_spec.serving import ContinuousBatchingManager, ServingConfig
+
+logger = logging.get_logger(__name__)
+
+METHODS = ("stock", "cb", "cb+spec", "cb+spec-noreuse")
+
+
+@dataclass
+class Call:
+    """One request of the load: its session and call index, when it was sent, its first and last token's times
+    (perf_counter seconds), new tokens, prompt tokens reused from the prefix store and mean accepted length."""
+
+    session: int
+    call: int
+    sent: float
+    first: float
+    last: float
+    new_tokens: int
+    prompt_tokens: int
+    reused: int = 0
+    accepted: float = 1.0
+
+
+def session_pieces(tokenizer, sessions) -> list[list[list[int]]]:
+    """Each session's texts as token ids (call i's new text)."""
+    return [[tokenizer(t, add_special_tokens=False).input_ids for t in s.texts] for s in sessions]
+
+
+def arrivals(count: int, rate: float, seed: int) -> list[float]:
+    """Poisson arrival times (seconds from the start) of `count` sessions at `rate` per second."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(count):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def _gen(tokenizer, max_new: int) -> GenerationConfig:
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    return GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos,
+                            pad_token_id=(tokenizer.pad_token_id if tokenizer is not None else None) or eos or 0)
+
+
+def run_cb(manager: ContinuousBatchingManager, pieces, times: list[float], max_new: int, deadline: float,
+           bar) -> list[Call]:
+    """Drive `manager` with the sessions arriving at `times`; each call's follow-up sent when it returns."""
+    start = time.perf_counter()
+    due = sorted((t, s) for s, t in enumerate(times))
+    prompts: dict[int, list[int]] = {}
+    inflight: dict[str, tuple[int, int, float]] = {}
+    calls: list[Call] = []
+    while (due or inflight) and time.perf_counter() - start < deadline:
+        now = time.perf_counter()
+        while due and due[0][0] <= now - start:
+            _, s = due.pop(0)
+            prompts[s] = list(pieces[s][0])
+            rid = manager.add_request(prompts[s], max_new_tokens=max_new, record_timestamps=True)
+            inflight[rid] = (s, 0, time.perf_counter())
+        out = manager.get_result(timeout=0.001)
+        if out is None:
+            continue
+        s, call, sent = inflight.pop(out.request_id)
+        bar.update(1)
+        if out.error is not None:  # counted, and the session ends there (summaries report `failed`)
+            logger.warning("session %d call %d failed: %s", s, call, out.error)
+            calls.append(Call(s, call, sent, float("nan"), float("nan"), -1, len(out.prompt_ids)))
+            continue
+        stamps = out.timestamps or [time.perf_counter()]
+        stats = out.spec_stats
+        calls.append(Call(s, call, sent, stamps[0], stamps[-1], len(out.generated_tokens), len(out.prompt_ids),
+                          out.reused_prefix_tokens, stats.mean_accepted_length if stats else 1.0))
+        if call + 1 < len(pieces[s]):
+            prompts[s] = prompts[s] + list(out.generated_tokens) + list(pieces[s][call + 1])
+            rid = manager.add_request(prompts[s], max_new_tokens=max_new, record_timestamps=True)
+            inflight[rid] = (s, call + 1, time.perf_counter())
+    for rid in inflight:
+        manager.cancel_request(rid)
+    return calls
+
+
+class _Stamps:
+    """A streamer that keeps the time of every token after the prompt (synchronized: it reads the token)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self._prompt = True
+
+    def put(self, value):
+        if self._prompt:
+            self._prompt = False
+            return
+        value.cpu()
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+def run_stock(model, tokenizer, pieces, times: list[float], max_new: int, deadline: float, bar) -> list[Call]:
+    """Stock static generate serving one request at a time in the order they were sent."""
+    start = time.perf_counter()
+    queue = [(start + t, s, 0, list(pieces[s][0])) for s, t in enumerate(times)]
+    heapq.heapify(queue)
+    gen = _gen(tokenizer, max_new)
+    calls = []
+    while queue and time.perf_counter() - start < deadline:
+        sent, s, call, prompt = heapq.heappop(queue)
+        wait = sent - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        stamps = _Stamps()
+        ids = torch.tensor([prompt], device=model.device)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen,
+                             cache_implementation="static", streamer=stamps)
+        new = out[0, len(prompt):].tolist()
+        calls.append(Call(s, call, sent, stamps.times[0], stamps.times[-1], len(new), len(prompt)))
+        bar.update(1)
+        if call + 1 < len(pieces[s]):
+            heapq.heappush(queue, (time.perf_counter(), s, call + 1, prompt + new + list(pieces[s][call + 1])))
+    return calls
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
+
+
+def summarize(calls: list[Call]) -> dict:
+    failed = sum(c.new_tokens < 0 for c in calls)
+    calls = [c for c in calls if c.new_tokens >= 0]
+    ttft = [1e3 * (c.first - c.sent) for c in calls]
+    follow = [1e3 * (c.first - c.sent) for c in calls if c.call > 0]
+    tpot = [1e3 * (c.last - c.first) / (c.new_tokens - 1) for c in calls if c.new_tokens > 1]
+    span = (max(c.last for c in calls) - min(c.sent for c in calls)) if calls else float("nan")
+    tokens = sum(c.new_tokens for c in calls)
+    return {"calls": len(calls), "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+            "follow_ttft_p50": percentile(follow, 50), "tpot_p50": percentile(tpot, 50),
+            "tpot_p99": percentile(tpot, 99), "tokens_per_s": tokens / span if span > 0 else float("nan"),
+            "accepted": sum(c.accepted * c.new_tokens for c in calls) / max(tokens, 1),
+            "reused_tokens": sum(c.reused for c in calls), "failed": failed}
+
+
+def make_manager(model, method: str, args, gen: GenerationConfig) -> ContinuousBatchingManager:
+    serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens,
+                            prefix_cache_bytes=0 if method in ("cb", "cb+spec-noreuse") else args.prefix_cache_mb << 20,
+                            speculation=method != "cb")
+    return ContinuousBatchingManager(model, AssistantConfig(global_cache=False), serving, gen)
+
+
+def gate(model, tokenizer, pieces, args, gen) -> dict:
+    """Greedy replies of each CB method on the first calls of a few sessions against plain generate."""
+    prompts = [p[0] for p in pieces[: args.gate]]
+    refs = []
+    for ids in prompts:
+        t = torch.tensor([ids], device=model.device)
+        refs.append(model.generate(t, attention_mask=torch.ones_like(t), generation_config=gen)[0, len(ids):].tolist())
+    shares = {}
+    for method in METHODS[1:]:
+        manager = make_manager(model, method, args, gen)
+        with manager:
+            rids = [manager.add_request(ids, max_new_tokens=args.max_new_tokens) for ids in prompts]
+            outs = [manager.get_result(rid, timeout=600) for rid in rids]
+        same = [o is not None and o.generated_tokens == r for o, r in zip(outs, refs)]
+        shares[method] = sum(same) / len(same)
+        if not all(same) and not args.allow_mismatch:
+            raise SystemExit(f"gate failed: {method} differs from plain generate on {same.count(False)} of "
+                             f"{len(same)} prompts (pass --allow-mismatch in bf16)")
+    return shares
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        axes[0].plot([r["rate"] for r in mine], [r["tpot_p50"] for r in mine], marker="o", label=method)
+        axes[1].plot([r["rate"] for r in mine], [r["tokens_per_s"] for r in mine], marker="o", label=method)
+    axes[0].set(xlabel="sessions per second", ylabel="TPOT p50 (ms)", xscale="log")
+    axes[1].set(xlabel="sessions per second", ylabel="committed tokens/s", xscale="log")
+    axes[1].legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a checkpoint path (with its tokenizer) or tiny:<family>")
+    parser.add_argument("--suite", default=str(Path(__file__).with_name("workloads.json")))
+    parser.add_argument("--split", default="heldout", help="heldout, train or any")
+    parser.add_argument("--sessions", type=int, default=24, help="sessions per run")
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.5, 2.0, 8.0], help="sessions per second")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-slots", type=int, default=16)
+    parser.add_argument("--max-total-tokens", type=int, default=4096)
+    parser.add_argument("--prefix-cache-mb", type=int, default=1024)
+    parser.add_argument("--max-seconds", type=float, default=120.0, help="bound on each run")
+    parser.add_argument("--gate", type=int, default=4, help="prompts in the correctness gate")
+    parser.add_argument("--allow-mismatch", action="store_true")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="folder for the PNG and the JSON")
+    parser.add_argument("--dry-run", action="store_true", help="2 sessions, one rate, small bounds (a smoke test)")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.sessions, args.rates, args.max_new_tokens, args.max_seconds = 2, args.rates[:1], 8, 60.0
+        args.gate = 1
+
+    model, tokenizer = load_model(args.model, getattr(torch, args.dtype), args.device)
+    if tokenizer is None:
+        raise SystemExit("serve_bench needs a checkpoint with a tokenizer (the sessions are text)")
+    suite = load_suite(args.suite)
+    sessions = suite.select(split=None if args.split == "any" else args.split, interleave=True)[: args.sessions]
+    pieces = session_pieces(tokenizer, sessions)
+    gen = _gen(tokenizer, args.max_new_tokens)
+    quiet_gc()
+    shares = gate(model, tokenizer, pieces, args, gen)
+    logger.warning("gate: identical greedy replies %s", shares)
+    total_calls = sum(len(p) for p in pieces)
+    rows = []
+    for rate in args.rates:
+        times = arrivals(len(pieces), rate, args.seed)
+        for method in args.methods:
+            bar = tqdm(total=total_calls, desc=f"{method} @ {rate}/s", unit="call", leave=False)
+            if method == "stock":
+                warm = torch.tensor([pieces[0][0]], device=model.device)
+                for n in (warm.shape[1], warm.shape[1] // 2 + 1):  # two lengths: dynamo's dynamic shapes settle
+                    model.generate(warm[:, :n], attention_mask=torch.ones_like(warm[:, :n]), generation_config=gen,
+                                   cache_implementation="static")
+                calls = run_stock(model, tokenizer, pieces, times, args.max_new_tokens, args.max_seconds, bar)
+            else:
+                manager = make_manager(model, method, args, gen)
+                with manager:
+                    warm = manager.add_request(pieces[0][0], max_new_tokens=args.max_new_tokens)  # captures, budget
+                    manager.get_result(warm, timeout=600)
+                    if manager.engine.prefixes is not None:
+                        manager.engine.prefixes.clear()
+                    calls = run_cb(manager, pieces, times, args.max_new_tokens, args.max_seconds, bar)
+            bar.close()
+            summary = summarize(calls)
+            rows.append({"method": method, "rate": rate, **summary,
+                         "complete": summary["calls"] == total_calls})
+    cols = ("method", "rate", "calls", "failed", "ttft_p50", "ttft_p99", "follow_ttft_p50", "tpot_p50", "tpot_p99",
+            "tokens_per_s", "accepted")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + " --- |" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    result = {"bench": "serve", "model": args.model, "dtype": args.dtype, "device": str(model.device),
+              "sessions": len(pieces), "calls": total_calls, "max_new_tokens": args.max_new_tokens,
+              "max_slots": args.max_slots, "gate": shares, "rows": rows}
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        plot(rows, out / "serve.png")
+        (out / "serve.json").write_text(json.dumps(result) + "\n")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
