@@ -65,8 +65,8 @@ case "${1:-}" in
         --model "$M" --dtype float32 --sessions 4 --rates 8 --methods cb+spec --max-new-tokens 32 \
         --max-total-tokens 1280 --gate 4
     [[ " ${SERVE_STAGES:-gate bench} " == *" bench "* ]] && TAILN=${TAILN:-18} CUTC=400 run "${SERVE_SECONDS:-540}" serve \
-        python3 benchmarks/serve_bench.py --model "$M" --dtype bfloat16 --rates ${SERVE_RATES:-0.5 2 8} \
-        --max-new-tokens 128 --max-slots 16 --max-total-tokens 1280 --allow-mismatch --max-seconds 90 --out "$OUT/serve"
+        python3 benchmarks/serve_bench.py --model "$M" --dtype bfloat16 --rates ${SERVE_RATES:-1 4 16} \
+        --max-new-tokens 128 --max-slots 16 --max-total-tokens 1280 --allow-mismatch --max-seconds 45 --out "$OUT/serve"
     true ;;
   mtp)
     # The trained checkpoint stays in out/mtp (ignored, kept on a warm machine between calls); its MTP shard comes back.
