@@ -24,6 +24,7 @@ over the run, mean accepted length. A table, a PNG (TPOT p50 and throughput agai
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import json
 import math
@@ -284,10 +285,11 @@ def main(argv: list[str] | None = None) -> dict:
         for method in args.methods:
             bar = tqdm(total=total_calls, desc=f"{method} @ {rate}/s", unit="call", leave=False)
             if method == "stock":
-                warm = torch.tensor([pieces[0][0]], device=model.device)
-                for n in (warm.shape[1], warm.shape[1] // 2 + 1):  # two lengths: dynamo's dynamic shapes settle
+                # Several prompt lengths, with a streamer as timed: dynamo's dynamic shapes settle before timing.
+                warm = torch.tensor([max((p[0] for p in pieces), key=len)], device=model.device)
+                for n in sorted({warm.shape[1], warm.shape[1] // 2 + 1, warm.shape[1] // 4 + 1, 7, 3}):
                     model.generate(warm[:, :n], attention_mask=torch.ones_like(warm[:, :n]), generation_config=gen,
-                                   cache_implementation="static")
+                                   cache_implementation="static", streamer=_Stamps())
                 calls = run_stock(model, tokenizer, pieces, times, args.max_new_tokens, args.max_seconds, bar)
             else:
                 manager = make_manager(model, method, args, gen)
@@ -296,17 +298,28 @@ def main(argv: list[str] | None = None) -> dict:
                     manager.get_result(warm, timeout=600)
                     if manager.engine.prefixes is not None:
                         manager.engine.prefixes.clear()
+                    before = dataclasses.replace(manager.engine.stats)
                     calls = run_cb(manager, pieces, times, args.max_new_tokens, args.max_seconds, bar)
+                    after = manager.engine.stats
+                    engine = {f.name: round(getattr(after, f.name) - getattr(before, f.name), 4)
+                              for f in dataclasses.fields(after)}
             bar.close()
             summary = summarize(calls)
-            rows.append({"method": method, "rate": rate, **summary,
-                         "complete": summary["calls"] == total_calls})
+            rows.append({"method": method, "rate": rate, **summary, "complete": summary["calls"] == total_calls,
+                         **({"engine": engine} if method != "stock" else {})})
     cols = ("method", "rate", "calls", "failed", "ttft_p50", "ttft_p99", "follow_ttft_p50", "tpot_p50", "tpot_p99",
             "tokens_per_s", "accepted")
     print("| " + " | ".join(cols) + " |")
     print("|" + " --- |" * len(cols))
     for r in rows:
         print("| " + " | ".join(f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    for r in rows:
+        if "engine" in r:
+            e = r["engine"]
+            logger.warning("%s @ %s/s engine: %d steps, %.2f tokens/step; seconds: prefill %.2f, begin %.2f, draft "
+                           "%.2f, verify %.2f, record %.2f", r["method"], r["rate"], e["steps"],
+                           e["new_tokens"] / max(e["steps"], 1), e["prefill_seconds"], e["begin_seconds"],
+                           e["draft_seconds"], e["verify_seconds"], e["record_seconds"])
     result = {"bench": "serve", "model": args.model, "dtype": args.dtype, "device": str(model.device),
               "sessions": len(pieces), "calls": total_calls, "max_new_tokens": args.max_new_tokens,
               "max_slots": args.max_slots, "gate": shares, "rows": rows}

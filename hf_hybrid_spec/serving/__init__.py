@@ -2,9 +2,9 @@
 (`prefix`), the transformers-shaped API on top (`manager`: `generate_batch`, `init_continuous_batching`), and an
 OpenAI-compatible server (`server`, needs the `[serve]` extra)."""
 
-from .engine import ServingConfig, ServingEngine, ServingRequest, SpecGenerationOutput
+from .engine import ServingConfig, ServingEngine, ServingRequest, ServingStats, SpecGenerationOutput
 from .manager import ContinuousBatchingManager, generate_batch, init_continuous_batching
 from .prefix import PrefixHit, PrefixStore
 
-__all__ = ["ServingConfig", "ServingEngine", "ServingRequest", "SpecGenerationOutput", "ContinuousBatchingManager",
+__all__ = ["ServingConfig", "ServingEngine", "ServingRequest", "SpecGenerationOutput", "ServingStats", "ContinuousBatchingManager",
            "generate_batch", "init_continuous_batching", "PrefixStore", "PrefixHit"]

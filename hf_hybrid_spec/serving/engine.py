@@ -40,7 +40,7 @@ from transformers.utils import logging
 
 from ..cache import HybridTreeCache, export_committed, import_committed
 from ..config import AssistantConfig
-from ..drafters import DraftBudget, DraftContext, make_drafter
+from ..drafters import DraftBudget, DraftContext, Drafter, make_drafter
 from ..engine.batch import apply_budget, batch_tree, measure_verify_cost, verify_rows
 from ..engine.batch_static import BatchStaticBackend, BatchStaticRunner
 from ..engine.budget import cached_cost
@@ -56,7 +56,7 @@ from .prefix import PrefixStore
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["ServingConfig", "ServingRequest", "SpecGenerationOutput", "ServingEngine"]
+__all__ = ["ServingConfig", "ServingRequest", "SpecGenerationOutput", "ServingEngine", "ServingStats"]
 
 
 @dataclass
@@ -113,6 +113,45 @@ class SpecGenerationOutput(GenerationOutput):
 
     spec_stats: SpecStats | None = None
     reused_prefix_tokens: int = 0
+
+
+@dataclass
+class ServingStats:
+    """Counters of an engine's life (bounded: no per-step lists).
+
+    Attributes:
+        steps: speculative steps (one verify forward each). admitted / finished / failed: requests.
+        new_tokens: tokens generated. drafted_nodes: draft nodes verified.
+        prefill_seconds: prompts' forwards (and the state copies into slots). begin_seconds: drafters begun on
+            prompts and first tokens. draft_seconds: proposals and the budget. verify_seconds: verify forwards,
+            verification and commits. record_seconds: per-request bookkeeping after a step (tokens, stopping
+            criteria, drafters' accepts, leaving requests).
+    """
+
+    steps: int = 0
+    admitted: int = 0
+    finished: int = 0
+    failed: int = 0
+    new_tokens: int = 0
+    drafted_nodes: int = 0
+    prefill_seconds: float = 0.0
+    begin_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    record_seconds: float = 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.new_tokens / max(self.steps, 1)
+
+
+class _NoDrafts(Drafter):
+    """The drafter of an engine with speculation off: every step a plain decode step, nothing kept."""
+
+    name = "none"
+
+    def propose(self, input_ids, budget):
+        return None
 
 
 class _Active:
@@ -198,7 +237,7 @@ class ServingEngine:
         self._active: dict[int, _Active] = {}  # slot -> request
         self._ids: set[str] = set()
         self._cost = None
-        self.stats = SpecStats()
+        self.stats = ServingStats()
 
     # ------------------------------------------------------------------ requests
     @property
@@ -299,7 +338,7 @@ class ServingEngine:
             except Exception as error:  # this request's drafter: it fails alone
                 failed.append((slot, f"drafter failed: {error!r}"))
                 drafts.append(empty_draft(1))
-        drafts = apply_budget(drafts, self._cost_model(), self.config, self.stats, self.backend.widths)
+        drafts = apply_budget(drafts, self._cost_model(), self.config, SpecStats(), self.backend.widths)
         t1 = time.perf_counter()
         tree = batch_tree([a.rec.host[0][-1] for a in actives], drafts, self.backend.tree_device)
         try:
@@ -314,10 +353,10 @@ class ServingEngine:
         del verified
         self.backend.commit([r.path for r in results])
         t2 = time.perf_counter()
-        self.stats.target_forwards += 1
+        self.stats.steps += 1
         self.stats.draft_seconds += t1 - t0
         self.stats.verify_seconds += t2 - t1
-        now = time.perf_counter()
+        now = t2
         done = []
         bad = dict(failed)
         for slot, a, draft, result in zip(slots, actives, drafts, results):
@@ -335,10 +374,11 @@ class ServingEngine:
             a.output.generated_tokens.extend(new)
             if a.output.timestamps is not None:
                 a.output.timestamps.extend([now] * len(new))
-            for s in (self.stats, a.stats):
-                s.accepted_lengths.append(len(result.token_list))
-                s.drafted_tokens.append(draft.num_nodes)
+            a.stats.accepted_lengths.append(len(result.token_list))
+            a.stats.drafted_tokens.append(draft.num_nodes)
             a.stats.target_forwards += 1
+            self.stats.new_tokens += len(new)
+            self.stats.drafted_nodes += draft.num_nodes
             if a.finished:
                 done.append(slot)
             elif a.request.streaming and new:
@@ -350,6 +390,7 @@ class ServingEngine:
         for slot in done:
             updates.append(self._active[slot].output)
         self._leave(done)
+        self.stats.record_seconds += time.perf_counter() - t2
         return updates
 
     def _verify(self, tree: VerifyTree, drafts, logits, actives: list[_Active], failed: list, slots: list[int]):
@@ -420,7 +461,8 @@ class ServingEngine:
         if eos is not None:
             stopping.append(EosTokenCriteria(eos))
         stopping.extend(request.stopping_criteria)
-        drafter = make_drafter(self.config, self.model, self.draft_model)
+        t0 = time.perf_counter()
+        drafter = make_drafter(self.config, self.model, self.draft_model) if self.serving.speculation else _NoDrafts()
         verifier = make_verifier(self.config, bool(gen.do_sample), drafter)
         active = _Active(request, output, gen, drafter, verifier, _processors(gen), stopping, limit, self.device)
         if request.record_timestamps:
@@ -439,6 +481,7 @@ class ServingEngine:
         out = forward_tokens(self.model, ids[:, start:], staging, position_ids=positions, logits_to_keep=1)
         self.backend.admit(slot, export_committed(staging))
         del staging
+        t1 = time.perf_counter()
         output.reused_prefix_tokens = start
         active.stats.prefill_tokens = len(prompt) - start
         active.cached = list(prompt)
@@ -453,9 +496,14 @@ class ServingEngine:
                                                   token_list=first.token_list))
         output.generated_tokens.extend(active.rec.host[0][len(prompt) :])
         output.status = RequestStatus.DECODING
-        output.lifespan = (time.perf_counter(), -1)
+        t2 = time.perf_counter()
+        output.lifespan = (t2, -1)
         if output.timestamps is not None:
-            output.timestamps.append(time.perf_counter())
+            output.timestamps.append(t2)
+        self.stats.admitted += 1
+        self.stats.new_tokens += len(output.generated_tokens)
+        self.stats.prefill_seconds += t1 - t0
+        self.stats.begin_seconds += t2 - t1
 
     def _leave(self, slots: list[int], failed: str | None = None) -> None:
         """Free `slots`: finished requests store their state in the prefix store and report FINISHED; with `failed`,
@@ -477,8 +525,10 @@ class ServingEngine:
             a.output.lifespan = (a.output.lifespan[0], time.perf_counter())
             if failed is None:
                 a.output.status = RequestStatus.FINISHED
+                self.stats.finished += 1
             else:
                 self._fail_output(a.output, failed)
+                self.stats.failed += 1
         keep = [i for i, s in enumerate(running) if s not in slots]
         if len(keep) < len(running):
             self.backend.select_rows(keep)
