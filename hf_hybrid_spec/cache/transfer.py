@@ -60,10 +60,11 @@ def committed_length(cache) -> int:
     return lengths.pop() if lengths else 0
 
 
-def export_committed(cache, row: int = 0, length: int | None = None) -> CommittedState:
+def export_committed(cache, row: int = 0, length: int | None = None, start: int = 0) -> CommittedState:
     """Copies of row `row`'s first `length` committed tokens (default: all) of `cache`, outside tree mode. A static
     batched cache's rows hold different lengths (its layers know only the longest): give the row's `length`; its
-    recurrent states are the row's whole committed state, so `length` must be all the row holds."""
+    recurrent states are the row's whole committed state, so `length` must be all the row holds. `start`: the row's
+    tokens begin there (a left-padded batch's row: its padding before them is not exported)."""
     if getattr(cache, "in_tree_mode", False):
         raise RuntimeError("export_committed: the cache has a pending tree")
     length = committed_length(cache) if length is None else length
@@ -71,10 +72,10 @@ def export_committed(cache, row: int = 0, length: int | None = None) -> Committe
     for idx, layer in enumerate(cache.layers):
         if kv_length(layer) is not None:
             held = layer.keys.shape[-2] if isinstance(layer, StaticKVMixin) else kv_length(layer)
-            if not 0 <= length <= held:
-                raise ValueError(f"export_committed: length {length} outside layer {idx}'s {held} tokens")
-            state.kv[idx] = (layer.keys[row : row + 1, :, :length].clone(),
-                             layer.values[row : row + 1, :, :length].clone())
+            if not (0 <= start and 0 <= length and start + length <= held):
+                raise ValueError(f"export_committed: tokens {start}..{start + length} outside layer {idx}'s {held}")
+            state.kv[idx] = (layer.keys[row : row + 1, :, start : start + length].clone(),
+                             layer.values[row : row + 1, :, start : start + length].clone())
         if is_linear(layer):
             for s, t in layer.conv_states.items():
                 if t is not None and layer.has_previous_state.get(s, False):

@@ -52,7 +52,7 @@ from ..forward import forward_tokens
 from ..models import get_adapter
 from ..tree import VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, make_verifier, row_processors
-from .prefix import PrefixStore
+from .prefix import PrefixHit, PrefixStore
 
 logger = logging.get_logger(__name__)
 
@@ -69,6 +69,7 @@ class ServingConfig:
         prefix_cache_bytes: the bound on the prefix store's states (0: no prefix reuse).
         prefix_cache_entries: the bound on the prefix store's entries.
         speculation: False runs every step as a plain decode step (continuous batching alone: a baseline).
+        batch_prefill: requests that join together and extend no stored prefix share one (left-padded) prefill.
     """
 
     max_slots: int = 8
@@ -76,6 +77,7 @@ class ServingConfig:
     prefix_cache_bytes: int = 1 << 30
     prefix_cache_entries: int = 64
     speculation: bool = True
+    batch_prefill: bool = True
 
     def __post_init__(self):
         if self.max_slots < 1 or self.max_total_tokens < 2:
@@ -426,42 +428,66 @@ class ServingEngine:
 
     # ------------------------------------------------------------------ joining and leaving
     def _admit(self, updates: list) -> None:
+        """Waiting requests into free slots: prompts without a stored prefix share one left-padded prefill forward
+        (the fixed cost of a forward, launch-bound for small models, paid once), prompts that extend a stored state
+        run their new tokens from it one by one. A request that fails to start fails alone."""
         free = [s for s in range(self.serving.max_slots) if s not in self._active]
+        joining = []
         while self._waiting and free:
             request, output = self._waiting.pop(0)
             slot = free.pop(0)
             try:
-                self._join(slot, request, output)
-            except Exception as error:  # bad input the checks missed, a drafter that fails to begin
-                logger.warning("serving: request %s failed to start: %r", request.request_id, error)
-                started = self._active.pop(slot, None)
-                if started is not None:
-                    started.drafter.release()
-                if slot in self.backend.running_slots:
-                    self.backend.select_rows([i for i, s in enumerate(self.backend.running_slots) if s != slot])
-                self._ids.discard(request.request_id)
-                updates.append(self._fail_output(output, f"failed to start: {error!r}"))
-                free.insert(0, slot)
+                joining.append((slot, self._start(slot, request, output)))
+            except Exception as error:  # a drafter that cannot be built for it
+                self._not_started(slot, output, error, updates)
+        hits = {slot: self.prefixes.longest(a.request.input_ids) for slot, a in joining} if self.prefixes else {}
+        fresh = [(slot, a) for slot, a in joining if hits.get(slot) is None]
+        groups = [[item] for item in joining if hits.get(item[0]) is not None]
+        if len(fresh) > 1 and self.serving.batch_prefill:
+            groups.append(fresh)
+        else:
+            groups += [[item] for item in fresh]
+        for group in groups:
+            t0 = time.perf_counter()
+            try:
+                logits = self._prefill([a for _, a in group], [slot for slot, _ in group],
+                                       hits.get(group[0][0]) if len(group) == 1 else None)
+            except Exception as error:  # bad input the checks missed: the group's requests fail, nobody else
+                for slot, a in group:
+                    self._not_started(slot, a.output, error, updates)
                 continue
-            active = self._active[slot]
-            if active.finished:  # one new token was all it asked for, or the first one stopped it
-                updates.append(active.output)
-                self._leave([slot])
-                free.insert(0, slot)
-            elif request.streaming:
-                updates.append(_snapshot(output))
+            self.stats.prefill_seconds += time.perf_counter() - t0
+            for row, (slot, a) in enumerate(group):
+                try:
+                    self._first(a, logits[row : row + 1])
+                except Exception as error:  # its drafter's begin, its processors
+                    self._not_started(slot, a.output, error, updates)
+                    continue
+                if a.finished:  # one new token was all it asked for, or the first one stopped it
+                    updates.append(a.output)
+                    self._leave([slot])
+                elif a.request.streaming:
+                    updates.append(_snapshot(a.output))
 
-    def _join(self, slot: int, request: ServingRequest, output: SpecGenerationOutput) -> None:
+    def _not_started(self, slot: int, output: SpecGenerationOutput, error: Exception, updates: list) -> None:
+        logger.warning("serving: request %s failed to start: %r", output.request_id, error)
+        started = self._active.pop(slot, None)
+        if started is not None:
+            started.drafter.release()
+        if slot in self.backend.running_slots:
+            self.backend.select_rows([i for i, s in enumerate(self.backend.running_slots) if s != slot])
+        self._ids.discard(output.request_id)
+        self.stats.failed += 1
+        updates.append(self._fail_output(output, f"failed to start: {error!r}"))
+
+    def _start(self, slot: int, request: ServingRequest, output: SpecGenerationOutput) -> _Active:
+        """The request's drafter, rule, processors and stopping criteria, in `slot` (PREFILLING)."""
         gen = self._gen(request)
-        new = self._max_new(request)
-        prompt = list(request.input_ids)
-        limit = len(prompt) + new
+        limit = len(request.input_ids) + self._max_new(request)
         stopping = StoppingCriteriaList([MaxLengthCriteria(limit)])
-        eos = gen.eos_token_id
-        if eos is not None:
-            stopping.append(EosTokenCriteria(eos))
+        if gen.eos_token_id is not None:
+            stopping.append(EosTokenCriteria(gen.eos_token_id))
         stopping.extend(request.stopping_criteria)
-        t0 = time.perf_counter()
         drafter = make_drafter(self.config, self.model, self.draft_model) if self.serving.speculation else _NoDrafts()
         verifier = make_verifier(self.config, bool(gen.do_sample), drafter)
         active = _Active(request, output, gen, drafter, verifier, _processors(gen), stopping, limit, self.device)
@@ -469,24 +495,45 @@ class ServingEngine:
             output.timestamps = []
         output.status = RequestStatus.PREFILLING
         self._active[slot] = active
-        # The prompt's prefill on a one-row cache, from the longest stored prefix.
+        return active
+
+    def _prefill(self, actives: list[_Active], slots: list[int], hit: PrefixHit | None) -> torch.Tensor:
+        """The prompts' forward on a staging cache (from `hit`'s state for a lone request that extends it; else the
+        prompts left-padded in one forward, each row's state exactly its prompt's: padded positions are masked and
+        the recurrent layers see zeros there, as stock batched generate runs them), each row's committed state
+        copied into its slot. Returns the last position's logits [k, V] (float32)."""
+        prompts = [list(a.request.input_ids) for a in actives]
+        width = max(len(p) for p in prompts)
         staging = HybridTreeCache(self.model.config)
         start = 0
-        hit = self.prefixes.longest(prompt) if self.prefixes is not None else None
         if hit is not None:
             import_committed(staging, hit.state)
             start = hit.length
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        positions = torch.arange(start, len(prompt), device=self.device)[None]
-        out = forward_tokens(self.model, ids[:, start:], staging, position_ids=positions, logits_to_keep=1)
-        self.backend.admit(slot, export_committed(staging))
-        del staging
-        t1 = time.perf_counter()
-        output.reused_prefix_tokens = start
-        active.stats.prefill_tokens = len(prompt) - start
-        active.cached = list(prompt)
-        logits = out.logits[:, -1].to(torch.float32)
-        del out
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        if len(prompts) == 1:
+            positions = torch.arange(start, width, device=self.device)[None]
+            out = forward_tokens(self.model, ids[:, start:], staging, position_ids=positions, logits_to_keep=1)
+        else:
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = forward_tokens(self.model, ids, staging, position_ids=positions, attention_mask=mask,
+                                 logits_to_keep=1)
+        for row, (slot, a, p) in enumerate(zip(slots, actives, prompts)):
+            self.backend.admit(slot, export_committed(staging, row=row, start=width - len(p), length=len(p)))
+            a.output.reused_prefix_tokens = start
+            a.stats.prefill_tokens = len(p) - start
+            a.cached = list(p)
+        return out.logits[:, -1].to(torch.float32)
+
+    def _first(self, active: _Active, logits: torch.Tensor) -> None:
+        """The request's first token from its prompt's logits [1, V]; its drafter begun (DECODING)."""
+        t0 = time.perf_counter()
+        output, gen, drafter, verifier = active.output, active.gen, active.drafter, active.verifier
+        ids = active.ids()
         scores = active.processors(ids, logits.clone()) if active.processors else logits
         context = DraftContext(self.model, self.backend.cache, self.adapter, gen, None)
         drafter.begin(ids, context, None)
@@ -494,16 +541,15 @@ class ServingEngine:
         active.rec.append([0], [first.token_list])
         drafter.accept(active.ids(), VerifyResult(path=[0], tokens=first.tokens, score_nodes=[0],
                                                   token_list=first.token_list))
-        output.generated_tokens.extend(active.rec.host[0][len(prompt) :])
+        output.generated_tokens.extend(active.rec.host[0][len(active.request.input_ids) :])
         output.status = RequestStatus.DECODING
-        t2 = time.perf_counter()
-        output.lifespan = (t2, -1)
+        t1 = time.perf_counter()
+        output.lifespan = (t1, -1)
         if output.timestamps is not None:
-            output.timestamps.append(t2)
+            output.timestamps.append(t1)
         self.stats.admitted += 1
         self.stats.new_tokens += len(output.generated_tokens)
-        self.stats.prefill_seconds += t1 - t0
-        self.stats.begin_seconds += t2 - t1
+        self.stats.begin_seconds += t1 - t0
 
     def _leave(self, slots: list[int], failed: str | None = None) -> None:
         """Free `slots`: finished requests store their state in the prefix store and report FINISHED; with `failed`,
