@@ -184,7 +184,8 @@ def summarize(calls: list[Call]) -> dict:
             "follow_ttft_p50": percentile(follow, 50), "tpot_p50": percentile(tpot, 50),
             "tpot_p99": percentile(tpot, 99), "tokens_per_s": tokens / span if span > 0 else float("nan"),
             "accepted": sum(c.accepted * c.new_tokens for c in calls) / max(tokens, 1),
-            "reused_tokens": sum(c.reused for c in calls), "failed": failed}
+            "reused_tokens": sum(c.reused for c in calls), "prompt_tokens": sum(c.prompt_tokens for c in calls),
+            "failed": failed}
 
 
 def make_manager(model, method: str, args, gen: GenerationConfig) -> ContinuousBatchingManager:
