@@ -49,3 +49,23 @@ def test_tree_kernel_bench_dry_run_exits_zero_with_a_json_line_last(capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     summary = json.loads(last)
     assert summary["bench"] == "tree_kernels" and summary["dry_run"] is True
+
+
+@pytest.mark.slow
+def test_serve_bench_dry_run_runs_every_method_behind_its_gate(tmp_path, capsys):
+    """The serving bench's plumbing on a tiny target with a tokenizer: the gate, every method at one rate, the JSON
+    line last (its numbers mean nothing here)."""
+    import json
+
+    import serve_bench
+    from helpers import tiny_target_with_tokenizer
+
+    tiny_target_with_tokenizer(tmp_path / "target")
+    result = serve_bench.main(["--model", str(tmp_path / "target"), "--dtype", "float32", "--device", "cpu",
+                               "--dry-run", "--max-total-tokens", "2048", "--max-slots", "4",
+                               "--out", str(tmp_path / "out")])
+    assert set(result["gate"].values()) == {1.0}
+    assert [r["method"] for r in result["rows"]] == list(serve_bench.METHODS)
+    assert all(r["complete"] and r["failed"] == 0 for r in result["rows"])
+    assert (tmp_path / "out" / "serve.png").exists()
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["bench"] == "serve"
