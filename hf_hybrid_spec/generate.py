@@ -370,8 +370,9 @@ def enable(model: nn.Module, assistant_config: AssistantConfig | None = None) ->
 
     all run `speculative_generate` (stock `generate` refuses them on stateful models before any custom callable
     runs; docs/drafters.md, "The stock kwargs", lists every stock candidate generator). Plain calls without those
-    kwargs are untouched. Only this model instance is changed; `assistant_config` sets its default configuration.
-    Returns the model.
+    kwargs are untouched. `model.generate_batch(...)` and `model.init_continuous_batching(...)` (which stock refuses
+    on hybrids) run our continuous batching with speculation (docs/serving.md). Only this model instance is changed;
+    `assistant_config` sets its default configuration. Returns the model.
     """
     get_adapter(model)  # fail now, not at the first generate, for unsupported models
     if getattr(model.generate, "__hf_hybrid_spec_enabled__", False):
@@ -395,4 +396,38 @@ def enable(model: nn.Module, assistant_config: AssistantConfig | None = None) ->
     generate.__hf_hybrid_spec_enabled__ = True
     generate.__signature__ = inspect.signature(original)
     model.generate = generate
+    _enable_continuous_batching(model, default)
     return model
+
+
+def _enable_continuous_batching(model: nn.Module, default) -> None:
+    """`model.generate_batch` and `model.init_continuous_batching` (transformers' continuous-batching entry points,
+    which refuse hybrid models) run our serving engine (`serving.manager`), with `default` as the assistant config.
+    Takes their arguments; `continuous_batching_config` is transformers' own and is refused (pass
+    `serving_config=ServingConfig(...)`); `persistent_manager`, `warmup` and `workload_hints` have nothing to do
+    here and are accepted."""
+
+    def refuse(config) -> None:
+        if config is not None:
+            raise ValueError("continuous_batching_config configures transformers' own manager; hf_hybrid_spec's takes "
+                             "serving_config=hf_hybrid_spec.ServingConfig(max_slots=..., max_total_tokens=...)")
+
+    def generate_batch(inputs, generation_config=None, continuous_batching_config=None, record_timestamps=False,
+                       progress_bar=False, persistent_manager=False, warmup=True, max_new_tokens=None,
+                       serving_config=None, assistant_config=None, draft_model=None):
+        from .serving import generate_batch as ours
+
+        refuse(continuous_batching_config)
+        return ours(model, inputs, generation_config, assistant_config if assistant_config is not None else default,
+                    serving_config, max_new_tokens, record_timestamps, progress_bar, draft_model)
+
+    def init_continuous_batching(generation_config=None, continuous_batching_config=None, workload_hints=None,
+                                 serving_config=None, assistant_config=None, draft_model=None):
+        from .serving import init_continuous_batching as ours
+
+        refuse(continuous_batching_config)
+        return ours(model, assistant_config if assistant_config is not None else default, serving_config,
+                    generation_config, draft_model)
+
+    model.generate_batch = generate_batch
+    model.init_continuous_batching = init_continuous_batching

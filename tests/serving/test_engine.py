@@ -318,3 +318,27 @@ def test_unsupported_drafters_and_rules_say_so():
         ServingEngine(model, H.AssistantConfig(drafter="self_ssm"))
     with pytest.raises(ValueError, match="max_slots"):
         ServingConfig(max_slots=0)
+
+
+def test_enable_makes_transformers_continuous_batching_entry_points_work():
+    """Stock `generate_batch` fails on hybrids (transformers 5.24: "Invalid layer type"; 5.17 already sizing its
+    cache on this CPU); after `enable` it runs ours, as does `init_continuous_batching`, with transformers'
+    arguments."""
+    inputs = prompts(3, seed=8)
+    with pytest.raises(ValueError):  # (a model of its own: a failed stock manager leaves its attention switched)
+        tiny_model("qwen3_5_text").generate_batch(inputs, generation_config=greedy_config(max_new_tokens=4))
+    model = tiny_model("qwen3_5_text")
+    H.enable(model, H.AssistantConfig(global_cache=False))
+    try:
+        out = model.generate_batch(inputs, generation_config=greedy_config(max_new_tokens=7), progress_bar=False)
+        assert [out[f"req_{i}"].generated_tokens for i in range(3)] == [plain(model, ids, 7) for ids in inputs]
+        with pytest.raises(ValueError, match="serving_config"):
+            model.generate_batch(inputs, continuous_batching_config=object())
+        manager = model.init_continuous_batching(generation_config=greedy_config(),
+                                                 serving_config=ServingConfig(max_slots=2, max_total_tokens=64))
+        with manager:
+            rid = manager.add_request(inputs[0], max_new_tokens=5)
+            assert manager.get_result(rid, timeout=60).generated_tokens == plain(model, inputs[0], 5)
+    finally:
+        for name in ("generate", "generate_batch", "init_continuous_batching"):
+            del model.__dict__[name]
