@@ -120,31 +120,38 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
 
     async def stream_text(rid: str, stop: list[str], chunk):
         """SSE events of a streaming request: each new piece of text (decoded from every token so far, so a
-        multi-token character arrives whole), then the finish reason, then [DONE]."""
+        multi-token character arrives whole), then the finish reason, then [DONE]. A client that goes away cancels
+        its request (the slot is freed)."""
         updates = manager.request_id_iter(rid, timeout=request_timeout)
-        sent, stopped, output = "", False, None
-        while True:
-            output = await asyncio.to_thread(next, updates, None)
-            if output is None:
-                break
-            if output.status == RequestStatus.FAILED:
-                yield f"data: {json.dumps({'error': {'message': output.error}})}\n\n"
-                yield "data: [DONE]\n\n"
-                return
-            if not stopped:  # past a stop string nothing more is sent; its criterion ends the request this step
-                text, stopped = cut(tokenizer.decode(output.generated_tokens, skip_special_tokens=True), stop)
-                # Hold back what may start a stop string, and an incomplete character.
-                done = stopped or output.is_finished()
-                safe = len(text) if done else len(text) - max((len(s) - 1 for s in stop), default=0)
-                if text.endswith("\ufffd") and not done:
-                    safe = min(safe, len(text) - 1)
-                if safe > len(sent):
-                    yield f"data: {json.dumps(chunk(text[len(sent) : safe], None))}\n\n"
-                    sent = text[:safe]
-            if output.is_finished():
-                break
-        yield f"data: {json.dumps(chunk('', finish_reason(output, stopped) if output else 'stop'))}\n\n"
-        yield "data: [DONE]\n\n"
+        sent, stopped, output, finished = "", False, None, False
+        try:
+            while True:
+                output = await asyncio.to_thread(next, updates, None)
+                if output is None:
+                    break
+                if output.status == RequestStatus.FAILED:
+                    finished = True
+                    yield f"data: {json.dumps({'error': {'message': output.error}})}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
+                if not stopped:  # past a stop string nothing more is sent; its criterion ends the request this step
+                    text, stopped = cut(tokenizer.decode(output.generated_tokens, skip_special_tokens=True), stop)
+                    # Hold back what may start a stop string, and an incomplete character.
+                    done = stopped or output.is_finished()
+                    safe = len(text) if done else len(text) - max((len(s) - 1 for s in stop), default=0)
+                    if text.endswith("\ufffd") and not done:
+                        safe = min(safe, len(text) - 1)
+                    if safe > len(sent):
+                        yield f"data: {json.dumps(chunk(text[len(sent) : safe], None))}\n\n"
+                        sent = text[:safe]
+                if output.is_finished():
+                    finished = True
+                    break
+            yield f"data: {json.dumps(chunk('', finish_reason(output, stopped) if output else 'stop'))}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            if not finished:
+                manager.cancel_request(rid)
 
     @app.get("/v1/models")
     async def models():

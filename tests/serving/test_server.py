@@ -26,7 +26,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(client, model, tokenizer): a tiny target and tokenizer served on a free localhost port."""
+    """(client, model, tokenizer, manager): a tiny target and tokenizer served on a free localhost port."""
     import uvicorn
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -49,7 +49,7 @@ def served(tmp_path_factory):
         time.sleep(0.05)
     assert server.started
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
-    yield client, model, tokenizer
+    yield client, model, tokenizer, manager
     server.should_exit = True
     thread.join(30)
     assert not manager.is_running()  # the app's lifespan stopped the manager
@@ -66,7 +66,7 @@ PROMPTS = ["def parse(path):\n    with open(path) as f:\n", "import json\n\nclas
 
 
 def test_completions_match_generate(served):
-    client, model, tokenizer = served
+    client, model, tokenizer, _ = served
     for prompt in PROMPTS:
         text, new = plain_text(model, tokenizer, tokenizer(prompt).input_ids, 20)
         out = client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0)
@@ -79,7 +79,7 @@ def test_completions_match_generate(served):
 
 
 def test_chat_completions_match_generate(served):
-    client, model, tokenizer = served
+    client, model, tokenizer, _ = served
     messages = [{"role": "user", "content": "write a parser"}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if not isinstance(ids, list) else ids
@@ -93,7 +93,7 @@ def test_chat_completions_match_generate(served):
 
 
 def test_stop_strings_are_cut(served):
-    client, model, tokenizer = served
+    client, model, tokenizer, _ = served
     prompt = PROMPTS[0]
     text, _ = plain_text(model, tokenizer, tokenizer(prompt).input_ids, 24)
     stop = text.strip()[2:4] if len(text.strip()) >= 4 else None
@@ -108,13 +108,13 @@ def test_stop_strings_are_cut(served):
 
 
 def test_sampling_requests_run(served):
-    client, _, _ = served
+    client, _, _, _ = served
     out = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=8, temperature=0.7, top_p=0.9)
     assert out.usage.completion_tokens >= 1
 
 
 def test_bad_requests_get_a_400_naming_the_problem(served):
-    client, _, _ = served
+    client, _, _, _ = served
     cases = [dict(model="tiny", prompt="x", max_tokens=4, n=2),
              dict(model="tiny", prompt="x", max_tokens=4, logprobs=2),
              dict(model="other", prompt="x", max_tokens=4),
@@ -131,3 +131,21 @@ def test_cli_help():
     out = subprocess.run([sys.executable, "-m", "hf_hybrid_spec.serving.server", "--help"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and "--assistant-config" in out.stdout and "--max-slots" in out.stdout
+
+
+def test_a_client_that_leaves_a_stream_frees_its_slot(served):
+    """Closing a stream early cancels its request: both slots are free again long before 200 tokens could come."""
+    client, model, tokenizer, manager = served
+    cancelled = manager.engine.stats.failed
+    for _ in range(2):  # as many streams as slots, each left after its first chunk
+        stream = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=200, temperature=0,
+                                           stream=True)
+        next(iter(stream))
+        stream.close()
+    deadline = time.time() + 10
+    while (manager.engine.running or manager.engine.stats.failed < cancelled + 2) and time.time() < deadline:
+        time.sleep(0.05)
+    assert manager.engine.running == 0 and manager.engine.stats.failed == cancelled + 2
+    text, _ = plain_text(model, tokenizer, tokenizer(PROMPTS[1]).input_ids, 12)
+    out = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=12, temperature=0)
+    assert out.choices[0].text == text
