@@ -191,7 +191,7 @@ def summarize(calls: list[Call]) -> dict:
 def make_manager(model, method: str, args, gen: GenerationConfig) -> ContinuousBatchingManager:
     serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens,
                             prefix_cache_bytes=0 if method in ("cb", "cb+spec-noreuse") else args.prefix_cache_mb << 20,
-                            speculation=method != "cb")
+                            speculation=method != "cb", prefill=args.prefill, prefill_chunk=args.prefill_chunk)
     return ContinuousBatchingManager(model, AssistantConfig(global_cache=False), serving, gen)
 
 
@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-slots", type=int, default=16)
     parser.add_argument("--max-total-tokens", type=int, default=4096)
     parser.add_argument("--prefix-cache-mb", type=int, default=1024)
+    parser.add_argument("--prefill", default="eager", choices=["eager", "chunked"],
+                        help="how our engine runs joining prompts (ServingConfig.prefill)")
+    parser.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens per step with --prefill chunked")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="bound on each run")
     parser.add_argument("--gate", type=int, default=4, help="prompts in the correctness gate")
     parser.add_argument("--allow-mismatch", action="store_true")
@@ -323,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
                            e["draft_seconds"], e["verify_seconds"], e["record_seconds"])
     result = {"bench": "serve", "model": args.model, "dtype": args.dtype, "device": str(model.device),
               "sessions": len(pieces), "calls": total_calls, "max_new_tokens": args.max_new_tokens,
-              "max_slots": args.max_slots, "gate": shares, "rows": rows}
+              "max_slots": args.max_slots, "prefill": args.prefill, "gate": shares, "rows": rows}
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@
 #   batch     batched speculation against stock batched decoding at B = 1..64 (the fixture; BATCH_MODEL=random:... for a
 #             random-weight model with the acceptance-controlled drafter; BATCH_SIZES to choose the batch sizes)
 #   serve     agentic sessions under Poisson arrivals: stock static AR one request at a time vs our continuous batching
-#             without and with speculation (and without prefix reuse); SERVE_RATES sessions per second
+#             without and with speculation (and without prefix reuse); SERVE_RATES sessions per second, SERVE_ARGS
+#             more bench flags (e.g. "--prefill chunked")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -66,7 +67,8 @@ case "${1:-}" in
         --max-total-tokens 1280 --gate 4
     [[ " ${SERVE_STAGES:-gate bench} " == *" bench "* ]] && TAILN=${TAILN:-18} CUTC=400 run "${SERVE_SECONDS:-540}" serve \
         python3 benchmarks/serve_bench.py --model "$M" --dtype bfloat16 --rates ${SERVE_RATES:-1 4 16} \
-        --max-new-tokens 128 --max-slots 16 --max-total-tokens 1280 --allow-mismatch --max-seconds 45 --out "$OUT/serve"
+        --max-new-tokens 128 --max-slots 16 --max-total-tokens 1280 --allow-mismatch --max-seconds 45 ${SERVE_ARGS:-} \
+        --out "$OUT/serve"
     true ;;
   mtp)
     # The trained checkpoint stays in out/mtp (ignored, kept on a warm machine between calls); its MTP shard comes back.

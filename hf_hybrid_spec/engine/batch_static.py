@@ -295,17 +295,27 @@ class BatchStaticBackend:
         self._lengths, self._roots = [0] * rows, [0] * rows
         self.slots = 1
 
-    def admit(self, slot: int, state: CommittedState) -> None:
-        """Row `slot` (not running) starts a sequence from `state`, its prompt's committed state without padding; it
+    def admit(self, slot: int, state: CommittedState | None) -> None:
+        """Row `slot` (not running) starts a sequence from `state`, its prompt's committed state without padding, or
+        from nothing (None: zero recurrent and conv states, no keys: its first tree's root is its first token); it
         runs from the next forward, last among the running rows."""
         if slot in self._rows:
             raise ValueError(f"slot {slot} is running")
-        import_committed(self.cache, state, row=slot)
+        if state is None:
+            for layer in self.cache.layers:
+                for states in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {})):
+                    for t in states.values():
+                        if t is not None:
+                            t[slot].zero_()
+            length = 0
+        else:
+            import_committed(self.cache, state, row=slot)
+            length = state.length
         self.runner.key_valid[slot].fill_(True)
-        self._lengths[slot] = self._roots[slot] = state.length
+        self._lengths[slot] = self._roots[slot] = length
         self._rows.append(slot)
-        self.valid.append(state.length)
-        self.slots = max(self.slots, state.length)
+        self.valid.append(length)
+        self.slots = max(self.slots, length)
 
     def export_row(self, row: int) -> CommittedState:
         """A copy of running row `row`'s committed state (its slot's first `valid` tokens)."""

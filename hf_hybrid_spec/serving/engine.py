@@ -50,7 +50,7 @@ from ..engine.rows import BatchRecorder
 from ..engine.static import DEFAULT_BUCKETS
 from ..forward import forward_tokens
 from ..models import get_adapter
-from ..tree import VerifyResult, VerifyTree, empty_draft
+from ..tree import DraftTree, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, make_verifier, row_processors
 from .prefix import PrefixHit, PrefixStore
 
@@ -70,6 +70,10 @@ class ServingConfig:
         prefix_cache_entries: the bound on the prefix store's entries.
         speculation: False runs every step as a plain decode step (continuous batching alone: a baseline).
         batch_prefill: requests that join together and extend no stored prefix share one (left-padded) prefill.
+        prefill: "eager": a joining request's prompt runs in a forward of its own (with `batch_prefill`, shared
+            with those joining at the same time) before it decodes; "chunked": it runs inside the steps, up to
+            `prefill_chunk` tokens per step as a chain in the request's row of the captured verify forward, beside
+            the other requests' trees (no forward of its own, nobody waits for it; not measured on a GPU yet).
     """
 
     max_slots: int = 8
@@ -78,11 +82,16 @@ class ServingConfig:
     prefix_cache_entries: int = 64
     speculation: bool = True
     batch_prefill: bool = True
+    prefill: str = "eager"
+    prefill_chunk: int = 64
 
     def __post_init__(self):
         if self.max_slots < 1 or self.max_total_tokens < 2:
             raise ValueError(f"ServingConfig needs max_slots >= 1 and max_total_tokens >= 2, got {self.max_slots}, "
                              f"{self.max_total_tokens}")
+        if self.prefill not in ("eager", "chunked") or self.prefill_chunk < 2:
+            raise ValueError(f"ServingConfig needs prefill 'eager' or 'chunked' and prefill_chunk >= 2, got "
+                             f"{self.prefill!r}, {self.prefill_chunk}")
 
 
 @dataclass
@@ -169,6 +178,7 @@ class _Active:
         self.row_processors = row_processors(processors, 0)
         self.raw_greedy = verifier.raw_greedy and not processors
         self.cached: list[int] = []  # the tokens the slot's cache has committed (for the prefix store)
+        self.pending: list[int] | None = None  # chunked prefill: prompt tokens not in the cache yet
         self.stats = SpecStats(prefill_tokens=len(request.input_ids))
 
     def ids(self) -> torch.Tensor:
@@ -224,8 +234,11 @@ class ServingEngine:
         self.node_budget = min(self.config.max_draft_tokens, self.config.max_verify_nodes)
         needed = next((b for b in self.config.compile_buckets if b >= self.node_budget + 1),
                       max(self.config.compile_buckets or DEFAULT_BUCKETS))
-        buckets = tuple(sorted({b for b in self.config.compile_buckets if b <= needed} | {1, 2, 4}))
-        self.node_budget = min(self.node_budget, max(buckets) - 1) if self.serving.speculation else 0
+        buckets = {b for b in self.config.compile_buckets if b <= needed} | {1, 2, 4}
+        if serving_config is not None and serving_config.prefill == "chunked":
+            buckets.add(serving_config.prefill_chunk)
+        buckets = tuple(sorted(buckets))
+        self.node_budget = min(self.node_budget, needed - 1) if self.serving.speculation else 0
         self.max_width = max(buckets)
         slots = self.serving.max_slots
         runner = BatchStaticRunner(model, slots, self.serving.max_total_tokens + self.max_width, buckets,
@@ -330,9 +343,11 @@ class ServingEngine:
             return updates
         slots = self.backend.running_slots
         actives = [self._active[s] for s in slots]
+        decoding = [row for row, a in enumerate(actives) if a.pending is None]
         t0 = time.perf_counter()
         drafts, failed = [], []
-        for slot, a in zip(slots, actives):
+        for row in decoding:
+            slot, a = slots[row], actives[row]
             try:
                 depth = min(self.config.max_depth, a.limit - a.length - 1)
                 drafts.append(propose(a.drafter, a.ids(), DraftBudget(max_nodes=self.node_budget, max_depth=depth),
@@ -340,18 +355,24 @@ class ServingEngine:
             except Exception as error:  # this request's drafter: it fails alone
                 failed.append((slot, f"drafter failed: {error!r}"))
                 drafts.append(empty_draft(1))
-        drafts = apply_budget(drafts, self._cost_model(), self.config, SpecStats(), self.backend.widths)
+        drafts = iter(apply_budget(drafts, self._cost_model(), self.config, SpecStats(), self.backend.widths))
+        # Rows still prefilling (chunked): their next prompt tokens as a chain, all committed.
+        chunk = self.serving.prefill_chunk
+        drafts = [next(drafts) if a.pending is None else _chain(a.pending[1:chunk]) for a in actives]
+        roots = [a.rec.host[0][-1] if a.pending is None else a.pending[0] for a in actives]
         t1 = time.perf_counter()
-        tree = batch_tree([a.rec.host[0][-1] for a in actives], drafts, self.backend.tree_device)
+        tree = batch_tree(roots, drafts, self.backend.tree_device)
         try:
             verified = self.backend.forward(tree)
         except Exception as error:
             self.backend.abort()
             logger.error("serving: the verify forward failed (%r); failing the running requests", error)
             return updates + self.fail_all(f"forward failed: {error!r}")
-        for a in actives:
-            a.drafter.overlap()
-        results = self._verify(tree, drafts, verified.logits, actives, failed, slots)
+        for row in decoding:
+            actives[row].drafter.overlap()
+        results = self._verify(tree, drafts, verified.logits, actives, failed, slots, decoding)
+        last = {row: verified.logits[row : row + 1, drafts[row].num_nodes].to(torch.float32)
+                for row, a in enumerate(actives) if a.pending is not None and len(a.pending) <= chunk}
         del verified
         self.backend.commit([r.path for r in results])
         t2 = time.perf_counter()
@@ -361,8 +382,23 @@ class ServingEngine:
         now = t2
         done = []
         bad = dict(failed)
-        for slot, a, draft, result in zip(slots, actives, drafts, results):
+        for row, (slot, a, draft, result) in enumerate(zip(slots, actives, drafts, results)):
             if slot in bad:
+                continue
+            if a.pending is not None:  # a prefill chunk went in
+                k = draft.num_nodes + 1
+                a.cached.extend(a.pending[:k])
+                a.pending = a.pending[k:] or None
+                if a.pending is None:
+                    try:
+                        self._first(a, last[row])
+                    except Exception as error:
+                        bad[slot] = f"failed to start: {error!r}"
+                        continue
+                    if a.finished:
+                        done.append(slot)
+                    elif a.request.streaming:
+                        updates.append(_snapshot(a.output))
                 continue
             a.cached.extend([a.rec.host[0][-1]] + [draft.host().tokens[j - 1] for j in result.path[1:]])
             try:
@@ -395,23 +431,38 @@ class ServingEngine:
         self.stats.record_seconds += time.perf_counter() - t2
         return updates
 
-    def _verify(self, tree: VerifyTree, drafts, logits, actives: list[_Active], failed: list, slots: list[int]):
-        """Each running request's result (root only for a request that failed this step: its slot commits nothing
-        that anyone keeps)."""
-        if all(a.raw_greedy for a in actives):
-            return verify_rows(tree, drafts, logits, [a.ids() for a in actives], actives[0].verifier,
-                               [None] * len(actives), True)
-        results = []
-        for row, (slot, a, draft) in enumerate(zip(slots, actives, drafts)):
+    def _verify(self, tree: VerifyTree, drafts, logits, actives: list[_Active], failed: list, slots: list[int],
+                decoding: list[int]) -> list[VerifyResult]:
+        """Each running request's result: a prefill chunk's whole chain; the verified path of a decoding request
+        (root only for one that failed this step: its slot commits nothing that anyone keeps)."""
+        results: list[VerifyResult | None] = [
+            None if a.pending is None else VerifyResult(path=list(range(d.num_nodes + 1)), tokens=torch.zeros(0),
+                                                        score_nodes=[], token_list=[])
+            for a, d in zip(actives, drafts)]
+        if not decoding:
+            return results
+        if all(actives[row].raw_greedy for row in decoding):
+            if len(decoding) < len(actives):
+                index = torch.tensor(decoding)
+                tree = VerifyTree(tokens=tree.tokens[index], parent=tree.parent[index])
+                logits = logits.index_select(0, index.to(logits.device))
+            found = verify_rows(tree, [drafts[row] for row in decoding], logits,
+                                [actives[row].ids() for row in decoding], actives[decoding[0]].verifier,
+                                [None] * len(decoding), True)
+            for row, result in zip(decoding, found):
+                results[row] = result
+            return results
+        for row in decoding:
+            slot, a, draft = slots[row], actives[row], drafts[row]
             n = draft.num_nodes + 1
             one = VerifyTree(tokens=tree.tokens[row : row + 1, :n], parent=tree.parent[row : row + 1, :n])
             try:
-                results += verify_rows(one, [draft], logits[row : row + 1, :n], [a.ids()], a.verifier,
-                                       [a.row_processors], a.raw_greedy)
+                results[row] = verify_rows(one, [draft], logits[row : row + 1, :n], [a.ids()], a.verifier,
+                                           [a.row_processors], a.raw_greedy)[0]
             except Exception as error:  # the request's processors
                 failed.append((slot, f"verification failed: {error!r}"))
-                results.append(VerifyResult(path=[0], tokens=torch.zeros(0, dtype=torch.long), score_nodes=[0],
-                                            token_list=[]))
+                results[row] = VerifyResult(path=[0], tokens=torch.zeros(0, dtype=torch.long), score_nodes=[0],
+                                            token_list=[])
         return results
 
     def _cost_model(self):
@@ -441,6 +492,15 @@ class ServingEngine:
             except Exception as error:  # a drafter that cannot be built for it
                 self._not_started(slot, output, error, updates)
         hits = {slot: self.prefixes.longest(a.request.input_ids) for slot, a in joining} if self.prefixes else {}
+        if self.serving.prefill == "chunked":  # the prompts run inside the next steps
+            for slot, a in joining:
+                hit = hits.get(slot)
+                start = 0 if hit is None else hit.length
+                self.backend.admit(slot, None if hit is None else hit.state)
+                a.pending, a.cached = list(a.request.input_ids[start:]), list(a.request.input_ids[:start])
+                a.output.reused_prefix_tokens = start
+                a.stats.prefill_tokens = len(a.request.input_ids) - start
+            return
         fresh = [(slot, a) for slot, a in joining if hits.get(slot) is None]
         groups = [[item] for item in joining if hits.get(item[0]) is not None]
         if len(fresh) > 1 and self.serving.batch_prefill:
@@ -583,6 +643,13 @@ class ServingEngine:
     def _fail_output(output: SpecGenerationOutput, error: str) -> SpecGenerationOutput:
         output.status, output.error = RequestStatus.FAILED, error
         return output
+
+
+def _chain(tokens: list[int]) -> DraftTree:
+    """`tokens` as a chain hanging off the root (a prefill chunk's tokens after its first)."""
+    if not tokens:
+        return empty_draft(1)
+    return DraftTree.from_lists(list(tokens), list(range(-1, len(tokens) - 1)))
 
 
 def _snapshot(output: SpecGenerationOutput) -> SpecGenerationOutput:

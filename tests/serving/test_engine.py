@@ -46,14 +46,17 @@ def greedy_config(**kw):
     return GenerationConfig(**{"do_sample": False, "eos_token_id": None, "pad_token_id": PAD, **kw})
 
 
+@pytest.mark.parametrize("prefill", ["eager", "chunked"])
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
-def test_generate_batch_matches_plain_generate_for_every_family(family):
+def test_generate_batch_matches_plain_generate_for_every_family(family, prefill):
     model = tiny_model(family)
     inputs = prompts(7)
     # Fewer slots than requests: requests join as others leave, in a slot order that is not the batch order. (The
-    # engine runs one code path: the batched static runner, with CUDA graphs on a GPU, eagerly here.)
+    # engine runs one code path: the batched static runner, with CUDA graphs on a GPU, eagerly here.) Chunked
+    # prefills of 5 tokens: prompts of 6-21 tokens go in over 2-5 steps, beside the other requests' trees.
     out = generate_batch(model, inputs, greedy_config(), H.AssistantConfig(global_cache=False),
-                         ServingConfig(max_slots=3, max_total_tokens=64), max_new_tokens=11)
+                         ServingConfig(max_slots=3, max_total_tokens=64, prefill=prefill, prefill_chunk=5),
+                         max_new_tokens=11)
     assert list(out) == [f"req_{i}" for i in range(7)]
     for i, ids in enumerate(inputs):
         result = out[f"req_{i}"]
@@ -95,14 +98,15 @@ def test_requests_with_their_own_lengths_and_settings():
     assert engine.running == 0 and engine.backend.running_slots == []
 
 
+@pytest.mark.parametrize("prefill", ["eager", "chunked"])
 @pytest.mark.parametrize("reuse", [True, False], ids=["prefix-reuse", "no-reuse"])
-def test_agent_turns_reuse_the_last_calls_state(reuse):
+def test_agent_turns_reuse_the_last_calls_state(reuse, prefill):
     """A session's next prompt is its last prompt, the reply and a tool result: with the prefix store its prefill runs
     only the new tokens, and the output is still plain generate's on the whole prompt."""
     model = tiny_model("qwen3_5_text")
     engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
-                           ServingConfig(max_slots=2, max_total_tokens=160, prefix_cache_bytes=(1 << 26) if reuse else 0),
-                           greedy_config())
+                           ServingConfig(max_slots=2, max_total_tokens=160, prefix_cache_bytes=(1 << 26) if reuse else 0,
+                                         prefill=prefill, prefill_chunk=4), greedy_config())
     sessions = prompts(2, seed=3)
     g = random.Random(0)
     last_lengths: list[int] = []  # each session's last prompt and reply
@@ -130,14 +134,16 @@ def test_agent_turns_reuse_the_last_calls_state(reuse):
 
 
 @pytest.mark.fixture
+@pytest.mark.parametrize("prefill", ["eager", "chunked"])
 @pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
-def test_fixture_sessions_match_plain_generate(name):
+def test_fixture_sessions_match_plain_generate(name, prefill):
     """Two agent turns of three code prompts on a trained fixture, two slots, prefix reuse on: every reply is plain
     greedy's on its whole prompt, and the second turn reuses the first's state."""
     model, tokenizer = load_fixture(name)
     texts = ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "import os\n\ndef list_files(path):\n"]
     sessions = [tokenizer(t).input_ids for t in texts]
-    engine = ServingEngine(model, H.AssistantConfig(), ServingConfig(max_slots=2, max_total_tokens=256),
+    engine = ServingEngine(model, H.AssistantConfig(), ServingConfig(max_slots=2, max_total_tokens=256,
+                                                                     prefill=prefill, prefill_chunk=16),
                            greedy_config(eos_token_id=tokenizer.eos_token_id))
     accepted = []
     for turn in range(2):
@@ -318,6 +324,8 @@ def test_unsupported_drafters_and_rules_say_so():
         ServingEngine(model, H.AssistantConfig(drafter="self_ssm"))
     with pytest.raises(ValueError, match="max_slots"):
         ServingConfig(max_slots=0)
+    with pytest.raises(ValueError, match="prefill"):
+        ServingConfig(prefill="lazy")
 
 
 def test_enable_makes_transformers_continuous_batching_entry_points_work():
