@@ -13,9 +13,11 @@ by writing its prompt's committed state into a free slot and leaves by freeing i
 verify forward over every slot (captured as CUDA graphs per tree width on a GPU; free slots commit nothing), with each
 running request's draft tree, acceptance and commit its own, under the batch-wide budget (`engine.budget`).
 
-A joining request's prompt runs alone on a one-row cache (its prefill), starting from the longest stored prefix
-(`PrefixStore`: the state an earlier request left behind when the new prompt extends it), and its committed state is
-copied into the slot. Requests fail alone: bad input at `add`, an error of its drafter, processors or stopping
+A joining request's prompt runs on a staging cache (its prefill; requests joining together without a stored prefix
+share one left-padded forward), starting from the longest stored prefix (`PrefixStore`: the state an earlier request
+left behind when the new prompt extends it), and its committed state is copied into the slot; or, with
+`ServingConfig(prefill="chunked")`, inside the steps, a chain of prompt tokens per step in its own row. Requests fail
+alone: bad input at `add`, an error of its drafter, processors or stopping
 criteria during a step free only its slot; an error of the forward itself fails every running request.
 """
 
