@@ -24,6 +24,7 @@ from transformers.utils import logging
 from .config import AssistantConfig
 from .drafters import Drafter, make_drafter
 from .engine import PROMPT_INPUTS, Request, SpecStats, SpeculativeDecoderOnlyOutput, decode, decode_batch
+from .engine.loop import multimodal_prompt
 from .forward import sdpa_without_cudnn
 from .kernels import use_backend
 from .models import get_adapter
@@ -140,15 +141,12 @@ def _check_batch(input_ids: torch.Tensor, generation_config: GenerationConfig, m
                              "of a batch needs padding_side='left', as stock generate does for decoder-only models")
         if bool((mask.sum(-1) == 0).any()):
             raise ValueError("a row of the batch is empty (its attention_mask is all zeros)")
-    position_ids = model_kwargs.get("position_ids")
     unsupported = {
         "output_scores / output_logits / output_attentions / output_hidden_states": bool(
             generation_config.return_dict_in_generate) and bool(
             generation_config.output_scores or generation_config.output_logits or generation_config.output_attentions
             or generation_config.output_hidden_states),
-        "multimodal inputs": any(model_kwargs.get(k) is not None and not (isinstance(model_kwargs[k], (dict, list, tuple))
-                                                                          and not model_kwargs[k])
-                                 for k in PROMPT_INPUTS) or (position_ids is not None and position_ids.ndim == 3),
+        "multimodal inputs": multimodal_prompt(model_kwargs),
     }
     bad = [name for name, flag in unsupported.items() if flag]
     if bad:

@@ -40,7 +40,7 @@ from .request import Request, propose
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["Request", "decode", "PROMPT_INPUTS", "continued_state"]
+__all__ = ["Request", "decode", "PROMPT_INPUTS", "continued_state", "multimodal_prompt"]
 
 # Inputs of a multimodal prompt, for its prefill only (as stock decoding drops them after the first forward):
 # transformers runs the vision encoder before decoding and passes its outputs as `mm_encoder_outputs`.
@@ -159,6 +159,16 @@ def decode(request: Request):
         hidden_states=rec.hidden_states, spec_stats=stats, **{CACHE_FIELD: backend.cache})
 
 
+def multimodal_prompt(model_kwargs: dict) -> bool:
+    """Whether a call's model inputs carry a multimodal prompt: a prompt input given (empty containers count as absent:
+    multimodal models pass e.g. mm_encoder_outputs={} for text-only prompts), or multimodal RoPE positions
+    [R, B, L]."""
+    given = any(model_kwargs.get(k) is not None and not (isinstance(model_kwargs[k], (dict, list, tuple))
+                                                         and not model_kwargs[k]) for k in PROMPT_INPUTS)
+    position_ids = model_kwargs.get("position_ids")
+    return given or (position_ids is not None and position_ids.ndim == 3)
+
+
 def continued_state(request: Request) -> CommittedState | None:
     """The committed state a call continues from: a copy of what `past_key_values` (or `cache`) holds when it is
     filled, else None. transformers' rule: the cache holds the prompt's first tokens, and the rest of `input_ids`
@@ -186,10 +196,7 @@ def continued_state(request: Request) -> CommittedState | None:
     mask = request.model_kwargs.get("attention_mask")
     if mask is not None and not bool(mask.bool().all()):
         raise NotImplementedError("continuing from a filled cache with padding in the attention mask is not supported")
-    unsupported = [k for k in PROMPT_INPUTS if request.model_kwargs.get(k) is not None and not (
-        isinstance(request.model_kwargs[k], (dict, list, tuple)) and not request.model_kwargs[k])]
-    if unsupported or (request.model_kwargs.get("position_ids") is not None
-                       and request.model_kwargs["position_ids"].ndim == 3):
+    if multimodal_prompt(request.model_kwargs):
         raise NotImplementedError("continuing from a filled cache with a multimodal prompt is not supported")
     return export_committed(past)
 
