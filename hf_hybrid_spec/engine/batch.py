@@ -34,7 +34,7 @@ from .rows import BatchRecorder
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["decode_batch", "measure_verify_cost", "batch_tree", "verify_rows", "apply_budget"]
+__all__ = ["decode_batch", "measure_verify_cost", "batch_tree", "verify_rows", "apply_budget", "batch_buckets"]
 
 # Widths (nodes per row, root included) at which the eager path's verify cost is measured; a static runner is
 # measured at its buckets.
@@ -159,13 +159,17 @@ def _backend(request: Request, layers: tuple[int, ...], node_budget: int):
         return BatchEagerBackend(model, layers)
     from .batch_static import BatchStaticBackend
 
-    # The buckets up to the first that holds a full row (node_budget drafts and the root): no larger tree can come.
-    # Plus narrow ones: with many rows a step of width 8 costs 8 tokens per row, where the budget often wants one
-    # (a plain decode step) or two.
-    needed = next((b for b in config.compile_buckets if b >= node_budget + 1), max(config.compile_buckets))
-    buckets = tuple(sorted({b for b in config.compile_buckets if b <= needed} | set(NARROW_BUCKETS)))
+    buckets = batch_buckets(config.compile_buckets, node_budget)
     static_length = request.generation_config.max_length + max(buckets)
     return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request)
+
+
+def batch_buckets(compile_buckets: tuple[int, ...], node_budget: int) -> tuple[int, ...]:
+    """The tree widths (root included) a batched static runner captures: the configured buckets up to the first that
+    holds a full row (`node_budget` drafts and the root; no larger tree can come), plus narrow ones: with many rows a
+    step of width 8 costs 8 tokens per row, where the budget often wants one (a plain decode step) or two."""
+    needed = next((b for b in compile_buckets if b >= node_budget + 1), max(compile_buckets))
+    return tuple(sorted({b for b in compile_buckets if b <= needed} | set(NARROW_BUCKETS)))
 
 
 def _has_eos_criterion(stopping) -> bool:

@@ -43,7 +43,7 @@ from transformers.utils import logging
 from ..cache import HybridTreeCache, export_committed, import_committed
 from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext, Drafter, make_drafter
-from ..engine.batch import apply_budget, batch_tree, measure_verify_cost, verify_rows
+from ..engine.batch import apply_budget, batch_buckets, batch_tree, measure_verify_cost, verify_rows
 from ..engine.batch_static import BatchStaticBackend, BatchStaticRunner
 from ..engine.budget import cached_cost
 from ..engine.outputs import SpecStats
@@ -234,13 +234,10 @@ class ServingEngine:
         self.serving = serving_config or ServingConfig()
         self.generation_config = generation_config or model.generation_config
         self.node_budget = min(self.config.max_draft_tokens, self.config.max_verify_nodes)
-        needed = next((b for b in self.config.compile_buckets if b >= self.node_budget + 1),
-                      max(self.config.compile_buckets or DEFAULT_BUCKETS))
-        buckets = {b for b in self.config.compile_buckets if b <= needed} | {1, 2, 4}
-        if serving_config is not None and serving_config.prefill == "chunked":
-            buckets.add(serving_config.prefill_chunk)
-        buckets = tuple(sorted(buckets))
-        self.node_budget = min(self.node_budget, needed - 1) if self.serving.speculation else 0
+        buckets = batch_buckets(self.config.compile_buckets or DEFAULT_BUCKETS, self.node_budget)
+        self.node_budget = min(self.node_budget, max(buckets) - 1) if self.serving.speculation else 0
+        if self.serving.prefill == "chunked":  # a prompt chunk per step needs its own width
+            buckets = tuple(sorted(set(buckets) | {self.serving.prefill_chunk}))
         self.max_width = max(buckets)
         slots = self.serving.max_slots
         runner = BatchStaticRunner(model, slots, self.serving.max_total_tokens + self.max_width, buckets,
