@@ -23,6 +23,7 @@ criteria during a step free only its slot; an error of the forward itself fails 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -232,6 +233,8 @@ class ServingEngine:
         finally:
             probe.release()
         self.serving = serving_config or ServingConfig()
+        head = model.get_output_embeddings()
+        self.vocab_size = head.weight.shape[0] if head is not None else model.config.get_text_config().vocab_size
         self.generation_config = generation_config or model.generation_config
         self.node_budget = min(self.config.max_draft_tokens, self.config.max_verify_nodes)
         buckets = batch_buckets(self.config.compile_buckets or DEFAULT_BUCKETS, self.node_budget)
@@ -299,8 +302,7 @@ class ServingEngine:
 
     def _check(self, request: ServingRequest) -> str | None:
         ids = request.input_ids
-        vocab = self.model.get_output_embeddings().weight.shape[0] if self.model.get_output_embeddings() is not None \
-            else self.model.config.get_text_config().vocab_size
+        vocab = self.vocab_size
         if request.request_id in self._ids:
             return f"request id {request.request_id!r} is already in use"
         if not ids:
@@ -653,12 +655,8 @@ def _chain(tokens: list[int]) -> DraftTree:
 
 def _snapshot(output: SpecGenerationOutput) -> SpecGenerationOutput:
     """A copy of a running request's output for a stream (the engine keeps appending to its own)."""
-    copy = SpecGenerationOutput(request_id=output.request_id, prompt_ids=output.prompt_ids,
-                                generated_tokens=list(output.generated_tokens), status=output.status,
-                                created_time=output.created_time, lifespan=output.lifespan,
-                                reused_prefix_tokens=output.reused_prefix_tokens)
-    copy.timestamps = None if output.timestamps is None else list(output.timestamps)
-    return copy
+    return dataclasses.replace(output, generated_tokens=list(output.generated_tokens),
+                               timestamps=None if output.timestamps is None else list(output.timestamps))
 
 
 def _processors(gen: GenerationConfig) -> LogitsProcessorList:
