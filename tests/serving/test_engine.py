@@ -42,6 +42,15 @@ def plain(model, ids, max_new_tokens, eos_token_id=None, **kw):
     return out[0, len(ids):].tolist()
 
 
+def drain(engine) -> dict:
+    """Step `engine` until it has no work; every output it reported, by request id (the last one of each)."""
+    outputs = {}
+    while engine.has_work:
+        for output in engine.step():
+            outputs[output.request_id] = output
+    return outputs
+
+
 def greedy_config(**kw):
     return GenerationConfig(**{"do_sample": False, "eos_token_id": None, "pad_token_id": PAD, **kw})
 
@@ -88,10 +97,7 @@ def test_requests_with_their_own_lengths_and_settings():
     lengths = [3, 17, 1, 9, 12]
     for i, (ids, n) in enumerate(zip(inputs, lengths)):
         assert engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=n)).status == RequestStatus.PENDING
-    done = {}
-    while engine.has_work:
-        for output in engine.step():
-            done[output.request_id] = output
+    done = drain(engine)
     for i, (ids, n) in enumerate(zip(inputs, lengths)):
         assert done[f"r{i}"].generated_tokens == plain(model, ids, n)
         assert done[f"r{i}"].spec_stats.target_forwards <= n
@@ -113,10 +119,7 @@ def test_agent_turns_reuse_the_last_calls_state(reuse, prefill):
     for turn in range(3):
         for s, ids in enumerate(sessions):
             engine.add(ServingRequest(f"s{s}t{turn}", ids, max_new_tokens=8))
-        outputs = {}
-        while engine.has_work:
-            for output in engine.step():
-                outputs[output.request_id] = output
+        outputs = drain(engine)
         for s, ids in enumerate(sessions):
             result = outputs[f"s{s}t{turn}"]
             assert result.generated_tokens == plain(model, ids, 8), (turn, s)
@@ -149,10 +152,7 @@ def test_fixture_sessions_match_plain_generate(name, prefill):
     for turn in range(2):
         for s, ids in enumerate(sessions):
             engine.add(ServingRequest(f"{s}/{turn}", ids, max_new_tokens=32))
-        outputs = {}
-        while engine.has_work:
-            for output in engine.step():
-                outputs[output.request_id] = output
+        outputs = drain(engine)
         for s, ids in enumerate(sessions):
             result = outputs[f"{s}/{turn}"]
             assert result.generated_tokens == plain(model, ids, 32, eos_token_id=tokenizer.eos_token_id), (s, turn)
@@ -205,10 +205,7 @@ def test_a_failing_request_fails_alone():
     engine.add(ServingRequest("ok2", inputs[2], max_new_tokens=10))
     engine.add(ServingRequest("ok3", inputs[3], max_new_tokens=10))
     assert engine.add(ServingRequest("ok3", inputs[3], max_new_tokens=10)).status == RequestStatus.FAILED  # dup id
-    done = {}
-    while engine.has_work:
-        for output in engine.step():
-            done[output.request_id] = output
+    done = drain(engine)
     assert done["boom"].status == RequestStatus.FAILED and "boom" in done["boom"].error
     for i in (0, 2, 3):
         assert done[f"ok{i}"].status == RequestStatus.FINISHED
@@ -227,10 +224,7 @@ def test_cancel_frees_the_slot():
     cancelled = engine.cancel("long")
     assert cancelled.status == RequestStatus.FAILED and cancelled.error == "cancelled"
     assert engine.cancel("nobody") is None
-    done = {}
-    while engine.has_work:
-        for output in engine.step():
-            done[output.request_id] = output
+    done = drain(engine)
     assert done["next"].generated_tokens == plain(model, inputs[1], 6)
 
 
