@@ -78,8 +78,10 @@ def process_tree_logits(
     if not processors:
         return scores
     out = torch.empty_like(scores)
-    # The tree may have been laid out on the host (static path): index on the scores' device.
+    # The tree may have been laid out on the host (static path), and the ids kept there (the serving engine's):
+    # index on the scores' device.
     device = scores.device
+    input_ids = input_ids.to(device)
     depth = tree.depth[0].to(device)
     # Node i's root path tokens (excluding the root, which input_ids already ends with), by depth group.
     anc = tree.ancestors[0].to(device)  # [N, N]
