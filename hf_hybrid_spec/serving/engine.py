@@ -176,7 +176,11 @@ class _Active:
         self.request, self.output, self.gen = request, output, gen
         self.drafter, self.verifier, self.processors = drafter, verifier, processors
         self.limit = limit  # the sequence's length limit (prompt + max new tokens)
-        self.rec = BatchRecorder(torch.tensor([request.input_ids], dtype=torch.long, device=device), stopping, True,
+        # The request's tokens stay on the host (a step's append is then no device work per request, and token
+        # drafters read them without a device read), unless a processor gathers the scores by them on the device.
+        on_device = any(isinstance(p, RepetitionPenaltyLogitsProcessor) for p in processors)
+        self.rec = BatchRecorder(torch.tensor([request.input_ids], dtype=torch.long,
+                                              device=device if on_device else "cpu"), stopping, True,
                                  gen.pad_token_id, limit)
         self.row_processors = row_processors(processors, 0)
         self.raw_greedy = verifier.raw_greedy and not processors

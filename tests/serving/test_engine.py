@@ -344,3 +344,20 @@ def test_enable_makes_transformers_continuous_batching_entry_points_work():
     finally:
         for name in ("generate", "generate_batch", "init_continuous_batching"):
             del model.__dict__[name]
+
+
+def test_per_request_processors_match_plain_generate():
+    """A request with a repetition penalty next to plain greedy ones: each as plain generate with its own settings."""
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(3, seed=9)
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=3, max_total_tokens=64),
+                           greedy_config())
+    engine.add(ServingRequest("penalty", inputs[0], max_new_tokens=10,
+                              generation_config=greedy_config(repetition_penalty=1.5)))
+    engine.add(ServingRequest("plain1", inputs[1], max_new_tokens=10))
+    engine.add(ServingRequest("plain2", inputs[2], max_new_tokens=10))
+    done = drain(engine)
+    assert done["penalty"].generated_tokens == plain(model, inputs[0], 10, repetition_penalty=1.5)
+    assert done["penalty"].generated_tokens != plain(model, inputs[0], 10)  # the penalty did change the reply
+    assert done["plain1"].generated_tokens == plain(model, inputs[1], 10)
+    assert done["plain2"].generated_tokens == plain(model, inputs[2], 10)
