@@ -188,30 +188,36 @@ def summarize(calls: list[Call]) -> dict:
             "failed": failed}
 
 
-def make_manager(model, method: str, args, gen: GenerationConfig) -> ContinuousBatchingManager:
+def make_manager(model, method: str, prefill: str, args, gen: GenerationConfig) -> ContinuousBatchingManager:
     serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens,
                             prefix_cache_bytes=0 if method in ("cb", "cb+spec-noreuse") else args.prefix_cache_mb << 20,
-                            speculation=method != "cb", prefill=args.prefill, prefill_chunk=args.prefill_chunk)
+                            speculation=method != "cb", prefill=prefill, prefill_chunk=args.prefill_chunk)
     return ContinuousBatchingManager(model, AssistantConfig(global_cache=False), serving, gen)
 
 
+def cb_runs(methods, modes) -> list[tuple[str, str, str]]:
+    """(label, method, prefill mode) of every CB run at a rate; the label names the mode when several are given."""
+    return [(m if len(modes) == 1 else f"{m}/{mode}", m, mode) for m in methods if m != "stock" for mode in modes]
+
+
 def gate(model, tokenizer, pieces, args, gen) -> dict:
-    """Greedy replies of each CB method on the first calls of a few sessions against plain generate."""
+    """Greedy replies of each CB method (in each prefill mode) on the first calls of a few sessions against plain
+    generate."""
     prompts = [p[0] for p in pieces[: args.gate]]
     refs = []
     for ids in prompts:
         t = torch.tensor([ids], device=model.device)
         refs.append(model.generate(t, attention_mask=torch.ones_like(t), generation_config=gen)[0, len(ids):].tolist())
     shares = {}
-    for method in METHODS[1:]:
-        manager = make_manager(model, method, args, gen)
+    for label, method, mode in cb_runs(METHODS[1:], args.prefill):
+        manager = make_manager(model, method, mode, args, gen)
         with manager:
             rids = [manager.add_request(ids, max_new_tokens=args.max_new_tokens) for ids in prompts]
             outs = [manager.get_result(rid, timeout=600) for rid in rids]
         same = [o is not None and o.generated_tokens == r for o, r in zip(outs, refs)]
-        shares[method] = sum(same) / len(same)
+        shares[label] = sum(same) / len(same)
         if not all(same) and not args.allow_mismatch:
-            raise SystemExit(f"gate failed: {method} differs from plain generate on {same.count(False)} of "
+            raise SystemExit(f"gate failed: {label} differs from plain generate on {same.count(False)} of "
                              f"{len(same)} prompts (pass --allow-mismatch in bf16)")
     return shares
 
@@ -246,8 +252,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-slots", type=int, default=16)
     parser.add_argument("--max-total-tokens", type=int, default=4096)
     parser.add_argument("--prefix-cache-mb", type=int, default=1024)
-    parser.add_argument("--prefill", default="eager", choices=["eager", "chunked"],
-                        help="how our engine runs joining prompts (ServingConfig.prefill)")
+    parser.add_argument("--prefill", nargs="+", default=["eager"], choices=["eager", "chunked"],
+                        help="how our engine runs joining prompts (ServingConfig.prefill); with both, every CB method "
+                             "runs in each mode, labelled method/mode")
     parser.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens per step with --prefill chunked")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="bound on each run")
     parser.add_argument("--gate", type=int, default=4, help="prompts in the correctness gate")
@@ -277,17 +284,19 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.no_warm_pass:
         # One untimed pass over every session first: the prefill kernels' Triton autotuning (per shape) and compiles
         # happen here, not inside whichever method runs first.
-        manager = make_manager(model, "cb+spec", args, gen)
-        with manager:
-            bar = tqdm(total=total_calls, desc="warm pass", unit="call", leave=False)
-            run_cb(manager, pieces, arrivals(len(pieces), max(args.rates), args.seed), args.max_new_tokens,
-                   args.max_seconds, bar)
-            bar.close()
+        for mode in args.prefill:
+            manager = make_manager(model, "cb+spec", mode, args, gen)
+            with manager:
+                bar = tqdm(total=total_calls, desc=f"warm pass ({mode})", unit="call", leave=False)
+                run_cb(manager, pieces, arrivals(len(pieces), max(args.rates), args.seed), args.max_new_tokens,
+                       args.max_seconds, bar)
+                bar.close()
     rows = []
     for rate in args.rates:
         times = arrivals(len(pieces), rate, args.seed)
-        for method in args.methods:
-            bar = tqdm(total=total_calls, desc=f"{method} @ {rate}/s", unit="call", leave=False)
+        runs = ([("stock", "stock", None)] if "stock" in args.methods else []) + cb_runs(args.methods, args.prefill)
+        for label, method, mode in runs:
+            bar = tqdm(total=total_calls, desc=f"{label} @ {rate}/s", unit="call", leave=False)
             if method == "stock":
                 # Several prompt lengths, with a streamer as timed: dynamo's dynamic shapes settle before timing.
                 warm = torch.tensor([max((p[0] for p in pieces), key=len)], device=model.device)
@@ -296,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict:
                                    cache_implementation="static", streamer=_Stamps())
                 calls = run_stock(model, tokenizer, pieces, times, args.max_new_tokens, args.max_seconds, bar)
             else:
-                manager = make_manager(model, method, args, gen)
+                manager = make_manager(model, method, mode, args, gen)
                 with manager:
                     warm = manager.add_request(pieces[0][0], max_new_tokens=args.max_new_tokens)  # captures, budget
                     manager.get_result(warm, timeout=600)
@@ -309,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict:
                               for f in dataclasses.fields(after)}
             bar.close()
             summary = summarize(calls)
-            rows.append({"method": method, "rate": rate, **summary, "complete": summary["calls"] == total_calls,
+            rows.append({"method": label, "rate": rate, **summary, "complete": summary["calls"] == total_calls,
                          **({"engine": engine} if method != "stock" else {})})
     cols = ("method", "rate", "calls", "failed", "ttft_p50", "ttft_p99", "follow_ttft_p50", "tpot_p50", "tpot_p99",
             "tokens_per_s", "accepted")

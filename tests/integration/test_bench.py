@@ -63,9 +63,10 @@ def test_serve_bench_dry_run_runs_every_method_behind_its_gate(tmp_path, capsys)
     tiny_target_with_tokenizer(tmp_path / "target")
     result = serve_bench.main(["--model", str(tmp_path / "target"), "--dtype", "float32", "--device", "cpu",
                                "--dry-run", "--max-total-tokens", "2048", "--max-slots", "4",
-                               "--out", str(tmp_path / "out")])
-    assert set(result["gate"].values()) == {1.0}
-    assert [r["method"] for r in result["rows"]] == list(serve_bench.METHODS)
+                               "--prefill", "eager", "chunked", "--out", str(tmp_path / "out")])
+    labels = ["stock"] + [f"{m}/{mode}" for m in serve_bench.METHODS[1:] for mode in ("eager", "chunked")]
+    assert set(result["gate"]) == set(labels[1:]) and set(result["gate"].values()) == {1.0}
+    assert [r["method"] for r in result["rows"]] == labels
     assert all(r["complete"] and r["failed"] == 0 for r in result["rows"])
     assert (tmp_path / "out" / "serve.png").exists()
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["bench"] == "serve"
