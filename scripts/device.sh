@@ -64,7 +64,7 @@ case "${1:-}" in
     # SERVE_STAGES="gate bench" by default (each stage fits one device call on its own).
     [[ " ${SERVE_STAGES:-gate bench} " == *" gate "* ]] && TAILN=4 run 240 serve_gate python3 benchmarks/serve_bench.py \
         --model "$M" --dtype float32 --sessions 4 --rates 8 --methods cb+spec --max-new-tokens 32 \
-        --max-total-tokens 1280 --gate 4
+        --max-total-tokens 1280 --gate 4 ${SERVE_ARGS:-}
     [[ " ${SERVE_STAGES:-gate bench} " == *" bench "* ]] && TAILN=${TAILN:-18} CUTC=400 run "${SERVE_SECONDS:-540}" serve \
         python3 benchmarks/serve_bench.py --model "$M" --dtype bfloat16 --rates ${SERVE_RATES:-1 4 16} \
         --max-new-tokens 128 --max-slots 16 --max-total-tokens 1280 --allow-mismatch --max-seconds 45 ${SERVE_ARGS:-} \
