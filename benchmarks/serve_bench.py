@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-slots", type=int, default=16)
     parser.add_argument("--max-total-tokens", type=int, default=4096)
     parser.add_argument("--prefix-cache-mb", type=int, default=1024)
-    parser.add_argument("--prefill", nargs="+", default=["eager"], choices=["eager", "chunked"],
+    parser.add_argument("--prefill", nargs="+", default=[ServingConfig.prefill], choices=["eager", "chunked"],
                         help="how our engine runs joining prompts (ServingConfig.prefill); with both, every CB method "
                              "runs in each mode, labelled method/mode")
     parser.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens per step with --prefill chunked")

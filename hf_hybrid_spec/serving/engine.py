@@ -73,10 +73,12 @@ class ServingConfig:
         prefix_cache_entries: the bound on the prefix store's entries.
         speculation: False runs every step as a plain decode step (continuous batching alone: a baseline).
         batch_prefill: requests that join together and extend no stored prefix share one (left-padded) prefill.
-        prefill: "eager": a joining request's prompt runs in a forward of its own (with `batch_prefill`, shared
-            with those joining at the same time) before it decodes; "chunked": it runs inside the steps, up to
-            `prefill_chunk` tokens per step as a chain in the request's row of the captured verify forward, beside
-            the other requests' trees (no forward of its own, nobody waits for it; not measured on a GPU yet).
+        prefill: "chunked" (the default): a joining request's prompt runs inside the steps, up to `prefill_chunk`
+            tokens per step as a chain in the request's row of the captured verify forward, beside the other
+            requests' trees (no forward of its own: the running requests never wait for it); "eager": it runs in a
+            forward of its own (with `batch_prefill`, shared with those joining at the same time) before it decodes
+            and the running requests wait (on the H200 3-15x longer time to first token and 2-10x longer time per
+            output token than "chunked" on the agentic suite, docs/benchmarks.md).
     """
 
     max_slots: int = 8
@@ -85,7 +87,7 @@ class ServingConfig:
     prefix_cache_entries: int = 64
     speculation: bool = True
     batch_prefill: bool = True
-    prefill: str = "eager"
+    prefill: str = "chunked"
     prefill_chunk: int = 64
 
     def __post_init__(self):
