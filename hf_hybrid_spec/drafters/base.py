@@ -170,6 +170,23 @@ class Drafter(ABC):
     def end(self, input_ids: torch.Tensor) -> None:
         """The request finished with `input_ids` [1, L]."""
 
+    def handoff(self, input_ids: torch.Tensor) -> object | None:
+        """In place of `end`: the request finished with `input_ids` [1, L], and what a later request whose prompt
+        extends these tokens may start from (`adopt`), given up by this drafter; None when it has nothing to hand on
+        (the default, which is `end`). The serving engine keeps it beside the prefix store's state (its size counted
+        through an `nbytes()` method where it has one)."""
+        self.end(input_ids)
+        return None
+
+    def adopt(self, state: object) -> None:
+        """Before `begin`: `state` is an earlier request's `handoff`, over tokens the coming prompt starts with (the
+        drafter checks that before it relies on it). Default: ignored."""
+
+    def prefeed(self, tokens: list[int]) -> None:
+        """Before `begin`: `tokens` are the coming prompt's first tokens, a prefix that grows from call to call (a
+        chunked prefill's chunks, while the device runs their forward), and a drafter may do `begin`'s work over
+        them ahead of time. `begin` still gets the whole prompt. Default: ignored."""
+
     def release(self) -> None:
         """Drop what this request holds (leased static storage, caches), without learning from it: called after
         `end`, and in its place when the request failed (the drafter's state may then be half-updated)."""

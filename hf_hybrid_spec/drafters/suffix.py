@@ -150,12 +150,15 @@ class SuffixTrie:
         count, total, kid_token, kid = self._count, self._total, self._kid_token, self._kid
         new = []
         append = new.append
-        # The hot loop of building a prompt's trie (`depth` node visits per token). An implicit active node is this
-        # sequence's suffix ending at the previous token (it occurred once: here), so its child is implicit too.
-        for depth, node in enumerate((0, *active[: self.depth - 1]), start=1):
+        # The hot loop of building a prompt's trie (up to `depth` node visits per token). An implicit active node is
+        # this sequence's suffix ending at the previous token (it occurred once: here), so its child is implicit too;
+        # and every longer suffix occurred at most as often, so the active nodes after the first implicit one are
+        # implicit as well: their children are all `here`, appended at once.
+        nodes = (0, *active[: self.depth - 1])
+        for depth, node in enumerate(nodes, start=1):
             if node < 0:
-                append(here)
-                continue
+                new.extend([here] * (len(nodes) - depth + 1))
+                break
             kt = kid_token[node]
             child = kid[node] if kt == token else (self._many[node].get(token) if kt == self._MANY else None)
             if child is None:
@@ -445,37 +448,79 @@ class SuffixDrafter(Drafter):
         self._global_active: list[int] = []
         self._seen = 0  # tokens of the request fed to the tries
         self._prompt_length = 0
+        self._ahead = False  # `local` holds tokens of the coming prompt (adopted or prefed) before `begin`
 
     # ------------------------------------------------------------------ request lifecycle
     def begin(self, input_ids: torch.Tensor, context=None, hidden=None) -> None:
         tokens = input_ids[0].tolist()
         self._prompt_length = len(tokens)
-        self.local, self._local_active, start = SuffixTrie(self.local.depth), [], 0
+        start = 0
         if self._global_args is not None:
             self.global_cache = global_suffix_cache(*self._global_args)
-            # An earlier request whose tokens this prompt repeats (an agent loop's previous call) hands over its trie.
-            taken = self.global_cache.take_trie(tokens)
-            if taken is not None:
-                self.local, start = taken
+        if self._ahead:  # a trie adopted or prefed over the prompt's first tokens (checked: they must be its start)
+            self._ahead = False
+            start = _common_prefix(self.local.sequence(0), array("i", tokens))
+            if start < len(self.local.sequence(0)):
+                self.local.truncate(0, start)
                 self._local_active = self.local.active_after(tokens[:start])
+        else:
+            self.local, self._local_active = SuffixTrie(self.local.depth), []
+            if self.global_cache is not None:
+                # An earlier request whose tokens this prompt repeats (an agent loop's previous call) hands over its
+                # trie.
+                taken = self.global_cache.take_trie(tokens)
+                if taken is not None:
+                    self.local, start = taken
+                    self._local_active = self.local.active_after(tokens[:start])
         for t in tokens[start:]:
             self._local_active = self.local.extend(self._local_active, t)
         if self.global_cache is not None:
             self._global_active = self.global_cache.trie.active_after(tokens)
         self._seen = len(tokens)
 
+    def adopt(self, state) -> None:
+        """Start from `state`, an earlier request's trie (`handoff`), instead of an empty one."""
+        if isinstance(state, SuffixTrie) and state.depth == self.local.depth:
+            self.local, self._ahead = state, True
+            self._local_active = state.active_after(state.sequence(0))
+
+    def prefeed(self, tokens: list[int]) -> None:
+        """Extend the trie with the tokens of `tokens` past those it holds (`begin` checks that they agree)."""
+        if not self._ahead:
+            self.local, self._local_active, self._ahead = SuffixTrie(self.local.depth), [], True
+        for t in tokens[len(self.local.sequence(0)) :]:
+            self._local_active = self.local.extend(self._local_active, t)
+
     def accept(self, input_ids, result, hidden=None) -> None:
         self._feed(committed_since(input_ids, self._seen, result))
 
     def end(self, input_ids: torch.Tensor) -> None:
-        if self.global_cache is not None:
-            tokens = input_ids[0].tolist()
-            if self._seen < len(tokens):
-                self._feed(tokens[self._seen :])
-            self.global_cache.add(tokens[self._prompt_length :])
-            self.global_cache.keep_trie(self.local)
-            # The trie is the cache's now: this drafter starts from an empty one if it begins again.
-            self.local, self._local_active, self._seen = SuffixTrie(self.local.depth), [], 0
+        trie = self._finish(input_ids)
+        if trie is not None:
+            self.global_cache.keep_trie(trie)
+
+    def handoff(self, input_ids: torch.Tensor) -> SuffixTrie:
+        """The request's trie over `input_ids` (prompt and output; its output also joins the process-wide trie, as
+        `end` does); this drafter starts from an empty one if it begins again."""
+        trie = self._finish(input_ids)
+        if trie is None:
+            trie, self.local, self._local_active, self._seen = self.local, SuffixTrie(self.local.depth), [], 0
+        return trie
+
+    def _finish(self, input_ids: torch.Tensor) -> SuffixTrie | None:
+        """The request's end: its last tokens into the trie, its output into the process-wide trie. Returns the
+        request trie, given up (None without a process-wide cache: the drafter keeps it)."""
+        if self.global_cache is None:
+            if self._seen < input_ids.shape[1]:
+                self._feed(input_ids[0, self._seen :].tolist())
+            return None
+        tokens = input_ids[0].tolist()
+        if self._seen < len(tokens):
+            self._feed(tokens[self._seen :])
+        self.global_cache.add(tokens[self._prompt_length :])
+        # The trie is the caller's now: this drafter starts from an empty one if it begins again.
+        trie, self.local, self._local_active, self._seen = self.local, SuffixTrie(self.local.depth), [], 0
+        return trie
 
     def _feed(self, tokens: list[int]) -> None:
         for t in tokens:

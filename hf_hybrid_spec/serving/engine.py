@@ -377,6 +377,12 @@ class ServingEngine:
             return updates + self.fail_all(f"forward failed: {error!r}")
         for row in decoding:
             actives[row].drafter.overlap()
+        for row, a in enumerate(actives):
+            if a.pending is not None:  # its drafter's begin, a chunk at a time, while the device runs the forward
+                try:
+                    a.drafter.prefeed(a.request.input_ids[: len(a.cached) + drafts[row].num_nodes + 1])
+                except Exception as error:
+                    failed.append((slots[row], f"drafter failed: {error!r}"))
         results = self._verify(tree, drafts, verified.logits, actives, failed, slots, decoding)
         last = {row: verified.logits[row : row + 1, drafts[row].num_nodes].to(torch.float32)
                 for row, a in enumerate(actives) if a.pending is not None and len(a.pending) <= chunk}
@@ -499,6 +505,9 @@ class ServingEngine:
             except Exception as error:  # a drafter that cannot be built for it
                 self._not_started(slot, output, error, updates)
         hits = {slot: self.prefixes.longest(a.request.input_ids) for slot, a in joining} if self.prefixes else {}
+        for slot, a in joining:
+            if hits.get(slot) is not None and hits[slot].carry is not None:
+                a.drafter.adopt(hits[slot].carry)
         if self.serving.prefill == "chunked":  # the prompts run inside the next steps
             for slot, a in joining:
                 hit = hits.get(slot)
@@ -629,9 +638,13 @@ class ServingEngine:
             self._ids.discard(a.request.request_id)
             try:
                 if failed is None:
-                    a.drafter.end(a.ids())
                     if self.prefixes is not None and len(a.cached) == self.backend._lengths[slot]:
-                        self.prefixes.put(a.cached, self.backend.export_row(running.index(slot)))
+                        # The drafter's state goes with the committed one (the suffix trie: the next call that
+                        # extends these tokens inserts only its new ones).
+                        carry = a.drafter.handoff(a.ids())
+                        self.prefixes.put(a.cached, self.backend.export_row(running.index(slot)), carry)
+                    else:
+                        a.drafter.end(a.ids())
             finally:
                 a.drafter.release()
             a.output.spec_stats = a.stats

@@ -449,6 +449,51 @@ def test_suffix_trie_truncate_leaves_the_trie_of_the_prefix():
     assert _trie_table(trie) == _trie_table(_request_trie(tokens[:30] + [3, 1, 2, 2, 0])[0])
 
 
+def test_suffix_drafter_adopts_and_prefeeds_the_trie_it_would_build():
+    """The serving engine's path: a request's trie handed off at its end, adopted by the next call and prefed its
+    prompt chunk by chunk, leaves `begin` with the trie and the drafts of a drafter that builds its own from the whole
+    prompt; an adopted trie the prompt diverges from is cut back to what they share; prefeeding alone works too."""
+    from hf_hybrid_spec.drafters import DraftBudget
+    from hf_hybrid_spec.tree import VerifyResult
+
+    def drafter():
+        return H.SuffixDrafter(use_global=False, max_match_length=8, max_depth=6)
+
+    g = torch.Generator().manual_seed(5)
+    prompt, output = torch.randint(0, 7, (1, 120), generator=g), torch.randint(0, 7, (1, 30), generator=g)
+    full = torch.cat([prompt, output], 1)
+    first = drafter()
+    first.begin(prompt)
+    first.accept(full, VerifyResult(path=[0], tokens=output[0], score_nodes=[0], token_list=output[0].tolist()))
+    carry = first.handoff(full)
+    assert carry.sequence(0).tolist() == full[0].tolist() and first.local is not carry
+    cases = {"extends": (torch.cat([full, torch.randint(0, 7, (1, 40), generator=g)], 1), carry),
+             "diverges": (torch.cat([full[:, :-3], torch.randint(0, 7, (1, 20), generator=g)], 1), carry),
+             "prefed only": (torch.randint(0, 7, (1, 90), generator=g), None)}
+    for name, (nxt, adopted) in cases.items():
+        taken = drafter()
+        if adopted is not None:
+            taken.adopt(adopted.copy())
+        for end in range(1, nxt.shape[1] + 1, 16):  # the chunks as they go in
+            taken.prefeed(nxt[0, :end].tolist())
+        taken.begin(nxt)
+        own = drafter()
+        own.begin(nxt)
+        assert _trie_table(taken.local) == _trie_table(own.local), name
+        ids = nxt
+        for _ in range(3):
+            drafts = [d.propose(ids, DraftBudget(max_nodes=16, max_depth=6)) for d in (taken, own)]
+            assert drafts[0].tokens.tolist() == drafts[1].tokens.tolist(), name
+            assert drafts[0].parents.tolist() == drafts[1].parents.tolist(), name
+            new = torch.randint(0, 7, (2,), generator=g)
+            ids = torch.cat([ids, new.view(1, -1)], 1)
+            for d in (taken, own):
+                d.accept(ids, VerifyResult(path=[0], tokens=new, score_nodes=[0], token_list=new.tolist()))
+        assert drafts[0].num_nodes > 0, name  # the comparison compared something
+    # A drafter without a state to hand on ends as before and hands nothing.
+    assert H.NgramDrafter().handoff(full) is None
+
+
 def test_suffix_drafter_takes_over_the_trie_of_an_earlier_call():
     """The next call of an agent loop (its prompt repeats the earlier prompt and output, then diverges at the
     boundary) takes over the earlier request's trie: same trie, same drafts as a drafter that builds its own."""

@@ -106,7 +106,7 @@ def test_requests_with_their_own_lengths_and_settings():
 
 @pytest.mark.parametrize("prefill", ["eager", "chunked"])
 @pytest.mark.parametrize("reuse", [True, False], ids=["prefix-reuse", "no-reuse"])
-def test_agent_turns_reuse_the_last_calls_state(reuse, prefill):
+def test_agent_turns_reuse_the_last_calls_state(reuse, prefill, adopted):
     """A session's next prompt is its last prompt, the reply and a tool result: with the prefix store its prefill runs
     only the new tokens, and the output is still plain generate's on the whole prompt."""
     model = tiny_model("qwen3_5_text")
@@ -134,6 +134,23 @@ def test_agent_turns_reuse_the_last_calls_state(reuse, prefill):
                     for s, ids in enumerate(sessions)]
     if reuse:
         assert engine.prefixes.hits == 4
+        # Each follow-up's drafter started from the trie its session's last call handed off (not a rebuild).
+        assert adopted == [True] * 4
+
+
+@pytest.fixture
+def adopted(monkeypatch):
+    """The tries suffix drafters adopt, as a list of `isinstance(state, SuffixTrie)` per call."""
+    from hf_hybrid_spec.drafters.suffix import SuffixDrafter, SuffixTrie
+
+    calls, adopt = [], SuffixDrafter.adopt
+
+    def spy(self, state):
+        calls.append(isinstance(state, SuffixTrie))
+        adopt(self, state)
+
+    monkeypatch.setattr(SuffixDrafter, "adopt", spy)
+    return calls
 
 
 @pytest.mark.fixture
@@ -175,6 +192,12 @@ def test_prefix_store_bounds_and_lookup():
     assert hit.length == 5
     assert store.longest([1, 2, 3, 4, 5]).length == 3  # a key equal to the prompt leaves nothing to run: not used
     assert store.longest([9, 1, 2, 3]) is None
+    # A drafter's carry counts toward the bytes and goes to the first hit only; the state stays for later hits.
+    carry = type("Carry", (), {"nbytes": lambda self: 7})()
+    before = store.nbytes
+    assert store.put([5, 6, 7], state(3), carry) and store.nbytes == before + state(3).nbytes + 7
+    assert store.longest([5, 6, 7, 8]).carry is carry and store.nbytes == before + state(3).nbytes
+    assert store.longest([5, 6, 7, 8]).carry is None
     assert not store.put(list(range(30)), state(30))  # over the byte bound on its own
     for n in range(6, 12):
         store.put(list(range(n)), state(n))
