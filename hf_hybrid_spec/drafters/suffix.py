@@ -495,30 +495,26 @@ class SuffixDrafter(Drafter):
         self._feed(committed_since(input_ids, self._seen, result))
 
     def end(self, input_ids: torch.Tensor) -> None:
-        trie = self._finish(input_ids)
-        if trie is not None:
-            self.global_cache.keep_trie(trie)
+        if self.global_cache is not None:
+            self._finish(input_ids)
+            self.global_cache.keep_trie(self._give_up())
 
     def handoff(self, input_ids: torch.Tensor) -> SuffixTrie:
         """The request's trie over `input_ids` (prompt and output; its output also joins the process-wide trie, as
         `end` does); this drafter starts from an empty one if it begins again."""
-        trie = self._finish(input_ids)
-        if trie is None:
-            trie, self.local, self._local_active, self._seen = self.local, SuffixTrie(self.local.depth), [], 0
-        return trie
+        self._finish(input_ids)
+        return self._give_up()
 
-    def _finish(self, input_ids: torch.Tensor) -> SuffixTrie | None:
-        """The request's end: its last tokens into the trie, its output into the process-wide trie. Returns the
-        request trie, given up (None without a process-wide cache: the drafter keeps it)."""
-        if self.global_cache is None:
-            if self._seen < input_ids.shape[1]:
-                self._feed(input_ids[0, self._seen :].tolist())
-            return None
+    def _finish(self, input_ids: torch.Tensor) -> None:
+        """The request's last tokens into its trie, its output into the process-wide trie."""
         tokens = input_ids[0].tolist()
         if self._seen < len(tokens):
             self._feed(tokens[self._seen :])
-        self.global_cache.add(tokens[self._prompt_length :])
-        # The trie is the caller's now: this drafter starts from an empty one if it begins again.
+        if self.global_cache is not None:
+            self.global_cache.add(tokens[self._prompt_length :])
+
+    def _give_up(self) -> SuffixTrie:
+        """The request trie, now the caller's: this drafter starts from an empty one if it begins again."""
         trie, self.local, self._local_active, self._seen = self.local, SuffixTrie(self.local.depth), [], 0
         return trie
 

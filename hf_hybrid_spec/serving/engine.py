@@ -77,8 +77,8 @@ class ServingConfig:
             tokens per step as a chain in the request's row of the captured verify forward, beside the other
             requests' trees (no forward of its own: the running requests never wait for it); "eager": it runs in a
             forward of its own (with `batch_prefill`, shared with those joining at the same time) before it decodes
-            and the running requests wait (on the H200 3-15x longer time to first token and 2-10x longer time per
-            output token than "chunked" on the agentic suite, docs/benchmarks.md).
+            and the running requests wait (slower on the H200 in both time to first token and time per output
+            token: docs/benchmarks.md).
     """
 
     max_slots: int = 8
@@ -505,9 +505,13 @@ class ServingEngine:
             except Exception as error:  # a drafter that cannot be built for it
                 self._not_started(slot, output, error, updates)
         hits = {slot: self.prefixes.longest(a.request.input_ids) for slot, a in joining} if self.prefixes else {}
-        for slot, a in joining:
+        for slot, a in list(joining):
             if hits.get(slot) is not None and hits[slot].carry is not None:
-                a.drafter.adopt(hits[slot].carry)
+                try:
+                    a.drafter.adopt(hits[slot].carry)
+                except Exception as error:  # its drafter: it fails alone, before its slot holds anything
+                    joining.remove((slot, a))
+                    self._not_started(slot, a.output, error, updates)
         if self.serving.prefill == "chunked":  # the prompts run inside the next steps
             for slot, a in joining:
                 hit = hits.get(slot)
