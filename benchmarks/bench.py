@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -132,14 +133,18 @@ def encode_prompts(tokenizer, n: int, device, vocab_size: int, prompt_tokens: in
             out.append(base.view(1, -1).to(device))
         return out
     texts = code_prompts()
-    texts = (texts * (n // len(texts) + 1))[:n]
     encoded = []
-    for text in texts:
+    for i in range(n):
+        text = texts[i % len(texts)]
         ids = tokenizer(text, return_tensors="pt").input_ids
         if prompt_tokens is not None and ids.shape[1] < prompt_tokens:
-            # Pad a short prompt to the requested length with other prompts (as context, ahead of it).
-            pool = tokenizer("\n\n".join(code_prompts()), return_tensors="pt").input_ids
-            ids = torch.cat([pool[:, : prompt_tokens - ids.shape[1]], ids], dim=1)
+            # Context ahead of a short prompt: the other prompts, whole and in turn, as earlier code of the same file
+            # (so the prompt itself and every line before it stay intact; only the far end is cut).
+            # Past the first len(texts) rows the other prompts come in another (seeded) order, so no two rows repeat.
+            others = [texts[(i + j) % len(texts)] for j in range(1, len(texts))]
+            if i >= len(texts):
+                random.Random(i // len(texts)).shuffle(others)
+            ids = tokenizer("\n\n".join(others + [text]), return_tensors="pt").input_ids
         if prompt_tokens is not None:
             # Exactly `prompt_tokens` (the end of a longer prompt): stock static+compile builds a cache per prompt
             # length and recompiles for a new one, which a steady-state comparison must not time.

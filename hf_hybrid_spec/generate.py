@@ -22,7 +22,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.utils import logging
 
 from .config import AssistantConfig
-from .drafters import Drafter, make_drafter
+from .drafters import Drafter, PerRowDrafters, make_batch_drafter, make_drafter
 from .engine import PROMPT_INPUTS, Request, SpecStats, SpeculativeDecoderOnlyOutput, decode, decode_batch
 from .engine.loop import multimodal_prompt
 from .forward import sdpa_without_cudnn
@@ -232,20 +232,29 @@ def speculative_generate(
     # The drafter is built inside too: HVD profiles draft and verify costs there, with the same attention backends.
     with use_backend(config.kernel_backend), sdpa_without_cudnn():
         drafters = given
+        batch_drafter = None
         try:
-            # A batch's drafters draft eagerly (one static EAGLE store per row would capture graphs per row).
-            row_config = config if rows == 1 else config.replace(compile=False, compile_drafter=False)
-            while len(drafters) < rows:
-                drafters.append(make_drafter(row_config, model, draft_model))
-                _check_per_row(drafters[-1], rows)
-            for d in drafters:
-                _check_per_row(d, rows)
+            if rows > 1 and not given:  # one drafter for every row where the drafter has a batched form (EAGLE)
+                batch_drafter = make_batch_drafter(config, model, draft_model, rows)
+            if batch_drafter is None:
+                # A batch's per-row drafters draft eagerly (one static store per row would capture graphs per row).
+                row_config = config if rows == 1 else config.replace(compile=False, compile_drafter=False)
+                while len(drafters) < rows:
+                    drafters.append(make_drafter(row_config, model, draft_model))
+                    _check_per_row(drafters[-1], rows)
+                for d in drafters:
+                    _check_per_row(d, rows)
+                if rows > 1:
+                    batch_drafter = PerRowDrafters(drafters)
             request = Request(model, adapter, input_ids, logits_processor, stopping_criteria, generation_config,
-                              streamer, config, drafters[0], model_kwargs, row_drafters=drafters if rows > 1 else None)
+                              streamer, config, drafters[0] if rows == 1 else None, model_kwargs,
+                              batch_drafter=batch_drafter)
             return decode_batch(request) if rows > 1 else decode(request)
         finally:
             for d in drafters:
                 d.release()
+            if batch_drafter is not None and not drafters:
+                batch_drafter.release()
 
 
 # ---------------------------------------------------------------------- enable()

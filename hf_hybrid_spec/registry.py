@@ -28,6 +28,9 @@ __all__ = ["Registry", "DRAFTERS", "VERIFICATIONS", "register_drafter", "registe
 class _Entry:
     factory: Callable | str  # a callable, or "module:function" imported on first use
     takes_draft_model: bool = False  # drafters: whether `draft_model=` is this drafter's input
+    # drafters: `factory(config, target, draft_model, rows) -> BatchDrafter` for a batch of `rows`, when the drafter
+    # has a batched form (one drafter for all rows); None: a batch gets one drafter per row.
+    batch_factory: Callable | str | None = None
 
 
 class Registry:
@@ -39,16 +42,19 @@ class Registry:
         self._lock = threading.Lock()
 
     def register(self, name: str, factory: Callable | str, *, takes_draft_model: bool = False,
-                 replace: bool = False) -> None:
+                 batch_factory: Callable | str | None = None, replace: bool = False) -> None:
         """Register `factory` under `name`; `replace=True` to override an earlier registration."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
-        if not (callable(factory) or (isinstance(factory, str) and ":" in factory)):
-            raise ValueError(f"a {self.kind} factory must be a callable or 'module:function', got {factory!r}")
+        for f in (factory, batch_factory):
+            if f is not None and not (callable(f) or (isinstance(f, str) and ":" in f)):
+                raise ValueError(f"a {self.kind} factory must be a callable or 'module:function', got {f!r}")
+        if factory is None:
+            raise ValueError(f"a {self.kind} factory must be a callable or 'module:function', got None")
         with self._lock:
             if name in self._entries and not replace:
                 raise ValueError(f"{self.kind} {name!r} is already registered (pass replace=True to override it)")
-            self._entries[name] = _Entry(factory, takes_draft_model)
+            self._entries[name] = _Entry(factory, takes_draft_model, batch_factory)
 
     def unregister(self, name: str) -> None:
         with self._lock:
@@ -66,10 +72,15 @@ class Registry:
     def get(self, name: str) -> Callable:
         """The factory registered as `name` (imported now if it was named by a string)."""
         entry = self._entry(name)
-        if isinstance(entry.factory, str):
-            module, function = entry.factory.split(":")
-            entry.factory = getattr(importlib.import_module(module), function)
+        entry.factory = _load(entry.factory)
         return entry.factory
+
+    def get_batch(self, name: str) -> Callable | None:
+        """The batch factory registered with `name` (imported now), or None when it has none."""
+        entry = self._entry(name)
+        if entry.batch_factory is not None:
+            entry.batch_factory = _load(entry.batch_factory)
+        return entry.batch_factory
 
     def _entry(self, name: str) -> _Entry:
         entry = self._entries.get(name)
@@ -78,14 +89,23 @@ class Registry:
         return entry
 
 
+def _load(factory: Callable | str) -> Callable:
+    if isinstance(factory, str):
+        module, function = factory.split(":")
+        return getattr(importlib.import_module(module), function)
+    return factory
+
+
 DRAFTERS = Registry("drafter")
 VERIFICATIONS = Registry("verification")
 
 
 def register_drafter(name: str, factory: Callable | str, *, takes_draft_model: bool = False,
-                     replace: bool = False) -> None:
-    """Register a drafter: `factory(config, target, draft_model) -> Drafter` (see the module docstring)."""
-    DRAFTERS.register(name, factory, takes_draft_model=takes_draft_model, replace=replace)
+                     batch_factory: Callable | str | None = None, replace: bool = False) -> None:
+    """Register a drafter: `factory(config, target, draft_model) -> Drafter` (see the module docstring), and where it
+    has a batched form `batch_factory(config, target, draft_model, rows) -> drafters.BatchDrafter`."""
+    DRAFTERS.register(name, factory, takes_draft_model=takes_draft_model, batch_factory=batch_factory,
+                      replace=replace)
 
 
 def register_verification(name: str, factory: Callable | str, *, replace: bool = False) -> None:
@@ -97,7 +117,8 @@ def register_verification(name: str, factory: Callable | str, *, replace: bool =
 register_drafter("suffix", "hf_hybrid_spec.drafters.suffix:from_config")
 register_drafter("ngram", "hf_hybrid_spec.drafters.ngram:from_config")
 register_drafter("model", "hf_hybrid_spec.drafters.model:from_config", takes_draft_model=True)
-register_drafter("eagle", "hf_hybrid_spec.eagle.drafter:from_config", takes_draft_model=True)
+register_drafter("eagle", "hf_hybrid_spec.eagle.drafter:from_config", takes_draft_model=True,
+                 batch_factory="hf_hybrid_spec.eagle.batch:from_config")
 register_drafter("mtp", "hf_hybrid_spec.mtp.drafter:from_config", takes_draft_model=True)
 register_drafter("self_ssm", "hf_hybrid_spec.drafters.self_spec:self_ssm_from_config")
 register_drafter("layerskip", "hf_hybrid_spec.drafters.self_spec:layerskip_from_config")

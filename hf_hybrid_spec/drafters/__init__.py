@@ -12,7 +12,8 @@ from torch import nn
 
 from ..config import AssistantConfig
 from ..registry import DRAFTERS
-from .base import DraftBudget, DraftContext, Drafter, HistoryHidden, TargetHidden, check_top_k
+from .base import DraftBudget, DraftContext, Drafter, HistoryHidden, TargetHidden, check_top_k, propose_within
+from .batch import BatchDrafter, BatchHidden, PerRowDrafters
 from .model import ModelDrafter, check_same_vocabulary
 from .ngram import NgramDrafter
 from .self_spec import LayerSkipDrafter, SelfSSMDrafter
@@ -20,6 +21,10 @@ from .suffix import SuffixDrafter, clear_global_suffix_cache
 
 __all__ = [
     "Drafter",
+    "BatchDrafter",
+    "BatchHidden",
+    "PerRowDrafters",
+    "propose_within",
     "DraftBudget",
     "DraftContext",
     "HistoryHidden",
@@ -30,6 +35,7 @@ __all__ = [
     "SelfSSMDrafter",
     "LayerSkipDrafter",
     "make_drafter",
+    "make_batch_drafter",
     "check_top_k",
     "check_same_vocabulary",
     "clear_global_suffix_cache",
@@ -47,4 +53,18 @@ def make_drafter(config: AssistantConfig, target: nn.Module, draft_model: nn.Mod
     drafter = DRAFTERS.get(name)(config, target, draft_model)
     if not isinstance(drafter, Drafter):
         raise TypeError(f"the factory of drafter {name!r} returned {type(drafter).__name__}, not a Drafter")
+    return drafter
+
+
+def make_batch_drafter(config: AssistantConfig, target: nn.Module, draft_model: nn.Module | None,
+                       rows: int) -> BatchDrafter | None:
+    """The batched form of the drafter `config.drafter` names, for a batch of `rows` on `target` (one drafter for
+    every row), or None where it has none (the batch then gets one `make_drafter` per row)."""
+    factory = DRAFTERS.get_batch(config.drafter)
+    if factory is None:
+        return None
+    drafter = factory(config, target, draft_model, rows)
+    if not isinstance(drafter, BatchDrafter):
+        raise TypeError(f"the batch factory of drafter {config.drafter!r} returned {type(drafter).__name__}, not a "
+                        "BatchDrafter")
     return drafter

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..tree import DraftTree, VerifyResult
+from ..tree import DraftTree, VerifyResult, empty_draft
 
 if TYPE_CHECKING:
     from torch import nn
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from ..cache import HybridTreeCache
     from ..models import ModelAdapter
 
-__all__ = ["Drafter", "DraftBudget", "DraftContext", "HistoryHidden", "TargetHidden", "check_top_k", "committed_since"]
+__all__ = ["Drafter", "DraftBudget", "DraftContext", "HistoryHidden", "TargetHidden", "check_top_k", "committed_since",
+           "propose_within"]
 
 
 @dataclass
@@ -190,3 +191,19 @@ class Drafter(ABC):
     def release(self) -> None:
         """Drop what this request holds (leased static storage, caches), without learning from it: called after
         `end`, and in its place when the request failed (the drafter's state may then be half-updated)."""
+
+
+def propose_within(drafter: Drafter, ids: torch.Tensor, budget: DraftBudget, ask_empty: bool = False) -> DraftTree:
+    """`drafter`'s proposal for `ids` [1, L] cut to `budget` (an empty draft where nothing can be drafted). With
+    `ask_empty` the drafter is asked even where the budget leaves no depth (a rule that reads the draft's own choice
+    after the root)."""
+    if budget.max_depth <= 0 and not ask_empty:
+        return empty_draft(1, "cpu")
+    draft = drafter.propose(ids, budget)
+    if draft is None or (draft.num_nodes == 0 and draft.next_probs is None):
+        return empty_draft(1, "cpu")
+    if not drafter.respects_budget:  # a depth walk per step that budget-keeping drafters do not need
+        draft = draft.truncate_depth(budget.max_depth)
+    if draft.num_nodes > budget.max_nodes:
+        draft = draft.select(torch.arange(budget.max_nodes, device=draft.tokens.device))
+    return draft

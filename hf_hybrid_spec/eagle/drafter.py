@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..drafters.base import DraftBudget, DraftContext, TargetHidden
-from ..drafters.expansion import host_draft
+from ..drafters.expansion import host_draft, host_drafts
 from ..drafters.hidden_steps import HiddenStepDrafter
 from ..tree import DraftTree, empty_draft
 from .modeling import EagleDrafter
@@ -108,7 +108,8 @@ class EagleTreeDrafter(HiddenStepDrafter):
             depths = torch.arange(self.steps, self.steps + budget.max_depth - 1, device=self.last_logp.device)
             tables = self.model.rotary_tables(depths.view(1, -1), self.last_hidden.dtype)
             cands = expand_tree(self.model, self.top_k, budget.max_nodes, budget.max_depth, self.last_hidden,
-                                self.last_logp, self.keys, self.values, None, tables)
+                                self.last_logp.unsqueeze(0), self.keys, self.values, None, tables)
+            return host_drafts(cands, "eagle")[0]
         return host_draft(cands, "eagle")
 
 

@@ -21,8 +21,13 @@ compile error falls back to the unfused graph with a warning (drafting never dec
 graphs (CPU) the compiled passes run as they are (qwen3_5-small's drafter on this project's CPU: 15.8 -> 12.3 ms per
 60-node tree, 8.0 -> 5.3 ms per chain).
 
-One `StaticEagleTree` per (EagleDrafter, top-k, device) is kept and reused by later requests (their graphs point at
-its buffers); a request longer than its capacity replaces it.
+With `rows=R` the storage holds R rows of a batch (`eagle.batch.BatchEagleDrafter`): one expansion grows every
+row's tree, one accept pass takes every row's committed steps (each row its own count, padded to the longest; a
+row's padding steps land past its committed ones, masked, and are overwritten by its next accept), so a batch costs
+the launches of one request.
+
+One `StaticEagleTree` per (EagleDrafter, top-k, rows, device) is kept and reused by later requests (their graphs
+point at its buffers); a request longer than its capacity replaces it.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class StaticEagleTree(Leased):
         use_graphs: capture CUDA graphs (default: when the drafter is on CUDA).
         fuse: compile the expansion and the accept pass with Inductor (captured afterwards with graphs; on CPU the
             compiled passes run as they are).
+        rows: batch rows held side by side (1: one request, `advance` / `draft`; more: `advance_rows` / `draft_rows`).
     """
 
     MAX_GRAPHS = 4  # draft budgets captured; others (a request's last few steps, mostly) run eagerly
@@ -62,10 +68,10 @@ class StaticEagleTree(Leased):
     MAX_KEPT_CAPACITY = 16_384  # storage longer than this (one huge request) is not kept for later requests
 
     def __init__(self, model: EagleDrafter, top_k: int, capacity: int, use_graphs: bool | None = None,
-                 fuse: bool = False):
+                 fuse: bool = False, rows: int = 1):
         c = model.config
         weight = model.fc.weight
-        self.model, self.top_k, self.capacity = model, top_k, capacity
+        self.model, self.top_k, self.capacity, self.rows = model, top_k, capacity, rows
         self.device, self.dtype = weight.device, weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.fuse = fuse
@@ -73,15 +79,24 @@ class StaticEagleTree(Leased):
         # pass's count is dynamic (one compile serves counts 2 .. MAX_ADVANCE).
         self._fused_expand = self._fused_advance = None
         self._fused_budgets: set[tuple[int, int]] = set()
-        self.keys = torch.zeros(1, c.num_key_value_heads, capacity, c.head_dim, dtype=self.dtype, device=self.device)
+        # A batch's accept pass writes up to MAX_ADVANCE - 1 padding steps past a row's committed ones.
+        self.slots = capacity + (self.MAX_ADVANCE if rows > 1 else 0)
+        self.keys = torch.zeros(rows, c.num_key_value_heads, self.slots, c.head_dim, dtype=self.dtype,
+                                device=self.device)
         self.values = torch.zeros_like(self.keys)
-        # Inputs of a draft, written before each run / replay.
-        self.steps = torch.zeros(1, dtype=torch.long, device=self.device)
-        self.hidden = torch.zeros(1, c.hidden_size, dtype=self.dtype, device=self.device)
-        self.logp = torch.zeros(c.draft_vocab_size, dtype=torch.float32, device=self.device)
-        # Inputs of an accept pass: fused target features and the tokens after them.
-        self.adv_features = torch.zeros(1, self.MAX_ADVANCE, c.hidden_size, dtype=self.dtype, device=self.device)
-        self.adv_tokens = torch.zeros(1, self.MAX_ADVANCE, dtype=torch.long, device=self.device)
+        # Inputs of a draft, written before each run / replay: each row's committed steps, and its newest step's
+        # output and log-probabilities (rows: written by the accept pass itself).
+        self.steps = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.hidden = torch.zeros(rows, c.hidden_size, dtype=self.dtype, device=self.device)
+        self.logp = torch.zeros(rows, c.draft_vocab_size, dtype=torch.float32, device=self.device)
+        # Inputs of an accept pass: fused target features, the tokens after them, and (rows) each row's count.
+        self.adv_features = torch.zeros(rows, self.MAX_ADVANCE, c.hidden_size, dtype=self.dtype, device=self.device)
+        self.adv_tokens = torch.zeros(rows, self.MAX_ADVANCE, dtype=torch.long, device=self.device)
+        self.counts = torch.zeros(rows, dtype=torch.long, device=self.device)
+        # Host twin of the rows' per-pass integers (steps, counts, tokens): one copy per accept pass.
+        self._row_ints = torch.zeros(rows * (2 + self.MAX_ADVANCE), dtype=torch.long,
+                                     pin_memory=self.device.type == "cuda")
+        self._row_ints_device = torch.zeros_like(self._row_ints, device=self.device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, TreeCandidates]] = {}
         self._advance_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._pool = None
@@ -98,8 +113,8 @@ class StaticEagleTree(Leased):
 
     def advance(self, steps: int, features: torch.Tensor,
                 tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Committed steps `steps .. steps + count`: fused target features [1, count, H] and the target tokens after
-        them [1, count]. Writes their keys and values and returns the newest step's (hidden [1, H], logp
+        """Committed steps `steps .. steps + count` of one request: fused target features [1, count, H] and the target
+        tokens after them [1, count]. Writes their keys and values and returns the newest step's (hidden [1, H], logp
         [draft_vocab]); on CUDA these are the graph's output buffers, valid until the next `advance`. None when
         count > MAX_ADVANCE (the caller runs those eagerly)."""
         count = features.shape[1]
@@ -110,6 +125,35 @@ class StaticEagleTree(Leased):
         self.adv_features[:, :count].copy_(features)
         self.adv_tokens[:, :count].copy_(tokens)
         self.steps.fill_(steps)
+        hidden, logp = self._advance_pass(count)
+        return hidden, logp[0]
+
+    def advance_rows(self, steps: list[int], counts: list[int], features: torch.Tensor,
+                     tokens: torch.Tensor) -> None:
+        """Every row's next committed steps: row r's `steps[r] .. steps[r] + counts[r]` (0: none) from fused target
+        features [R, C, H] and the target tokens after them [R, C] (C >= max(counts); the rest is padding). Writes
+        their keys and values, and each row's newest step's output and log-probabilities into `hidden` / `logp` (rows
+        with count 0 keep theirs), and advances `steps` on the device. A pass longer than MAX_ADVANCE (a batch's
+        prompts) runs eagerly."""
+        rows, count = tokens.shape
+        if max(s + c for s, c in zip(steps, counts)) > self.capacity:
+            raise RuntimeError(f"the EAGLE drafter's static cache holds {self.capacity} steps, "
+                               f"{max(s + c for s, c in zip(steps, counts))} needed")
+        ints = self._row_ints
+        ints[:rows].copy_(torch.tensor(steps, dtype=torch.long))
+        ints[rows : 2 * rows].copy_(torch.tensor(counts, dtype=torch.long))
+        if count <= self.MAX_ADVANCE:
+            ints[2 * rows :].view(rows, self.MAX_ADVANCE)[:, :count].copy_(tokens)
+        self._row_ints_device.copy_(ints, non_blocking=True)
+        if count > self.MAX_ADVANCE:
+            self._unstage(tokens=False)
+            self._keep_newest(*self._advance(count, features, tokens.to(self.device)))
+            return
+        self.adv_features[:, :count].copy_(features)
+        self._advance_pass(count)
+
+    def _advance_pass(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The accept pass over the staged inputs: replayed from its graph (captured on first use of `count`), or run."""
         if not self.use_graphs:
             return self._run_pass("advance", (count,), graph=False)
         entry = self._advance_graphs.get(count)
@@ -117,38 +161,68 @@ class StaticEagleTree(Leased):
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             try:
-                # The warm-up calls write the same keys and values the replay below writes: nothing else changes.
+                # The warm-up calls write the same keys and values the replay below writes: nothing else changes
+                # (a batch's pass re-reads its staged steps at every call).
                 entry = self._run_pass("advance", (count,), graph=True)
             except RuntimeError as err:
                 logger.warning("capturing the EAGLE accept pass failed (%s); drafting eagerly instead", err)
                 self.use_graphs = False
-                return self._advance(count)
+                return self._run_pass("advance", (count,), graph=False)
             self._advance_graphs[count] = entry
             self.captures += 1
         graph, out = entry
         graph.replay()
         return out
 
-    def _advance(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        model, device = self.model, self.device
-        positions = self.steps + torch.arange(count, device=device)  # [count]
-        tables = model.rotary_tables(positions.view(1, -1), self.dtype)
-        step = model.project(self.adv_features[:, :count], model.embed(self.adv_tokens[:, :count]), tables=tables)
-        self.keys.index_copy_(2, positions, step.key)
-        self.values.index_copy_(2, positions, step.value)
+    def _advance(self, count: int, features: torch.Tensor | None = None,
+                 tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's steps `steps .. steps + count` from the staged features and tokens (or those given, [R, count,
+        H] and [R, count]). Returns each row's newest step's (hidden [R, H], logp [R, draft_vocab]): step
+        `count - 1` for one request, step `counts[r] - 1` of row r in a batch."""
+        model, device, rows = self.model, self.device, self.rows
+        features = self.adv_features[:, :count] if features is None else features
+        tokens = self.adv_tokens[:, :count] if tokens is None else tokens
+        positions = self.steps.unsqueeze(1) + torch.arange(count, device=device)  # [R, count]
+        tables = model.rotary_tables(positions, self.dtype)
+        step = model.project(features, model.embed(tokens), tables=tables)
+        index = positions.view(rows, 1, count, 1).expand_as(step.key)
+        self.keys.scatter_(2, index, step.key)
+        self.values.scatter_(2, index, step.value)
         # Causal over everything committed: new step i sees the slots up to its own (the rest of the buffer is
         # stale or empty and masked).
-        mask = torch.arange(self.capacity, device=device).view(1, -1) <= positions.view(-1, 1)  # [count, capacity]
-        out = model.finish(step.residual, model.attend(step.query, self.keys, self.values, mask))
-        hidden = out[:, -1]
-        return hidden, torch.log_softmax(model.logits(hidden[0]).float(), dim=-1)
+        mask = torch.arange(self.slots, device=device).view(1, 1, -1) <= positions.unsqueeze(-1)  # [R, count, slots]
+        out = model.finish(step.residual, model.attend(step.query, self.keys, self.values, mask.unsqueeze(1)))
+        if rows == 1:
+            hidden = out[:, -1]
+        else:
+            last = (self.counts - 1).clamp(min=0).view(rows, 1, 1).expand(rows, 1, out.shape[-1])
+            hidden = out.gather(1, last).squeeze(1)
+        return hidden, torch.log_softmax(model.logits(hidden).float(), dim=-1)
+
+    def _keep_newest(self, hidden: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch's accept pass, after its steps: each row that committed steps gets its newest step as the root of
+        its next tree, and its step count advances (graph-safe: no host reads)."""
+        moved = (self.counts > 0).unsqueeze(1)
+        self.hidden.copy_(torch.where(moved, hidden, self.hidden))
+        self.logp.copy_(torch.where(moved, logp, self.logp))
+        self.steps.add_(self.counts)
+        return self.hidden, self.logp
 
     def draft(self, steps: int, hidden: torch.Tensor, logp: torch.Tensor, budget: DraftBudget) -> TreeCandidates:
-        """A tree off the newest of `steps` committed steps (hidden [1, H], logp [draft_vocab])."""
+        """A tree off the newest of `steps` committed steps of one request (hidden [1, H], logp [draft_vocab])."""
         self.hidden.copy_(hidden)
         self.logp.copy_(logp)
         self.steps.fill_(steps)
-        key = (budget.max_nodes, budget.max_depth)
+        cands = self._draft((budget.max_nodes, budget.max_depth))
+        return TreeCandidates(tokens=cands.tokens[0], parents=cands.parents[0], scores=cands.scores[0],
+                              keep=cands.keep[0])
+
+    def draft_rows(self, max_nodes: int, max_depth: int) -> TreeCandidates:
+        """Every row's tree off its newest committed step (`hidden`, `logp` and `steps` as the last `advance_rows`
+        left them): `TreeCandidates` of [R, C] tensors."""
+        return self._draft((max_nodes, max_depth))
+
+    def _draft(self, key: tuple[int, int]) -> TreeCandidates:
         if not self.use_graphs:
             return self._run_pass("expand", key, graph=False)
         entry = self._graphs.get(key)
@@ -175,10 +249,20 @@ class StaticEagleTree(Leased):
     def _run_pass(self, which: str, args: tuple, graph: bool):
         """Run the `which` pass ("expand" / "advance") on `args`, or with `graph` capture it and return (graph,
         output). The compiled pass when fusing (the expansion for its first `MAX_FUSED` budgets), else the plain
-        one; a compile that fails warns and falls back to the plain pass from then on."""
+        one; a compile that fails warns and falls back to the plain pass from then on. A batch's accept pass ends
+        with `_keep_newest`, outside the compiled part (it only copies)."""
         plain = self._expand if which == "expand" else self._advance
 
         def run(fn):
+            if which == "advance" and self.rows > 1:
+                # A batch's pass reads its staged integers first (each replay anew) and ends by keeping each row's
+                # newest step; both outside the compiled part (they only copy).
+                inner = fn
+
+                def fn(*a):
+                    self._unstage()
+                    return self._keep_newest(*inner(*a))
+
             return capture(lambda: fn(*args), self._pool, self.device) if graph else fn(*args)
 
         if self.fuse and (which == "advance" or args in self._fused_budgets
@@ -195,6 +279,14 @@ class StaticEagleTree(Leased):
                 return out
         return run(plain)
 
+    def _unstage(self, tokens: bool = True) -> None:
+        """A batch's staged integers into place: steps, counts and (`tokens`) the tokens (graph-safe device copies)."""
+        rows, staged = self.rows, self._row_ints_device
+        self.steps.copy_(staged[:rows])
+        self.counts.copy_(staged[rows : 2 * rows])
+        if tokens:
+            self.adv_tokens.copy_(staged[2 * rows :].view(rows, self.MAX_ADVANCE))
+
     def _fused(self, which: str):
         if which == "expand":
             if self._fused_expand is None:
@@ -205,12 +297,11 @@ class StaticEagleTree(Leased):
         return self._fused_advance
 
     def _expand(self, max_nodes: int, max_depth: int) -> TreeCandidates:
-        positions = self.steps + torch.arange(max(max_depth - 1, 0), device=self.device)
-        tables = self.model.rotary_tables(positions.view(1, -1), self.dtype)
-        prefix = torch.arange(self.capacity, device=self.device) < self.steps
+        positions = self.steps.unsqueeze(1) + torch.arange(max(max_depth - 1, 0), device=self.device)  # [R, D - 1]
+        tables = self.model.rotary_tables(positions, self.dtype)
+        prefix = torch.arange(self.slots, device=self.device).unsqueeze(0) < self.steps.unsqueeze(1)  # [R, slots]
         return expand_tree(self.model, self.top_k, max_nodes, max_depth, self.hidden, self.logp, self.keys,
                            self.values, prefix, tables)
-
 
     def release(self) -> None:
         """End the lease and let go of the drafter: kept in the pool between requests, the storage must not keep a
@@ -223,27 +314,33 @@ class StaticEagleTree(Leased):
 # while leased (`StaticEagleTree.release`), so the pool never keeps a drafter alive.
 _TREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _TREES_LOCK = threading.Lock()
+MAX_KEPT_SETTINGS = 6
 
 
-def static_eagle_tree(model: EagleDrafter, top_k: int, capacity: int, owner=None,
-                      fuse: bool = False) -> StaticEagleTree:
-    """The kept StaticEagleTree for this drafter and top-k, replaced by a larger one when `capacity` exceeds it, and
-    leased to `owner` when given. One leased to a request still running (another thread) is never handed out twice:
-    that request gets storage of its own, not kept."""
+def static_eagle_tree(model: EagleDrafter, top_k: int, capacity: int, owner=None, fuse: bool = False,
+                      rows: int = 1) -> StaticEagleTree:
+    """The kept StaticEagleTree for this drafter, top-k and number of rows, replaced by a larger one when `capacity`
+    exceeds it, and leased to `owner` when given. One leased to a request still running (another thread) is never
+    handed out twice: that request gets storage of its own, not kept. Per drafter the last `MAX_KEPT_SETTINGS`
+    settings are kept (a server's batch sizes), most recently used last."""
     # The graphs read the bound target's embedding table (and tied head) too: a drafter rebound to another target
     # gets new ones.
     weight = model.fc.weight
-    key = (top_k, str(weight.device), str(weight.dtype), weight.data_ptr(), model.shared_weight_ptrs(), fuse)
+    key = (top_k, rows, str(weight.device), str(weight.dtype), weight.data_ptr(), model.shared_weight_ptrs(), fuse)
     with _TREES_LOCK:
         trees = _TREES.setdefault(model, {})
         tree = trees.get(key)
         if tree is not None and tree.in_use:
-            tree = StaticEagleTree(model, top_k, capacity, fuse=fuse)
-        elif tree is None or tree.capacity < capacity:
-            trees.pop(key, None)  # drop the short one (and its graphs) before allocating
-            tree = StaticEagleTree(model, top_k, capacity, fuse=fuse)
-            if capacity <= StaticEagleTree.MAX_KEPT_CAPACITY:
+            tree = StaticEagleTree(model, top_k, capacity, fuse=fuse, rows=rows)
+        else:
+            trees.pop(key, None)
+            if tree is None or tree.capacity < capacity:
+                tree = None  # drop the short one (and its graphs) before allocating
+                tree = StaticEagleTree(model, top_k, capacity, fuse=fuse, rows=rows)
+            if tree.capacity <= StaticEagleTree.MAX_KEPT_CAPACITY:
                 trees[key] = tree
+            while len(trees) > MAX_KEPT_SETTINGS:
+                trees.pop(next(iter(trees)))
         tree.model = model
         if owner is not None:
             tree.lease(owner)

@@ -19,13 +19,13 @@ import torch
 from torch import nn
 
 from ..cache import CommittedState, HybridTreeCache, import_committed
-from ..drafters import HistoryHidden, TargetHidden
+from ..drafters import BatchHidden, HistoryHidden, TargetHidden
 from ..forward import forward_tokens, forward_tree
 from ..tree import VerifyResult, VerifyTree
 from .outputs import target_hidden
 from .static import StaticTreeRunner, release_runner, static_runner
 
-__all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "BatchEagerBackend", "VerifyOutputs"]
+__all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "BatchEagerBackend", "VerifyOutputs", "gather_paths"]
 
 
 @dataclass
@@ -258,15 +258,14 @@ class BatchEagerBackend:
         self._last = out
         return VerifyOutputs(logits=out.logits, hidden_states=getattr(out, "hidden_states", None))
 
-    def commit(self, paths: list[list[int]]) -> list[TargetHidden | None]:
-        """Keep each row's root->leaf path; returns per row the drafter's hidden states of its path's tokens."""
+    def commit(self, paths: list[list[int]]) -> BatchHidden | None:
+        """Keep each row's root->leaf path; returns the hidden states of each row's path for the drafter."""
         out, self._last = self._last, None
-        hidden: list[TargetHidden | None] = [None] * len(paths)
+        hidden = None
         if self.hidden_layers:
-            for row, path in enumerate(paths):
-                index = torch.tensor(path).to(out.logits.device, non_blocking=True)
-                hidden[row] = TargetHidden(self.hidden_layers, tuple(
-                    out.hidden_states[i][row : row + 1].index_select(1, index) for i in self.hidden_layers))
+            states = tuple(out.hidden_states[i] for i in self.hidden_layers)
+            n = states[0].shape[1]
+            hidden = gather_paths(states, paths, [row * n for row in range(len(paths))], self.hidden_layers)
         self.slots = self.cache.commit_rows(paths, self.valid)
         self.valid = [v + len(p) for v, p in zip(self.valid, paths)]
         keep = torch.tensor(self.valid, dtype=torch.long)[:, None]
@@ -287,3 +286,16 @@ class BatchEagerBackend:
 
     def release(self) -> None:
         self._last = None
+
+
+def gather_paths(states: tuple[torch.Tensor, ...], paths: list[list[int]], offsets: list[int],
+                 layers: tuple[int, ...]) -> BatchHidden:
+    """Each row's path out of a verify forward's hidden states (`states`: [R', n, H] each, layers in order): row i's
+    nodes `paths[i]` at flat offset `offsets[i]` (its row times n). Returns [R, C, H] per layer (C the longest path;
+    shorter paths padded with their leaf) as a `BatchHidden` with each row's path length."""
+    width = max(len(path) for path in paths)
+    flat = [offset + node for offset, path in zip(offsets, paths) for node in path + path[-1:] * (width - len(path))]
+    index = torch.tensor(flat, dtype=torch.long).to(states[0].device, non_blocking=True)
+    size = states[0].shape[-1]
+    gathered = tuple(s.reshape(-1, size).index_select(0, index).view(len(paths), width, size) for s in states)
+    return BatchHidden(layers, gathered, [0] * len(paths), [len(path) for path in paths])

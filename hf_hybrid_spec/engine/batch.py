@@ -2,12 +2,16 @@
 
     out = backend.prefill(input_ids, attention_mask)       # the padded prompts, exactly as stock generate runs them
     while rows are running:
-        drafts = [drafter_b.propose(row_b) for b in running]  # one drafter per row (its own tries / caches)
+        drafts = drafter.propose(running, ...)              # one BatchDrafter: per-row drafters, or one batched one
         keep = choose_nodes(values, cost)                   # the batch-wide budget: global top-n by path value
         verified = backend.forward(batch tree)              # every row's tree in one forward, padded to the widest
         results = per-row verification                      # greedy: one argmax and one host read for the batch
         backend.commit(paths)                               # each row keeps its own path; rows right-aligned again
         rows that stopped leave the batch (no more verify work)
+
+The drafter is a `drafters.BatchDrafter`: one drafter per row behind `PerRowDrafters` (suffix tries, n-gram indexes,
+assistant caches, a list of the caller's own), or a drafter with a batched form (EAGLE: one tree expansion for all
+rows per step).
 
 Rows follow stock `generate`'s batch semantics: each row's tokens are what it would generate alone from its
 (left-padded) prompt; with an EOS criterion, a row that stops is padded with `pad_token_id` until the longest row
@@ -22,14 +26,14 @@ import time
 import torch
 from transformers.utils import logging
 
-from ..drafters import DraftBudget, DraftContext, TargetHidden
+from ..drafters import BatchHidden, DraftBudget, DraftContext
 from ..kernels.tree import ancestor_mask
 from ..tree import DraftTree, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, StepInputs, greedy_walk, make_verifier, process_tree_logits, row_processors
 from .backend import BatchEagerBackend
 from .budget import VerifyCost, cached_cost, choose_nodes, node_values, paying_width, time_forward, trim_to_budget
 from .outputs import CACHE_FIELD, SpecStats, SpeculativeDecoderOnlyOutput
-from .request import Request, propose
+from .request import Request
 from .rows import BatchRecorder
 
 logger = logging.get_logger(__name__)
@@ -44,11 +48,11 @@ NARROW_BUCKETS = (1, 2, 4)
 
 
 def decode_batch(request: Request):
-    """Run a batch request (`request.input_ids` [B, L], `request.row_drafters` one per row) to the end. Returns
+    """Run a batch request (`request.input_ids` [B, L], `request.batch_drafter` its drafter) to the end. Returns
     what stock `generate` returns for a batch: sequences [B, L + new] (stopped rows padded), or with
     `return_dict_in_generate` a `SpeculativeDecoderOnlyOutput` with `spec_stats` (per row in `spec_stats.rows`)."""
     model, config, gen = request.model, request.config, request.generation_config
-    drafters = request.row_drafters
+    drafter = request.batch_drafter
     input_ids = request.input_ids
     device = input_ids.device
     rows, prompt_length = input_ids.shape
@@ -56,13 +60,13 @@ def decode_batch(request: Request):
     mask = torch.ones_like(input_ids) if mask is None else mask.to(device)
     pads = (mask == 0).sum(-1).tolist()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    verifier = make_verifier(config, bool(gen.do_sample), drafters[0])
+    verifier = make_verifier(config, bool(gen.do_sample), None)
     pad = getattr(gen, "_pad_token_tensor", None)
     pad = gen.pad_token_id if pad is None else int(pad)
     rec = BatchRecorder(input_ids, request.stopping, _has_eos_criterion(request.stopping), pad, gen.max_length)
     row_stats = [SpecStats(prefill_tokens=prompt_length - pads[b]) for b in range(rows)]
     stats = SpecStats(prefill_tokens=int(mask.sum()), rows=row_stats)
-    layers = tuple(drafters[0].target_hidden_layers)
+    layers = tuple(drafter.target_hidden_layers)
     processors = request.processors
     raw_greedy = verifier.raw_greedy and not processors
     node_budget = min(config.max_draft_tokens, config.max_verify_nodes)
@@ -71,47 +75,46 @@ def decode_batch(request: Request):
     if backend.widths:
         node_budget = min(node_budget, max(backend.widths) - 1)
     try:
-        # ---- prefill, the first token of every row, the drafters begun on their rows
+        # ---- prefill, the first token of every row, the drafter begun on the rows
         out = backend.prefill(input_ids, mask, positions)
         logits = out.logits[:, -1].to(dtype=torch.float32)
         scores = processors(input_ids, logits.clone()) if processors else logits
         context = DraftContext(model, backend.cache, request.adapter, gen, None)
-        firsts = []
-        for b in range(rows):
-            hidden = None
-            if layers:
-                hidden = TargetHidden(layers, tuple(out.hidden_states[i][b : b + 1, pads[b] :] for i in layers))
-            drafters[b].begin(input_ids[b : b + 1, pads[b] :], context, hidden)
-            firsts.append(verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1], drafters[b],
-                                                                             context, hidden, None, node_budget)))
+        hidden = None
+        if layers:
+            hidden = BatchHidden(layers, tuple(out.hidden_states[i] for i in layers), pads,
+                                 [prompt_length - p for p in pads])
+        drafter.begin([input_ids[b : b + 1, pads[b] :] for b in range(rows)], context, hidden)
+        firsts = [verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1], None, context, None, None,
+                                                                     node_budget)) for b in range(rows)]
         rec.append(list(range(rows)), [first.token_list for first in firsts])
-        for b, first in enumerate(firsts):
-            drafters[b].accept(rec.ids(b, pads[b]), VerifyResult(path=[0], tokens=first.tokens, score_nodes=[0],
-                                                                  token_list=first.token_list))
-        del out, logits, scores, firsts
+        everyone = list(range(rows))
+        drafter.accept(everyone, [rec.ids(b, pads[b]) for b in everyone],
+                       [VerifyResult(path=[0], tokens=f.tokens, score_nodes=[0], token_list=f.token_list)
+                        for f in firsts], None)
+        del out, logits, scores, firsts, hidden
         per_row = [row_processors(processors, b) for b in range(rows)]
         cost = _cost_model(config, backend, model, rows)
         if cost is not None:  # the widest tree that could pay even if every draft node were accepted
             node_budget = min(node_budget, paying_width(cost, rows, config.budget_slack, backend.widths) - 1)
-        running = _still_running(list(range(rows)), rec, backend, gen.max_length)
+        running = _still_running(everyone, rec, backend, gen.max_length)
 
         # ---- draft, budget, verify, commit, record
         while running:
             limit = _length_limit(rec, gen.max_length)
             t0 = time.perf_counter()
-            drafts = []
-            for b in running:
-                budget = DraftBudget(max_nodes=node_budget,
-                                     max_depth=min(config.max_depth, limit - rec.lengths[b] - 1))
-                drafts.append(propose(drafters[b], rec.ids(b, pads[b]), budget, verifier) if node_budget > 0
-                              else empty_draft(1))
+            if node_budget > 0:
+                budgets = [DraftBudget(max_nodes=node_budget, max_depth=min(config.max_depth, limit - rec.lengths[b] - 1))
+                           for b in running]
+                drafts = drafter.propose(running, [rec.ids(b, pads[b]) for b in running], budgets)
+            else:
+                drafts = [empty_draft(1) for _ in running]
             drafts = apply_budget(drafts, cost, config, stats, backend.widths)
             t1 = time.perf_counter()
             tree = batch_tree([rec.host[b][-1] for b in running], drafts, backend.tree_device)
             verified = backend.forward(tree)
             try:
-                for b in running:
-                    drafters[b].overlap()
+                drafter.overlap()
                 results = verify_rows(tree, drafts, verified.logits, [rec.ids(b) for b in running], verifier,
                                        [per_row[b] for b in running], raw_greedy)
                 del verified
@@ -125,16 +128,15 @@ def decode_batch(request: Request):
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
             stats.plain_steps += int(all(d.num_nodes == 0 for d in drafts))
-            for b, draft, result, row_hidden in zip(running, drafts, results, hidden):
+            for b, draft, result in zip(running, drafts, results):
                 accepted = len(result.token_list)
                 for s in (stats, row_stats[b]):
                     s.accepted_lengths.append(accepted)
                     s.drafted_tokens.append(draft.num_nodes)
                 row_stats[b].target_forwards += 1
-                drafters[b].accept(rec.ids(b, pads[b]), result, row_hidden)
+            drafter.accept(running, [rec.ids(b, pads[b]) for b in running], results, hidden)
             running = _still_running(running, rec, backend, gen.max_length)
-        for b in range(rows):
-            drafters[b].end(rec.ids(b, pads[b]))
+        drafter.end([rec.ids(b, pads[b]) for b in range(rows)])
     finally:
         backend.release()
     length = max(rec.lengths) if rec.truncate else min(_length_limit(rec, gen.max_length), max(rec.lengths))
@@ -149,19 +151,17 @@ def decode_batch(request: Request):
 
 
 def _backend(request: Request, layers: tuple[int, ...], node_budget: int):
-    """The static batched runner (CUDA graphs) when the config compiles, else the eager batched backend. Drafters that
-    read the target's hidden states (EAGLE) run eagerly for now: the batched runner keeps no hidden-state history."""
+    """The static batched runner (CUDA graphs) when the config compiles, else the eager batched backend; both return
+    the hidden states of `layers` for drafters that read them (EAGLE)."""
     config, model = request.config, request.model
-    if config.compile and layers:
-        logger.warning_once("a batch with a drafter that reads the target's hidden states (EAGLE) verifies eagerly: "
-                            "the batched static runner keeps no hidden-state history yet")
-    if not config.compile or layers:
+    if not config.compile:
         return BatchEagerBackend(model, layers)
     from .batch_static import BatchStaticBackend
 
     buckets = batch_buckets(config.compile_buckets, node_budget)
     static_length = request.generation_config.max_length + max(buckets)
-    return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request)
+    return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request,
+                              hidden_layers=layers)
 
 
 def batch_buckets(compile_buckets: tuple[int, ...], node_budget: int) -> tuple[int, ...]:

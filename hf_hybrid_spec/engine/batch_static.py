@@ -14,8 +14,12 @@ different committed lengths need no realignment:
 - rows that finished keep their slot and get leaf -1 (no work is saved on them, but nothing is recaptured either);
   a batch of another size gets a runner of its own (kept per model and batch size, like the one-row runners).
 
-Runs the same code eagerly without graphs (CPU), which is what the CPU tests check. Drafters that read the target's
-hidden states (EAGLE) and the fused verify regions (`compile_verify`) run on the one-row runner only, for now.
+- drafters that read the target's hidden states (EAGLE) get the verify forward's hidden states of the layers they
+  name (`hidden_layers`): graph outputs of the bucket, from which the backend gathers each row's accepted path after
+  the commit.
+
+Runs the same code eagerly without graphs (CPU), which is what the CPU tests check. The fused verify regions
+(`compile_verify`) run on the one-row runner only, for now.
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ from torch import nn
 from transformers.utils import logging
 
 from ..cache import CommittedState, HybridTreeCache, export_committed, import_committed
-from ..drafters import TargetHidden
+from ..drafters import BatchHidden
 from ..forward import forward_tokens
 from ..graphs import Leased
 from ..kernels.tree import ancestor_mask
 from ..models import get_adapter
 from ..tree import VerifyTree, tree_attention_mask
-from .backend import VerifyOutputs
+from .backend import VerifyOutputs, gather_paths
 from .static import DEFAULT_BUCKETS, capture_bucket, capture_key
 
 logger = logging.get_logger(__name__)
@@ -80,13 +84,15 @@ class BatchStaticRunner(Leased):
     Args:
         model: the target. rows: the batch size. static_length: slots per row (prompt, new tokens, one tree).
         buckets: tree widths (root included) to capture. use_graphs: default when the model is on one CUDA device.
+        hidden_layers: indices into the model's `hidden_states` output that each forward also returns (`hidden`).
     """
 
     def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-                 use_graphs: bool | None = None):
+                 use_graphs: bool | None = None, hidden_layers: tuple[int, ...] = ()):
         get_adapter(model)  # route the recurrent mixers
         self._model = weakref.ref(model)
         self.rows = rows
+        self.hidden_layers = tuple(int(i) for i in hidden_layers)
         self.device = model.device
         self.static_length = static_length
         self.cache = HybridTreeCache(model.config, static_length=static_length)
@@ -139,6 +145,14 @@ class BatchStaticRunner(Leased):
         self._active = bucket
         return bucket.out.logits
 
+    def hidden(self) -> tuple[torch.Tensor, ...]:
+        """The last forward's hidden states of `hidden_layers`, [R, n, H] each (the bucket's; valid until the next
+        forward of that bucket)."""
+        bucket = self._active
+        if bucket is None or not self.hidden_layers:
+            raise RuntimeError("hidden() needs a pending tree from a runner built with hidden_layers")
+        return tuple(bucket.out.hidden_states[i] for i in self.hidden_layers)
+
     def commit(self, leaves: list[int], committed_length: int) -> None:
         """Keep each row's root->leaf path (`leaves[b]`, -1: nothing) of the pending trees."""
         bucket = self._active
@@ -180,7 +194,7 @@ class BatchStaticRunner(Leased):
         cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
         try:
             out = forward_tokens(self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
-                                 logits_to_keep=0)
+                                 logits_to_keep=0, output_hidden_states=bool(self.hidden_layers))
         except BaseException:
             self.cache.abort()
             raise
@@ -229,10 +243,15 @@ class BatchStaticBackend:
     tree_device = torch.device("cpu")  # the runner stages host trees in one copy
 
     def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...], owner,
-                 runner: BatchStaticRunner | None = None):
+                 runner: BatchStaticRunner | None = None, hidden_layers: tuple[int, ...] = ()):
         self.model = model
+        self.hidden_layers = tuple(hidden_layers)
         # A runner of the caller's own (a serving engine's, kept for its lifetime), else one leased from the pool.
-        self.runner = runner if runner is not None else batch_runner(model, rows, static_length, buckets, owner)
+        self.runner = runner if runner is not None else batch_runner(model, rows, static_length, buckets, owner,
+                                                                     hidden_layers=self.hidden_layers)
+        if self.runner.hidden_layers != self.hidden_layers:
+            raise ValueError(f"the runner returns hidden layers {self.runner.hidden_layers}, not "
+                             f"{self.hidden_layers}")
         self._owns_lease = runner is None
         self.cache = self.runner.cache
         self.widths = list(self.runner.buckets)
@@ -244,7 +263,7 @@ class BatchStaticBackend:
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor):
         out = forward_tokens(self.model, input_ids, self.cache, position_ids=positions, attention_mask=attention_mask,
-                             logits_to_keep=1)
+                             logits_to_keep=1, output_hidden_states=bool(self.hidden_layers))
         self.runner.set_prompt_mask(attention_mask)
         self.runner.capture_all(input_ids.shape[1])
         self.valid = attention_mask.sum(-1).tolist()
@@ -266,7 +285,13 @@ class BatchStaticBackend:
             logits = logits.index_select(0, index.to(logits.device))
         return VerifyOutputs(logits=logits[:, :width])
 
-    def commit(self, paths: list[list[int]]) -> list[TargetHidden | None]:
+    def commit(self, paths: list[list[int]]) -> BatchHidden | None:
+        hidden = None
+        if self.hidden_layers:
+            # Each running row's path, gathered from the forward's hidden states (the runner's rows, bucket width n).
+            states = self.runner.hidden()
+            n = states[0].shape[1]
+            hidden = gather_paths(states, paths, [row * n for row in self._rows], self.hidden_layers)
         leaves = [-1] * self.runner.rows
         for row, path in zip(self._rows, paths):
             leaves[row] = path[-1]
@@ -275,7 +300,7 @@ class BatchStaticBackend:
         self.valid = [v + len(p) for v, p in zip(self.valid, paths)]
         self.slots = max(self._lengths)
         self.runner.commit(leaves, self.slots)
-        return [None] * len(paths)
+        return hidden
 
     def select_rows(self, rows: list[int]) -> None:
         self._rows = [self._rows[r] for r in rows]
@@ -341,22 +366,23 @@ MAX_BATCH_RUNNERS_PER_MODEL = 4
 
 
 def batch_runner(model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...],
-                 owner=None) -> BatchStaticRunner:
-    """A `BatchStaticRunner` of `rows` rows and at least `static_length` slots for `model`, its cache empty, leased to
-    `owner` when given (hand it back with `runner.release()`)."""
-    key = (rows, tuple(sorted({int(b) for b in buckets})), capture_key(model))
+                 owner=None, hidden_layers: tuple[int, ...] = ()) -> BatchStaticRunner:
+    """A `BatchStaticRunner` of `rows` rows and at least `static_length` slots for `model` (returning the hidden states
+    of `hidden_layers`), its cache empty, leased to `owner` when given (hand it back with `runner.release()`)."""
+    hidden_layers = tuple(int(i) for i in hidden_layers)
+    key = (rows, tuple(sorted({int(b) for b in buckets})), hidden_layers, capture_key(model))
     with _LOCK:
         runners = _RUNNERS.setdefault(model, {})
         runner = runners.get(key)
         if runner is not None and runner.in_use:
-            runner = BatchStaticRunner(model, rows, static_length, buckets)  # this call's own, not kept
+            runner = BatchStaticRunner(model, rows, static_length, buckets, hidden_layers=hidden_layers)  # not kept
         else:
             runners.pop(key, None)
             if runner is not None and runner.static_length >= static_length:
                 runner.cache.reset()
             else:
                 runner = None  # drop the short one before allocating the new cache
-                runner = BatchStaticRunner(model, rows, static_length, buckets)
+                runner = BatchStaticRunner(model, rows, static_length, buckets, hidden_layers=hidden_layers)
             runners[key] = runner
             while len(runners) > MAX_BATCH_RUNNERS_PER_MODEL:
                 runners.pop(next(iter(runners)))

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..drafters.base import DraftBudget, DraftContext
-from ..drafters.expansion import grow_tree, host_draft
+from ..drafters.expansion import grow_row_tree, host_draft
 from ..drafters.hidden_steps import HiddenStepDrafter
 from ..tree import DraftTree, empty_draft
 from .modeling import MtpHead, MtpStore
@@ -111,7 +111,7 @@ class MtpDrafter(HiddenStepDrafter):
             return out, torch.log_softmax(self.head.logits(out).float(), dim=-1)
 
         try:
-            cands = grow_tree(step, k, budget.max_nodes, budget.max_depth, self.last_hidden, self.last_logp)
+            cands = grow_row_tree(step, k, budget.max_nodes, budget.max_depth, self.last_hidden, self.last_logp)
         finally:
             self.store.length = steps  # the tree's keys and values are dropped (overwritten next time)
         return host_draft(cands, "mtp")

@@ -28,7 +28,7 @@ import torch
 from transformers.utils import logging
 
 from ..drafters.base import DraftBudget
-from ..drafters.expansion import TreeCandidates, grow_tree
+from ..drafters.expansion import TreeCandidates, grow_row_tree
 from ..graphs import Leased, capture
 from ..tree import additive_mask
 from .modeling import MtpHead
@@ -128,7 +128,7 @@ class StaticMtp(Leased):
                        self.slots)[0]
             return out, torch.log_softmax(head.logits(out).float(), dim=-1)
 
-        return grow_tree(step, k, max_nodes, max_depth, self.hidden, self.logp)
+        return grow_row_tree(step, k, max_nodes, max_depth, self.hidden, self.logp)
 
     # ------------------------------------------------------------------ running or replaying them
     def advance(self, steps: int, hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

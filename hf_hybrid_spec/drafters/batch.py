@@ -1,0 +1,121 @@
+"""Drafting for every row of a batch: the batch loop's view of its drafters.
+
+The batch loop (`engine.batch`) talks to one `BatchDrafter` for all B rows:
+
+    begin(prompts, context, hidden)          # each row's prompt [1, P_b] (no padding); the prompts' hidden states
+    propose(rows, ids, budgets)              # the running rows' committed tokens -> one DraftTree per running row
+    overlap()                                # the verify forward is launched, its result not yet read
+    accept(rows, ids, results, hidden)       # after verification: each running row's result and path hidden states
+    end(ids) / release()
+
+`PerRowDrafters` runs one `Drafter` per row behind it (suffix tries, n-gram indexes, assistant caches: per-row state
+that has no batched form, or a list of the user's own drafters). A drafter with a batched form (EAGLE's head drafts
+every row's tree in one expansion, `eagle.batch`) implements `BatchDrafter` itself and is built through the registry's
+batch factory (`registry.DRAFTERS.register(..., batch_factory=...)`), so one expansion per step serves the whole
+batch instead of one per row.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..tree import DraftTree, VerifyResult
+from .base import DraftBudget, DraftContext, Drafter, TargetHidden, propose_within
+
+__all__ = ["BatchHidden", "BatchDrafter", "PerRowDrafters"]
+
+
+@dataclass
+class BatchHidden:
+    """The target's hidden states of what each row of a batch just ran.
+
+    Attributes:
+        layers: the indices into the model's `hidden_states` output that were asked for.
+        states: one [R, T, H] tensor per index; row i's tokens are `states[j][i, start[i] : start[i] + count[i]]`
+            (its left-padded prompt at `begin`, its accepted path root..leaf at `accept`).
+        start: [R] first position of each row's tokens. count: [R] how many tokens each row ran.
+    """
+
+    layers: tuple[int, ...]
+    states: tuple[torch.Tensor, ...]
+    start: list[int]
+    count: list[int]
+
+    def row(self, i: int) -> TargetHidden:
+        """Row i's hidden states as one request's `TargetHidden` ([1, count[i], H] views)."""
+        a, b = self.start[i], self.start[i] + self.count[i]
+        return TargetHidden(self.layers, tuple(s[i : i + 1, a:b] for s in self.states))
+
+
+class BatchDrafter(ABC):
+    """Drafts for the rows of one batch request (see the module docstring). Rows are named by their index in the
+    batch (0 .. B-1); `rows` lists the running ones, and `ids[i]` is row `rows[i]`'s committed tokens [1, L] (its
+    last token the root)."""
+
+    name: str = "drafter"
+    # Indices into the target's `hidden_states` output the drafter reads (empty: none, and no cost).
+    target_hidden_layers: tuple[int, ...] = ()
+
+    def begin(self, prompts: list[torch.Tensor], context: DraftContext, hidden: BatchHidden | None) -> None:
+        """The batch starts: `prompts[b]` is row b's prompt [1, P_b] without its padding."""
+
+    @abstractmethod
+    def propose(self, rows: list[int], ids: list[torch.Tensor], budgets: list[DraftBudget]) -> list[DraftTree]:
+        """One draft per running row, within that row's budget (an empty draft where nothing is drafted)."""
+
+    def overlap(self) -> None:
+        """The target's verify forward is launched and its result not read yet (see `Drafter.overlap`)."""
+
+    def accept(self, rows: list[int], ids: list[torch.Tensor], results: list[VerifyResult],
+               hidden: BatchHidden | None) -> None:
+        """The running rows committed `results[i]`; `ids[i]` is row `rows[i]`'s whole committed sequence, and
+        `hidden` their path's hidden states (None for the first token after the prompt)."""
+
+    def end(self, ids: list[torch.Tensor]) -> None:
+        """The batch finished; `ids[b]` is row b's committed tokens."""
+
+    def release(self) -> None:
+        """Drop what the batch holds; called after `end`, and in its place when the request failed."""
+
+
+class PerRowDrafters(BatchDrafter):
+    """One `Drafter` per row, each fed its own row as a request of its own.
+
+    Args:
+        drafters: one per batch row. ask_empty: ask for drafts even where the budget leaves no depth
+            (`propose_within`; a rule that reads the draft's own choice after the root).
+    """
+
+    def __init__(self, drafters: list[Drafter], ask_empty: bool = False):
+        self.drafters = list(drafters)
+        self.name = self.drafters[0].name
+        self.target_hidden_layers = tuple(self.drafters[0].target_hidden_layers)
+        self.ask_empty = ask_empty
+
+    def begin(self, prompts: list[torch.Tensor], context: DraftContext, hidden: BatchHidden | None) -> None:
+        for b, (drafter, prompt) in enumerate(zip(self.drafters, prompts)):
+            drafter.begin(prompt, context, None if hidden is None else hidden.row(b))
+
+    def propose(self, rows: list[int], ids: list[torch.Tensor], budgets: list[DraftBudget]) -> list[DraftTree]:
+        return [propose_within(self.drafters[b], row_ids, budget, self.ask_empty)
+                for b, row_ids, budget in zip(rows, ids, budgets)]
+
+    def overlap(self) -> None:
+        for drafter in self.drafters:
+            drafter.overlap()
+
+    def accept(self, rows: list[int], ids: list[torch.Tensor], results: list[VerifyResult],
+               hidden: BatchHidden | None) -> None:
+        for i, (b, row_ids, result) in enumerate(zip(rows, ids, results)):
+            self.drafters[b].accept(row_ids, result, None if hidden is None else hidden.row(i))
+
+    def end(self, ids: list[torch.Tensor]) -> None:
+        for drafter, row_ids in zip(self.drafters, ids):
+            drafter.end(row_ids)
+
+    def release(self) -> None:
+        for drafter in self.drafters:
+            drafter.release()
