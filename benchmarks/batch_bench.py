@@ -12,9 +12,11 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
 2. correctness gate: each method's greedy rows against stock eager's (exact in fp32; bf16 rounds batched trees and
    single tokens differently, so `--allow-mismatch` reports the share of identical rows instead of failing);
 3. each method timed after a warm-up call (the batch budget's calibration happens there): `suffix` (the default
-   drafter, batch budget "auto"), `suffix:fixed` (every row its full tree), `suffix:eager` (compile=False) and
-   `acceptance:P` (the target's own
-   continuation with each token corrupted with probability 1 - P: a known acceptance on random weights).
+   drafter, batch budget "auto"), `suffix:fixed` (every row its full tree), `suffix:eager` (compile=False),
+   `eagle` (the EAGLE-3 drafter of `--eagle`, its default 60-node trees, one expansion for every row per step; a
+   random-weight drafter for tiny: / random: models), `eagle:fused` (its passes Inductor-compiled before capture,
+   `compile_drafter=True`), `eagle:eager` (compile=False) and `acceptance:P` (the target's own continuation with
+   each token corrupted with probability 1 - P: a known acceptance on random weights).
 
 A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
 chose, the speedup over stock static), a PNG of tokens/s against B, and a JSON line last.
@@ -52,20 +54,44 @@ def timed(fn, device) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int) -> dict:
-    """generate kwargs of method `name` (see the module docstring) for a batch whose stock output is `reference`."""
+def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, eagle=None) -> dict:
+    """generate kwargs of method `name` (see the module docstring) for a batch whose stock output is `reference`;
+    `eagle` the EagleDrafter of the eagle methods."""
     if name == "suffix":
         return dict(assistant_config=AssistantConfig(global_cache=False))
     if name == "suffix:fixed":
         return dict(assistant_config=AssistantConfig(global_cache=False, batch_budget="fixed"))
     if name == "suffix:eager":
         return dict(assistant_config=AssistantConfig(global_cache=False, compile=False))
+    if name in ("eagle", "eagle:fused", "eagle:eager"):
+        extra = {"eagle:fused": dict(compile=True, compile_drafter=True), "eagle:eager": dict(compile=False)}
+        return dict(draft_model=eagle, assistant_config=AssistantConfig(drafter="eagle", **extra.get(name, {})))
     if name.startswith("acceptance:"):
         p = float(name.split(":", 1)[1])
         drafters = [acceptance_drafter(reference[b].tolist(), p, depth=8, vocab_size=vocab, seed=b)
                     for b in range(reference.shape[0])]
         return dict(drafter=drafters, assistant_config=AssistantConfig(max_draft_tokens=8, max_depth=8))
-    raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, acceptance:P)")
+    raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, eagle, eagle:fused, eagle:eager, "
+                     "acceptance:P)")
+
+
+def load_eagle(path: str | None, model, spec: str):
+    """The EagleDrafter at `path`; by default the committed one of a fixture (checkpoints/drafters/<name>-eagle3), or a
+    random-weight one shaped for `model` (tiny: / random: models: exactness and speed, not acceptance)."""
+    import os
+
+    from hf_hybrid_spec.eagle import EagleDrafter
+
+    if path is None and not spec.startswith(("tiny:", "random:")):
+        guess = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "checkpoints", "drafters",
+                             f"{os.path.basename(spec.rstrip('/'))}-eagle3")
+        path = guess if os.path.isdir(guess) else None
+    if path is None:
+        torch.manual_seed(1)
+        vocab = model.config.get_text_config().vocab_size
+        return EagleDrafter.from_target(model, draft_vocab_size=min(vocab, 2048))
+    drafter = EagleDrafter.from_pretrained(path)
+    return drafter.to(device=model.device, dtype=model.dtype)
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -74,7 +100,9 @@ def run(argv: list[str] | None = None) -> dict:
                                                         "or tiny:<model_type>")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--drafters", nargs="+", default=["suffix"],
-                        help="suffix, suffix:fixed, suffix:eager, acceptance:P")
+                        help="suffix, suffix:fixed, suffix:eager, eagle, eagle:fused, eagle:eager, acceptance:P")
+    parser.add_argument("--eagle", default=None, help="EAGLE-3 drafter folder for the eagle methods (default: the "
+                                                      "fixture's committed one, or a random one for tiny:/random:)")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -82,6 +110,9 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-stock-static", action="store_true", help="skip stock static+compile (CPU smoke runs)")
     parser.add_argument("--allow-mismatch", action="store_true", help="report, do not fail on, rows that differ "
                                                                         "from stock greedy (bf16)")
+    parser.add_argument("--profile", type=int, nargs="*", default=[],
+                        help="batch sizes at which one more call of each method runs under cProfile (host functions by "
+                             "own time, written to --out/profile_B<B>_<method>.txt and the top lines printed)")
     parser.add_argument("--out", default=None, help="folder for the PNG and results.json")
     args = parser.parse_args(argv)
 
@@ -89,6 +120,7 @@ def run(argv: list[str] | None = None) -> dict:
     model, tokenizer = load_model(args.model, dtype, args.device)
     vocab = model.config.get_text_config().vocab_size
     prompts = encode_prompts(tokenizer, max(args.batch_sizes), args.device, vocab, args.prompt_tokens)
+    eagle = load_eagle(args.eagle, model, args.model) if any(n.startswith("eagle") for n in args.drafters) else None
     gen = dict(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens, do_sample=False,
                eos_token_id=None, pad_token_id=model.config.get_text_config().pad_token_id or 0)
     quiet_gc()
@@ -113,10 +145,10 @@ def run(argv: list[str] | None = None) -> dict:
                                  **method_kwargs("acceptance:1.0", reference, vocab, args.max_new_tokens))
         for name in args.drafters:
             kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
-                                   args.max_new_tokens)
+                                   args.max_new_tokens, eagle)
             model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs)  # warm-up, calibration
             kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
-                                   args.max_new_tokens)  # fresh drafters
+                                   args.max_new_tokens, eagle)  # fresh drafters
             seconds, out = timed(lambda: model.generate(ids, custom_generate=speculative_generate,
                                                         return_dict_in_generate=True, **gen, **kwargs), args.device)
             same = (out.sequences == reference).all(-1).float().mean().item()
@@ -132,6 +164,11 @@ def run(argv: list[str] | None = None) -> dict:
             entry[f"{name}.draft_ms_per_step"] = 1000 * stats.draft_seconds / steps
             entry[f"{name}.verify_ms_per_step"] = 1000 * stats.verify_seconds / steps
             entry[f"{name}.steps"] = stats.target_forwards
+            if rows in args.profile:
+                kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
+                                       args.max_new_tokens, eagle)
+                profile_call(lambda: model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs),
+                             args.device, f"B={rows} {name}", args.out, f"profile_B{rows}_{name.replace(':', '_')}.txt")
         rows_out.append(entry)
     if gate_failures and not args.allow_mismatch:
         print("correctness gate failed:\n  " + "\n  ".join(gate_failures))
@@ -169,6 +206,32 @@ def run(argv: list[str] | None = None) -> dict:
              args.model)
     print(json.dumps(result))
     return result
+
+
+def profile_call(fn, device, label: str, out: str | None, filename: str, top: int = 12) -> None:
+    """Run `fn` once under cProfile; print the `top` host functions by own time (all of them to `out/filename`)."""
+    import cProfile
+    import io
+    import os
+    import pstats
+
+    profiler = cProfile.Profile()
+    _sync(device)
+    profiler.enable()
+    fn()
+    _sync(device)
+    profiler.disable()
+    stream = io.StringIO()
+    pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(top)
+    print(f"--- profile {label}\n" + "\n".join(stream.getvalue().splitlines()[-top - 2 :]))
+    if out:
+        stream = io.StringIO()
+        stats = pstats.Stats(profiler, stream=stream)
+        stats.sort_stats("tottime").print_stats(60)
+        stats.sort_stats("cumulative").print_stats("hf_hybrid_spec|kernels", 60)
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, filename), "w") as f:
+            f.write(stream.getvalue())
 
 
 def plot(rows: list[dict], methods: list[str], with_static: bool, path: str, title: str) -> None:

@@ -14,7 +14,8 @@
 #             suffix with CUDA graphs in one run (MTP_STAGES="train eval" by default; MTP_MINUTES of training;
 #             MTP_EVAL_ARGS=--compile-drafter to fuse the drafters' passes)
 #   batch     batched speculation against stock batched decoding at B = 1..64 (the fixture; BATCH_MODEL=random:... for a
-#             random-weight model with the acceptance-controlled drafter; BATCH_SIZES to choose the batch sizes)
+#             random-weight model with the acceptance-controlled drafter; BATCH_SIZES, BATCH_DRAFTERS to choose, BATCH_ARGS
+#             more bench flags, e.g. "--profile 64")
 #   serve     agentic sessions under Poisson arrivals: stock static AR one request at a time vs our continuous batching
 #             without and with speculation (and without prefix reuse); SERVE_RATES sessions per second, SERVE_ARGS
 #             more bench flags (e.g. "--prefill chunked")
@@ -52,13 +53,13 @@ case "${1:-}" in
   batch)
     # First the exactness of the captured batched graphs, in fp32 on a tiny model (the gate fails on any differing row;
     # SKIP_GATE=1 to skip it).
-    [ -n "${SKIP_GATE:-}" ] || TAILN=4 run 150 batch_gate python3 benchmarks/batch_bench.py --model tiny:qwen3_5_text --batch-sizes 3 \
-        --drafters suffix suffix:eager acceptance:0.8 --prompt-tokens 64 --max-new-tokens 48
+    [ -n "${SKIP_GATE:-}" ] || TAILN=4 run 240 batch_gate python3 benchmarks/batch_bench.py --model tiny:qwen3_5_text --batch-sizes 3 \
+        --drafters suffix suffix:eager eagle eagle:fused acceptance:0.8 --prompt-tokens 64 --max-new-tokens 48
     BM=${BATCH_MODEL:-$M}
     if [[ "$BM" == random:* ]]; then BD="acceptance:0.6 acceptance:0.8"; else BD="suffix acceptance:0.8"; fi
     TAILN=${TAILN:-16} CUTC=400 run "${BATCH_SECONDS:-480}" "batch_${BM//[:\/.]/_}" python3 benchmarks/batch_bench.py --model "$BM" \
         --batch-sizes ${BATCH_SIZES:-1 4 8 16 32 64} --drafters ${BATCH_DRAFTERS:-$BD} --dtype bfloat16 \
-        --prompt-tokens 256 --max-new-tokens 128 --allow-mismatch --out "$OUT/${BATCH_OUT:-batch}" ;;
+        --prompt-tokens 256 --max-new-tokens 128 --allow-mismatch ${BATCH_ARGS:-} --out "$OUT/${BATCH_OUT:-batch}" ;;
   serve)
     # The serving engine's captured graphs first, in fp32 on the fixture: every gate reply identical to plain generate.
     # SERVE_STAGES="gate bench" by default (each stage fits one device call on its own).
