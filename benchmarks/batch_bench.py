@@ -113,6 +113,9 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--profile", type=int, nargs="*", default=[],
                         help="batch sizes at which one more call of each method runs under cProfile (host functions by "
                              "own time, written to --out/profile_B<B>_<method>.txt and the top lines printed)")
+    parser.add_argument("--kernel-profile", type=int, nargs="*", default=[],
+                        help="batch sizes at which one more call of each method runs under torch.profiler (CUDA): the "
+                             "device's busy time against the wall time, and the kernels by device time")
     parser.add_argument("--out", default=None, help="folder for the PNG and results.json")
     args = parser.parse_args(argv)
 
@@ -164,6 +167,11 @@ def run(argv: list[str] | None = None) -> dict:
             entry[f"{name}.draft_ms_per_step"] = 1000 * stats.draft_seconds / steps
             entry[f"{name}.verify_ms_per_step"] = 1000 * stats.verify_seconds / steps
             entry[f"{name}.steps"] = stats.target_forwards
+            if rows in args.kernel_profile and args.device.startswith("cuda"):
+                kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
+                                       args.max_new_tokens, eagle)
+                kernel_profile(lambda: model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs),
+                               f"B={rows} {name}")
             if rows in args.profile:
                 kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
                                        args.max_new_tokens, eagle)
@@ -232,6 +240,24 @@ def profile_call(fn, device, label: str, out: str | None, filename: str, top: in
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, filename), "w") as f:
             f.write(stream.getvalue())
+
+
+def kernel_profile(fn, label: str, top: int = 12) -> None:
+    """Run `fn` once under torch.profiler: print the wall time, the device's busy time (kernels and copies summed)
+    and the `top` kernels by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.self_device_time_total for e in events) / 1e6
+    print(f"--- kernels {label}: wall {wall * 1e3:.1f} ms (profiled), device busy {busy * 1e3:.1f} ms")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:top]:
+        print(f"  {e.self_device_time_total / 1e3:8.2f} ms  {e.count:6d}x  {e.key[:90]}")
 
 
 def plot(rows: list[dict], methods: list[str], with_static: bool, path: str, title: str) -> None:

@@ -13,8 +13,8 @@ import torch
 
 from .kernels.tree import ancestor_mask, node_depth, validate_parent
 
-__all__ = ["DraftTree", "HostTree", "VerifyTree", "VerifyResult", "additive_mask", "build_verify_tree", "chain_tree",
-           "empty_draft", "tree_attention_mask"]
+__all__ = ["DraftTree", "DraftBatch", "HostTree", "VerifyTree", "VerifyResult", "additive_mask", "build_verify_tree",
+           "chain_tree", "empty_draft", "tree_attention_mask", "trim_draft"]
 
 
 @dataclass
@@ -164,6 +164,158 @@ def chain_tree(tokens: torch.Tensor, probs: torch.Tensor | None = None) -> Draft
     b, m = tokens.shape
     parents = (torch.arange(m, device=tokens.device) - 1).expand(b, m).clone()
     return DraftTree(tokens=tokens, parents=parents, probs=probs)
+
+
+@dataclass
+class DraftBatch:
+    """The drafts of one batch step, one row per running row, as padded host tensors: what the batch loop budgets,
+    lays out and verifies with a few tensor ops per step instead of a Python walk per row and node.
+
+    Attributes:
+        tokens: [R, M] int64; row r's draft nodes are 0 .. count[r] - 1 (topological order), the rest padding.
+        parents: [R, M] int64, each node's parent among its row's nodes, -1 under the root (padding: -1).
+        values: [R, M] float32, each node's value for the budget: the drafter's estimate that it is accepted (its
+            path probability; `prior ** depth` without scores), never above its parent's (padding: 0).
+        depth: [R, M] int64 depth below the root (children of the root: 1; padding: 0).
+        count: [R] int64 nodes per row.
+        drafts: the rows' own DraftTrees when they were drafted one per row (rules other than raw greedy read them:
+            sampled `probs`, `next_probs`), else None.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    values: torch.Tensor
+    depth: torch.Tensor
+    count: torch.Tensor
+    drafts: list[DraftTree] | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """[R, M] bool: the real nodes."""
+        return torch.arange(self.tokens.shape[1]) < self.count[:, None]
+
+    @property
+    def counts(self) -> list[int]:
+        """Nodes per row as a Python list (read once)."""
+        found = self.__dict__.get("_counts")
+        if found is None:
+            found = self.__dict__["_counts"] = self.count.tolist()
+        return found
+
+    @classmethod
+    def from_tensors(cls, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor | None,
+                     count: torch.Tensor, prior: float = 0.6, drafts: list[DraftTree] | None = None) -> DraftBatch:
+        """From padded host tensors ([R, M]; `scores` the drafter's acceptance estimates or None for `prior ** depth`):
+        depths worked out and values capped at their parents' (so any set of the likeliest nodes is closed under
+        parents), in a few passes over the batch."""
+        rows, width = tokens.shape
+        valid = torch.arange(width) < count[:, None]
+        parents = torch.where(valid, parents, -1)
+        under = parents >= 0
+        up = parents.clamp(min=0)
+        depth = valid.long()
+        values = scores.float().clamp(0.0, 1.0) if scores is not None else torch.full((rows, width), prior)
+        values = torch.where(valid, values, 0.0)
+        # Topological order: one pass per level settles the next level's depth and cap (at most the tree's depth).
+        for _ in range(width):
+            new_depth = torch.where(under, depth.gather(1, up) + 1, depth)
+            if scores is None:
+                new_values = torch.where(valid, torch.full_like(values, prior) ** new_depth.float(), 0.0)
+            else:
+                new_values = torch.where(under, torch.minimum(values, values.gather(1, up)), values)
+            if torch.equal(new_depth, depth) and torch.equal(new_values, values):
+                break
+            depth, values = new_depth, new_values
+        return cls(tokens=tokens, parents=parents, values=values, depth=depth, count=count, drafts=drafts)
+
+    @classmethod
+    def from_drafts(cls, drafts: list[DraftTree], prior: float = 0.6) -> DraftBatch:
+        """From one `DraftTree` per row (their host lists; one tensor per field for the whole batch)."""
+        hosts = [d.host() for d in drafts]
+        counts = [len(h.tokens) for h in hosts]
+        width = max(counts, default=0)
+        scored = any(h.scores is not None for h in hosts)
+
+        def padded(rows, fill):
+            return [row + [fill] * (width - len(row)) for row in rows]
+
+        tokens = torch.tensor(padded([h.tokens for h in hosts], 0), dtype=torch.long).view(len(hosts), width)
+        parents = torch.tensor(padded([h.parents for h in hosts], -1), dtype=torch.long).view(len(hosts), width)
+        scores = None
+        if scored:
+            # A row without scores among scored ones: its nodes at the prior by depth, like an unscored batch.
+            rows = [h.scores if h.scores is not None else _prior_scores(h.parents, prior) for h in hosts]
+            scores = torch.tensor(padded(rows, 0.0), dtype=torch.float32).view(len(hosts), width)
+        batch = cls.from_tensors(tokens, parents, scores, torch.tensor(counts, dtype=torch.long), prior,
+                                 drafts=list(drafts))
+        batch.__dict__["_counts"] = counts
+        return batch
+
+    def row(self, r: int) -> DraftTree:
+        """Row r's draft as a `DraftTree` (the row's own when it was drafted alone)."""
+        if self.drafts is not None:
+            return self.drafts[r]
+        n = self.counts[r]
+        return DraftTree.from_lists(self.tokens[r, :n].tolist(), self.parents[r, :n].tolist(),
+                                    self.values[r, :n].tolist())
+
+    def select(self, keep: torch.Tensor) -> DraftBatch:
+        """The nodes where `keep` [R, M] is True (closed under parents), each row's in index order, parents
+        remapped. Per-row drafts are trimmed too where they carry more than their tokens (`probs`, `next_probs`)."""
+        keep = keep & self.valid
+        position = keep.long().cumsum(1) - 1  # new index of every kept node
+        count = keep.sum(1)
+        width = int(count.max()) if self.rows else 0
+        rows, m = self.tokens.shape
+        target = torch.where(keep, position, width)  # dropped nodes go to a spare column, cut below
+
+        def place(x, fill):
+            out = torch.full((rows, width + 1), fill, dtype=x.dtype)
+            return out.scatter_(1, target, x)[:, :width]
+
+        parents = torch.where(self.parents >= 0, position.gather(1, self.parents.clamp(min=0)), -1)
+        drafts = None
+        if self.drafts is not None:
+            keeps = keep.tolist()
+            drafts = [trim_draft(d, [i for i, k in enumerate(row) if k]) for d, row in zip(self.drafts, keeps)]
+        out = DraftBatch(tokens=place(self.tokens, 0), parents=place(parents, -1), values=place(self.values, 0.0),
+                         depth=place(self.depth, 0), count=count, drafts=drafts)
+        return out
+
+    def verify_inputs(self, roots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host tokens and parents [R, 1 + M] of the verify tree: each row's root, then its draft nodes (draft node
+        j at index j + 1); padding nodes are leaves under the root (the root's token), which nobody commits."""
+        root = torch.tensor(roots, dtype=torch.long).view(-1, 1)
+        valid = self.valid
+        tokens = torch.cat([root, torch.where(valid, self.tokens, root)], dim=1)
+        parent = torch.cat([torch.full_like(root, -1), torch.where(valid & (self.parents >= 0), self.parents + 1, 0)],
+                           dim=1)
+        return tokens, parent
+
+
+def _prior_scores(parents: list[int], prior: float) -> list[float]:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(depth[p] + 1 if p >= 0 else 1)
+    return [prior**d for d in depth]
+
+
+def trim_draft(draft: DraftTree, keep: list[int]) -> DraftTree:
+    """`draft` reduced to the nodes `keep` (sorted, closed under parents): its host lists when it carries nothing
+    else, else its tensors."""
+    if len(keep) == draft.num_nodes:
+        return draft
+    host = draft.__dict__.get("_host")
+    if host is not None and draft.probs is None and draft.next_probs is None:
+        remap = {old: new for new, old in enumerate(keep)}
+        parents = [remap[host.parents[i]] if host.parents[i] >= 0 else -1 for i in keep]
+        scores = None if host.scores is None else [host.scores[i] for i in keep]
+        return DraftTree.from_lists([host.tokens[i] for i in keep], parents, scores, draft.info)
+    return draft.select(torch.tensor(keep, dtype=torch.long, device=draft.tokens.device))
 
 
 @dataclass

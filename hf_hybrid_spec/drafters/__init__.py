@@ -13,7 +13,7 @@ from torch import nn
 from ..config import AssistantConfig
 from ..registry import DRAFTERS
 from .base import DraftBudget, DraftContext, Drafter, HistoryHidden, TargetHidden, check_top_k, propose_within
-from .batch import BatchDrafter, BatchHidden, PerRowDrafters
+from .batch import BatchDrafter, BatchHidden, PerRowDrafters, RowTokens
 from .model import ModelDrafter, check_same_vocabulary
 from .ngram import NgramDrafter
 from .self_spec import LayerSkipDrafter, SelfSSMDrafter
@@ -24,6 +24,7 @@ __all__ = [
     "BatchDrafter",
     "BatchHidden",
     "PerRowDrafters",
+    "RowTokens",
     "propose_within",
     "DraftBudget",
     "DraftContext",

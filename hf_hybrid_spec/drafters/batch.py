@@ -3,7 +3,7 @@
 The batch loop (`engine.batch`) talks to one `BatchDrafter` for all B rows:
 
     begin(prompts, context, hidden)          # each row's prompt [1, P_b] (no padding); the prompts' hidden states
-    propose(rows, ids, budgets)              # the running rows' committed tokens -> one DraftTree per running row
+    propose(rows, ids, budgets)              # the running rows' committed tokens -> their drafts as one DraftBatch
     overlap()                                # the verify forward is launched, its result not yet read
     accept(rows, ids, results, hidden)       # after verification: each running row's result and path hidden states
     end(ids) / release()
@@ -18,14 +18,15 @@ batch instead of one per row.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ..tree import DraftTree, VerifyResult
+from ..tree import DraftBatch, VerifyResult
 from .base import DraftBudget, DraftContext, Drafter, TargetHidden, propose_within
 
-__all__ = ["BatchHidden", "BatchDrafter", "PerRowDrafters"]
+__all__ = ["BatchHidden", "BatchDrafter", "PerRowDrafters", "RowTokens"]
 
 
 @dataclass
@@ -50,10 +51,37 @@ class BatchHidden:
         return TargetHidden(self.layers, tuple(s[i : i + 1, a:b] for s in self.states))
 
 
+class RowTokens(Sequence):
+    """The running rows' committed tokens: item i is row i's [1, L_i] tensor, made when first asked for (a drafter
+    that needs only their lengths makes none: at B = 64 one view per row and step is a measurable part of a step).
+
+    Args:
+        read: i -> row i's tokens. lengths: [R] each row's committed length.
+    """
+
+    def __init__(self, read: Callable[[int], torch.Tensor], lengths: list[int]):
+        self._read, self.lengths = read, lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._read(j) for j in range(len(self))[i]]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"row {i} of {len(self)}")
+        return self._read(i % len(self))
+
+    @classmethod
+    def of(cls, rows: list[torch.Tensor]) -> RowTokens:
+        """From tensors at hand."""
+        return cls(rows.__getitem__, [r.shape[1] for r in rows])
+
+
 class BatchDrafter(ABC):
     """Drafts for the rows of one batch request (see the module docstring). Rows are named by their index in the
-    batch (0 .. B-1); `rows` lists the running ones, and `ids[i]` is row `rows[i]`'s committed tokens [1, L] (its
-    last token the root)."""
+    batch (0 .. B-1); `rows` lists the running ones, and `ids[i]` (a `RowTokens`) is row `rows[i]`'s committed tokens
+    [1, L] (its last token the root)."""
 
     name: str = "drafter"
     # Indices into the target's `hidden_states` output the drafter reads (empty: none, and no cost).
@@ -63,13 +91,13 @@ class BatchDrafter(ABC):
         """The batch starts: `prompts[b]` is row b's prompt [1, P_b] without its padding."""
 
     @abstractmethod
-    def propose(self, rows: list[int], ids: list[torch.Tensor], budgets: list[DraftBudget]) -> list[DraftTree]:
-        """One draft per running row, within that row's budget (an empty draft where nothing is drafted)."""
+    def propose(self, rows: list[int], ids: RowTokens, budgets: list[DraftBudget]) -> DraftBatch:
+        """The running rows' drafts (row i of the batch for row `rows[i]`), each within its row's budget."""
 
     def overlap(self) -> None:
         """The target's verify forward is launched and its result not read yet (see `Drafter.overlap`)."""
 
-    def accept(self, rows: list[int], ids: list[torch.Tensor], results: list[VerifyResult],
+    def accept(self, rows: list[int], ids: RowTokens, results: list[VerifyResult],
                hidden: BatchHidden | None) -> None:
         """The running rows committed `results[i]`; `ids[i]` is row `rows[i]`'s whole committed sequence, and
         `hidden` their path's hidden states (None for the first token after the prompt)."""
@@ -99,15 +127,15 @@ class PerRowDrafters(BatchDrafter):
         for b, (drafter, prompt) in enumerate(zip(self.drafters, prompts)):
             drafter.begin(prompt, context, None if hidden is None else hidden.row(b))
 
-    def propose(self, rows: list[int], ids: list[torch.Tensor], budgets: list[DraftBudget]) -> list[DraftTree]:
-        return [propose_within(self.drafters[b], row_ids, budget, self.ask_empty)
-                for b, row_ids, budget in zip(rows, ids, budgets)]
+    def propose(self, rows: list[int], ids: RowTokens, budgets: list[DraftBudget]) -> DraftBatch:
+        return DraftBatch.from_drafts([propose_within(self.drafters[b], row_ids, budget, self.ask_empty)
+                                       for b, row_ids, budget in zip(rows, ids, budgets)])
 
     def overlap(self) -> None:
         for drafter in self.drafters:
             drafter.overlap()
 
-    def accept(self, rows: list[int], ids: list[torch.Tensor], results: list[VerifyResult],
+    def accept(self, rows: list[int], ids: RowTokens, results: list[VerifyResult],
                hidden: BatchHidden | None) -> None:
         for i, (b, row_ids, result) in enumerate(zip(rows, ids, results)):
             self.drafters[b].accept(row_ids, result, None if hidden is None else hidden.row(i))

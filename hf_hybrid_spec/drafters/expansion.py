@@ -20,9 +20,10 @@ from typing import Protocol
 
 import torch
 
-from ..tree import DraftTree
+from ..tree import DraftBatch, DraftTree
 
-__all__ = ["TreeCandidates", "TreeStep", "RowTreeStep", "grow_tree", "grow_row_tree", "host_draft", "host_drafts"]
+__all__ = ["TreeCandidates", "TreeStep", "RowTreeStep", "grow_tree", "grow_row_tree", "host_draft", "host_drafts",
+           "host_batch"]
 
 
 @dataclass
@@ -160,3 +161,18 @@ def host_drafts(cands: TreeCandidates, drafter: str) -> list[DraftTree]:
                          scores=scores[row : row + 1], info={"drafter": drafter})
         drafts.append(full.select(ints[row, 2 * n :]))
     return drafts
+
+
+def host_batch(cands: TreeCandidates) -> DraftBatch:
+    """Every row's kept candidates ([R, C] `TreeCandidates` on the drafter's device) as one `DraftBatch` on the host:
+    the kept nodes gathered and their parents renumbered on the device, then one read (no per-row objects: a batch of
+    60-node trees would cost milliseconds of host work per step otherwise). Values are the path probabilities."""
+    keep = cands.keep
+    rows, kept = keep.shape
+    tokens = cands.tokens.gather(1, keep)
+    parent_ids = cands.parents.gather(1, keep)  # candidate ids (-1: under the root)
+    renumber = torch.full_like(cands.parents, -1).scatter_(1, keep, torch.arange(kept, device=keep.device).expand(rows, kept))
+    parents = torch.where(parent_ids >= 0, renumber.gather(1, parent_ids.clamp(min=0)), -1)
+    ints = torch.cat([tokens, parents], dim=1).cpu()
+    scores = cands.scores.gather(1, keep).exp().float().cpu()
+    return DraftBatch.from_tensors(ints[:, :kept], ints[:, kept:], scores, torch.full((rows,), kept, dtype=torch.long))

@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..drafters.base import DraftBudget, DraftContext, committed_since
-from ..drafters.batch import BatchDrafter, BatchHidden
-from ..drafters.expansion import host_drafts
-from ..tree import DraftTree, VerifyResult, empty_draft
+from ..drafters.base import DraftBudget, DraftContext
+from ..drafters.batch import BatchDrafter, BatchHidden, RowTokens
+from ..drafters.expansion import host_batch
+from ..tree import DraftBatch, VerifyResult, empty_draft
 from .modeling import EagleDrafter
 from .static import StaticEagleTree, static_eagle_tree
 
@@ -86,12 +86,16 @@ class BatchEagleDrafter(BatchDrafter):
         self.steps = counts
 
     @torch.no_grad()
-    def accept(self, rows: list[int], ids: list[torch.Tensor], results: list[VerifyResult],
+    def accept(self, rows: list[int], ids: RowTokens, results: list[VerifyResult],
                hidden: BatchHidden | None) -> None:
         if self.store is None:
             raise RuntimeError("the EAGLE drafter's accept() came before begin()")
-        news = [committed_since(row_ids, self.steps[b] + 1, result)
-                for b, row_ids, result in zip(rows, ids, results)]
+        news = []
+        for i, (b, result) in enumerate(zip(rows, results)):
+            new, seen = result.token_list, self.steps[b] + 1
+            if new is None or seen + len(new) != ids.lengths[i]:  # a stopping criterion cut the run short
+                new = ids[i][0, seen:].tolist()
+            news.append(new)
         counts = [0] * self.rows
         if hidden is None:  # the first token after the prompt: paired with each prompt's pending last feature
             if self.pending is None:
@@ -118,28 +122,26 @@ class BatchEagleDrafter(BatchDrafter):
         self.steps = [s + c for s, c in zip(self.steps, counts)]
 
     @torch.no_grad()
-    def propose(self, rows: list[int], ids: list[torch.Tensor], budgets: list[DraftBudget]) -> list[DraftTree]:
+    def propose(self, rows: list[int], ids: RowTokens, budgets: list[DraftBudget]) -> DraftBatch:
         if self.store is None:
             raise RuntimeError("the EAGLE drafter's propose() came before begin()")
-        for b, row_ids in zip(rows, ids):
-            if self.steps[b] != row_ids.shape[1] - 1:
-                raise RuntimeError(f"the EAGLE drafter holds {self.steps[b]} steps for row {b}'s "
-                                   f"{row_ids.shape[1]} committed tokens; it is out of step with the target")
+        for b, length in zip(rows, ids.lengths):
+            if self.steps[b] != length - 1:
+                raise RuntimeError(f"the EAGLE drafter holds {self.steps[b]} steps for row {b}'s {length} committed "
+                                   "tokens; it is out of step with the target")
         nodes = max(budget.max_nodes for budget in budgets)
         if nodes <= 0 or max(budget.max_depth for budget in budgets) <= 0:
-            return [empty_draft(1) for _ in rows]
-        drafts = host_drafts(self.store.draft_rows(nodes, self.max_depth), "eagle")
-        out = []
-        for b, budget in zip(rows, budgets):
-            draft = drafts[b]
-            if budget.max_depth <= 0 or budget.max_nodes <= 0:
-                draft = empty_draft(1)
-            elif budget.max_depth < self.max_depth:
-                draft = draft.truncate_depth(budget.max_depth)
-            if draft.num_nodes > budget.max_nodes:
-                draft = draft.select(torch.arange(budget.max_nodes))
-            out.append(draft)
-        return out
+            return DraftBatch.from_drafts([empty_draft(1) for _ in rows])
+        drafts = host_batch(self.store.draft_rows(nodes, self.max_depth))
+        if rows != list(range(self.rows)):
+            index = torch.tensor(rows, dtype=torch.long)
+            drafts = DraftBatch(tokens=drafts.tokens[index], parents=drafts.parents[index],
+                                values=drafts.values[index], depth=drafts.depth[index], count=drafts.count[index])
+        # Rows whose budget is smaller than the expansion's (their last few tokens, or fewer nodes): cut on the host.
+        depths = torch.tensor([budget.max_depth for budget in budgets]).view(-1, 1)
+        limits = torch.tensor([budget.max_nodes for budget in budgets]).view(-1, 1)
+        keep = (drafts.depth <= depths) & (torch.arange(drafts.tokens.shape[1]) < limits)
+        return drafts if bool(keep.all()) else drafts.select(keep)
 
     def end(self, ids: list[torch.Tensor]) -> None:
         self.release()

@@ -22,23 +22,25 @@ tokens are real generations, cut at the length where the last row stopped).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 from transformers.utils import logging
 
-from ..drafters import BatchHidden, DraftBudget, DraftContext
+from ..drafters import BatchHidden, DraftBudget, DraftContext, RowTokens
 from ..kernels.tree import ancestor_mask
-from ..tree import DraftTree, VerifyResult, VerifyTree, empty_draft
-from ..verification import FirstToken, StepInputs, greedy_walk, make_verifier, process_tree_logits, row_processors
+from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
+from ..verification import FirstToken, StepInputs, make_verifier, process_tree_logits, row_processors
 from .backend import BatchEagerBackend
-from .budget import VerifyCost, cached_cost, choose_nodes, node_values, paying_width, time_forward, trim_to_budget
+from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, SpecStats, SpeculativeDecoderOnlyOutput
 from .request import Request
 from .rows import BatchRecorder
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["decode_batch", "measure_verify_cost", "batch_tree", "verify_rows", "apply_budget", "batch_buckets"]
+__all__ = ["decode_batch", "measure_verify_cost", "batch_tree", "verify_rows", "greedy_rows", "apply_budget",
+           "batch_buckets"]
 
 # Widths (nodes per row, root included) at which the eager path's verify cost is measured; a static runner is
 # measured at its buckets.
@@ -89,7 +91,7 @@ def decode_batch(request: Request):
                                                                      node_budget)) for b in range(rows)]
         rec.append(list(range(rows)), [first.token_list for first in firsts])
         everyone = list(range(rows))
-        drafter.accept(everyone, [rec.ids(b, pads[b]) for b in everyone],
+        drafter.accept(everyone, _row_tokens(rec, everyone, pads),
                        [VerifyResult(path=[0], tokens=f.tokens, score_nodes=[0], token_list=f.token_list)
                         for f in firsts], None)
         del out, logits, scores, firsts, hidden
@@ -106,17 +108,17 @@ def decode_batch(request: Request):
             if node_budget > 0:
                 budgets = [DraftBudget(max_nodes=node_budget, max_depth=min(config.max_depth, limit - rec.lengths[b] - 1))
                            for b in running]
-                drafts = drafter.propose(running, [rec.ids(b, pads[b]) for b in running], budgets)
+                drafts = drafter.propose(running, _row_tokens(rec, running, pads), budgets)
             else:
-                drafts = [empty_draft(1) for _ in running]
+                drafts = DraftBatch.from_drafts([empty_draft(1)] * len(running))
             drafts = apply_budget(drafts, cost, config, stats, backend.widths)
             t1 = time.perf_counter()
             tree = batch_tree([rec.host[b][-1] for b in running], drafts, backend.tree_device)
             verified = backend.forward(tree)
             try:
                 drafter.overlap()
-                results = verify_rows(tree, drafts, verified.logits, [rec.ids(b) for b in running], verifier,
-                                       [per_row[b] for b in running], raw_greedy)
+                results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
+                                      [per_row[b] for b in running], raw_greedy)
                 del verified
             except BaseException:
                 backend.abort()
@@ -127,16 +129,16 @@ def decode_batch(request: Request):
             stats.target_forwards += 1
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            stats.plain_steps += int(all(d.num_nodes == 0 for d in drafts))
-            for b, draft, result in zip(running, drafts, results):
+            stats.plain_steps += int(not any(drafts.counts))
+            for b, drafted, result in zip(running, drafts.counts, results):
                 accepted = len(result.token_list)
                 for s in (stats, row_stats[b]):
                     s.accepted_lengths.append(accepted)
-                    s.drafted_tokens.append(draft.num_nodes)
+                    s.drafted_tokens.append(drafted)
                 row_stats[b].target_forwards += 1
-            drafter.accept(running, [rec.ids(b, pads[b]) for b in running], results, hidden)
+            drafter.accept(running, _row_tokens(rec, running, pads), results, hidden)
             running = _still_running(running, rec, backend, gen.max_length)
-        drafter.end([rec.ids(b, pads[b]) for b in range(rows)])
+        drafter.end(_row_tokens(rec, list(range(rows)), pads))
     finally:
         backend.release()
     length = max(rec.lengths) if rec.truncate else min(_length_limit(rec, gen.max_length), max(rec.lengths))
@@ -161,7 +163,7 @@ def _backend(request: Request, layers: tuple[int, ...], node_budget: int):
     buckets = batch_buckets(config.compile_buckets, node_budget)
     static_length = request.generation_config.max_length + max(buckets)
     return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request,
-                              hidden_layers=layers)
+                              hidden_layers=layers, fuse=config.compile_verify)
 
 
 def batch_buckets(compile_buckets: tuple[int, ...], node_budget: int) -> tuple[int, ...]:
@@ -170,6 +172,12 @@ def batch_buckets(compile_buckets: tuple[int, ...], node_budget: int) -> tuple[i
     step of width 8 costs 8 tokens per row, where the budget often wants one (a plain decode step) or two."""
     needed = next((b for b in compile_buckets if b >= node_budget + 1), max(compile_buckets))
     return tuple(sorted({b for b in compile_buckets if b <= needed} | set(NARROW_BUCKETS)))
+
+
+def _row_tokens(rec: BatchRecorder, rows: list[int], pads: list[int] | None = None) -> RowTokens:
+    """Rows `rows`' committed tokens, without their left padding when `pads` is given (each a view made on demand)."""
+    starts = [0] * len(rows) if pads is None else [pads[b] for b in rows]
+    return RowTokens(lambda i: rec.ids(rows[i], starts[i]), [rec.lengths[b] - s for b, s in zip(rows, starts)])
 
 
 def _has_eos_criterion(stopping) -> bool:
@@ -195,33 +203,25 @@ def _still_running(running: list[int], rec: BatchRecorder, backend, max_length: 
     return [running[j] for j in keep]
 
 
-def apply_budget(drafts: list[DraftTree], cost: VerifyCost | None, config, stats: SpecStats,
-                  widths: list[int] | None) -> list[DraftTree]:
+def apply_budget(drafts: DraftBatch, cost: VerifyCost | None, config, stats: SpecStats,
+                 widths: list[int] | None) -> DraftBatch:
     """The drafts after the batch-wide budget: every node when they fit `max_verify_nodes` and no cost model is in
-    use, else the global top-n by value (`budget.choose_nodes`)."""
-    total = sum(d.num_nodes for d in drafts)
+    use, else the global top-n by value (`budget.choose_batch`)."""
+    total = sum(drafts.counts)
     if total == 0 or (cost is None and total <= config.max_verify_nodes):
         return drafts
     if cost is None:
         stats.budget_capped = True
-    choice = choose_nodes([node_values(d) for d in drafts], cost, config.budget_slack, config.max_verify_nodes,
-                          widths)
-    return [trim_to_budget(d, keep) for d, keep in zip(drafts, choice.keep)]
+    keep, _ = choose_batch(drafts, cost, config.budget_slack, config.max_verify_nodes, widths)
+    return drafts.select(keep)
 
 
-def batch_tree(roots: list[int], drafts: list[DraftTree], device: torch.device) -> VerifyTree:
+def batch_tree(roots: list[int], drafts: DraftBatch, device: torch.device) -> VerifyTree:
     """One verify tree [R, N] on `device` from the rows' roots and drafts, laid out on the host: each row is its root
     and draft (draft node j at index j + 1), padded to the widest row with leaves under the root that nobody commits
     (they attend to the root only, and no real node sees them)."""
-    width = 1 + max(d.num_nodes for d in drafts)
-    tokens, parents = [], []
-    for root, draft in zip(roots, drafts):
-        host = draft.host()
-        pad = width - 1 - len(host.tokens)
-        tokens.append([root] + host.tokens + [root] * pad)
-        parents.append([-1] + [p + 1 if p >= 0 else 0 for p in host.parents] + [0] * pad)
-    return _host_or_device_tree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
-                                device)
+    tokens, parents = drafts.verify_inputs(roots)
+    return _host_or_device_tree(tokens, parents, device)
 
 
 def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: torch.device) -> VerifyTree:
@@ -235,27 +235,17 @@ def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: tor
                       _depth=move(ancestors.sum(-1) - 1))
 
 
-def verify_rows(tree: VerifyTree, drafts: list[DraftTree], logits: torch.Tensor, row_ids: list[torch.Tensor],
-                 verifier, processors: list, raw_greedy: bool) -> list[VerifyResult]:
-    """Each row's result. Greedy over raw logits: one argmax over [R, N, V] and one host read for the batch; else the
-    row's own tree and scores through the rule (its processors see the row's ids, as stock generate's do)."""
+def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_ids: Sequence[torch.Tensor],
+                verifier, processors: list, raw_greedy: bool) -> list[VerifyResult]:
+    """Each row's result. Greedy over raw logits: one argmax over [R, N, V], one host read, and the accepted paths
+    of every row worked out together (`greedy_rows`); else the row's own tree and scores through the rule (its
+    processors see the row's ids, as stock generate's do)."""
     if raw_greedy:
-        best = logits.argmax(dim=-1).tolist()
-        results = []
-        for row, draft in enumerate(drafts):
-            host = draft.host()
-            tokens = [None] + host.tokens
-            children: list[list[int]] = [[] for _ in tokens]
-            for j, p in enumerate(host.parents):
-                children[p + 1 if p >= 0 else 0].append(j + 1)
-            path, new = greedy_walk(tokens, children, best[row])
-            # Host tensors: the loop records the host lists; a drafter that wants the tokens on a device moves them.
-            results.append(VerifyResult(path=path, tokens=torch.tensor(new, dtype=torch.long), score_nodes=path[:],
-                                        token_list=new))
-        return results
+        return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
     results = []
     host_tokens, host_parent = tree.tokens.cpu(), tree.parent.cpu()
-    for row, (draft, ids, row_procs) in enumerate(zip(drafts, row_ids, processors)):
+    for row, (ids, row_procs) in enumerate(zip(row_ids, processors)):
+        draft = drafts.row(row)
         n = draft.num_nodes + 1
         row_tree = VerifyTree(tokens=host_tokens[row : row + 1, :n], parent=host_parent[row : row + 1, :n], draft=draft)
         raw = logits[row : row + 1, :n].to(torch.float32)
@@ -265,6 +255,45 @@ def verify_rows(tree: VerifyTree, drafts: list[DraftTree], logits: torch.Tensor,
             result.token_list = result.tokens.tolist()
         results.append(result)
     return results
+
+
+def greedy_rows(drafts: DraftBatch, best: torch.Tensor) -> list[VerifyResult]:
+    """Greedy acceptance of every row at once: `best` [R, >= 1 + M] the target's argmax at each verify-tree node (node
+    0 the root, draft node j at j + 1). A draft node is accepted when its token is the argmax at its parent and its
+    parent is accepted; each row keeps its deepest accepted node's path (the lowest index among equally deep ones:
+    siblings with one token commit the same tokens) and the argmax after it. Exact for any tree: every committed token
+    is the target's greedy choice after the committed ones before it."""
+    rows, m = drafts.tokens.shape
+    under = drafts.parents >= 0
+    at_parent = best.gather(1, torch.where(under, drafts.parents + 1, 0))  # the argmax at each node's parent
+    match = (drafts.tokens == at_parent) & drafts.valid
+    accepted = match
+    for _ in range(m):  # one level per pass, at most the tree's depth
+        parent_ok = torch.where(under, accepted.gather(1, drafts.parents.clamp(min=0)), True)
+        step = match & parent_ok
+        if torch.equal(step, accepted):
+            break
+        accepted = step
+    depth = torch.where(accepted, drafts.depth, 0)
+    deepest = depth.max(1) if m else None
+    leaf = torch.where(deepest.values > 0, deepest.indices, -1).tolist() if m else [-1] * rows
+    parents = drafts.parents.tolist()
+    tokens = drafts.tokens.tolist()
+    best_rows = best.tolist()
+    paths, news = [], []
+    for row in range(rows):
+        node, path = leaf[row], []
+        while node >= 0:
+            path.append(node)
+            node = parents[row][node]
+        path.reverse()
+        paths.append([0] + [j + 1 for j in path])
+        news.append([tokens[row][j] for j in path] + [best_rows[row][leaf[row] + 1]])
+    # Every row's tokens in one tensor, each result a view of its row (one allocation for the batch).
+    width = max(len(new) for new in news)
+    table = torch.tensor([new + [0] * (width - len(new)) for new in news], dtype=torch.long)
+    return [VerifyResult(path=path, tokens=table[row, : len(new)], score_nodes=path[:], token_list=new)
+            for row, (path, new) in enumerate(zip(paths, news))]
 
 
 # ---------------------------------------------------------------------- the verify cost model

@@ -18,12 +18,16 @@ different committed lengths need no realignment:
   name (`hidden_layers`): graph outputs of the bucket, from which the backend gathers each row's accepted path after
   the commit.
 
-Runs the same code eagerly without graphs (CPU), which is what the CPU tests check. The fused verify regions
-(`compile_verify`) run on the one-row runner only, for now.
+- with `fuse=True` (`AssistantConfig(compile_verify=True)`) the model's pure regions run Inductor-compiled inside the
+  forward, its independent projections side by side and its attention on the tree-attention kernel (which takes the
+  per-row mask as it is), as in the one-row runner (`static.StaticTreeRunner`).
+
+Runs the same code eagerly without graphs (CPU), which is what the CPU tests check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
@@ -34,9 +38,11 @@ from transformers.utils import logging
 from ..cache import CommittedState, HybridTreeCache, export_committed, import_committed
 from ..drafters import BatchHidden
 from ..forward import forward_tokens
+from ..fusion import fusable_modules, fused_regions, parallel_enabled
 from ..graphs import Leased
 from ..kernels.tree import ancestor_mask
 from ..models import get_adapter
+from ..models.tree_attention import routed_attention, tree_attention_enabled
 from ..tree import VerifyTree, tree_attention_mask
 from .backend import VerifyOutputs, gather_paths
 from .static import DEFAULT_BUCKETS, capture_bucket, capture_key
@@ -85,14 +91,23 @@ class BatchStaticRunner(Leased):
         model: the target. rows: the batch size. static_length: slots per row (prompt, new tokens, one tree).
         buckets: tree widths (root included) to capture. use_graphs: default when the model is on one CUDA device.
         hidden_layers: indices into the model's `hidden_states` output that each forward also returns (`hidden`).
+        fuse: the model's pure regions Inductor-compiled in the verify forward (`hf_hybrid_spec.fusion`), its
+            independent projections side by side and its attention on the tree-attention kernel.
     """
 
     def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-                 use_graphs: bool | None = None, hidden_layers: tuple[int, ...] = ()):
-        get_adapter(model)  # route the recurrent mixers
+                 use_graphs: bool | None = None, hidden_layers: tuple[int, ...] = (), fuse: bool = False):
+        adapter = get_adapter(model)  # route the recurrent mixers
         self._model = weakref.ref(model)
         self.rows = rows
         self.hidden_layers = tuple(int(i) for i in hidden_layers)
+        # The fused forward's pieces, held weakly like the model (see `static.StaticTreeRunner`).
+        self.fuse = fuse
+        self._fused_modules = weakref.WeakSet(fusable_modules(model)) if fuse else None
+        self._parallel = fuse and parallel_enabled()
+        self._fused_forwards = weakref.WeakKeyDictionary(adapter.fused_forwards(model) if self._parallel else {})
+        self._fused_attention = weakref.WeakSet(adapter.attention_modules(model) if fuse and tree_attention_enabled()
+                                                else [])
         self.device = model.device
         self.static_length = static_length
         self.cache = HybridTreeCache(model.config, static_length=static_length)
@@ -193,8 +208,14 @@ class BatchStaticRunner(Leased):
         mask, positions = bucket.prepare()
         cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
         try:
-            out = forward_tokens(self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
-                                 logits_to_keep=0, output_hidden_states=bool(self.hidden_layers))
+            with contextlib.ExitStack() as fused:
+                if self.fuse:
+                    fused.enter_context(fused_regions(self.model, list(self._fused_modules),
+                                                      dict(self._fused_forwards), parallel=self._parallel))
+                    fused.enter_context(routed_attention(list(self._fused_attention)))
+                out = forward_tokens(self.model, bucket.tokens, self.cache, position_ids=positions,
+                                     attention_mask=mask, logits_to_keep=0,
+                                     output_hidden_states=bool(self.hidden_layers))
         except BaseException:
             self.cache.abort()
             raise
@@ -243,12 +264,12 @@ class BatchStaticBackend:
     tree_device = torch.device("cpu")  # the runner stages host trees in one copy
 
     def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...], owner,
-                 runner: BatchStaticRunner | None = None, hidden_layers: tuple[int, ...] = ()):
+                 runner: BatchStaticRunner | None = None, hidden_layers: tuple[int, ...] = (), fuse: bool = False):
         self.model = model
         self.hidden_layers = tuple(hidden_layers)
         # A runner of the caller's own (a serving engine's, kept for its lifetime), else one leased from the pool.
         self.runner = runner if runner is not None else batch_runner(model, rows, static_length, buckets, owner,
-                                                                     hidden_layers=self.hidden_layers)
+                                                                     hidden_layers=self.hidden_layers, fuse=fuse)
         if self.runner.hidden_layers != self.hidden_layers:
             raise ValueError(f"the runner returns hidden layers {self.runner.hidden_layers}, not "
                              f"{self.hidden_layers}")
@@ -366,23 +387,26 @@ MAX_BATCH_RUNNERS_PER_MODEL = 4
 
 
 def batch_runner(model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...],
-                 owner=None, hidden_layers: tuple[int, ...] = ()) -> BatchStaticRunner:
+                 owner=None, hidden_layers: tuple[int, ...] = (), fuse: bool = False) -> BatchStaticRunner:
     """A `BatchStaticRunner` of `rows` rows and at least `static_length` slots for `model` (returning the hidden states
-    of `hidden_layers`), its cache empty, leased to `owner` when given (hand it back with `runner.release()`)."""
+    of `hidden_layers`; with the fused forward for `fuse`), its cache empty, leased to `owner` when given (hand it back
+    with `runner.release()`)."""
     hidden_layers = tuple(int(i) for i in hidden_layers)
-    key = (rows, tuple(sorted({int(b) for b in buckets})), hidden_layers, capture_key(model))
+    key = (rows, tuple(sorted({int(b) for b in buckets})), hidden_layers, bool(fuse), capture_key(model))
     with _LOCK:
         runners = _RUNNERS.setdefault(model, {})
         runner = runners.get(key)
         if runner is not None and runner.in_use:
-            runner = BatchStaticRunner(model, rows, static_length, buckets, hidden_layers=hidden_layers)  # not kept
+            runner = BatchStaticRunner(model, rows, static_length, buckets, hidden_layers=hidden_layers,
+                                       fuse=fuse)  # this call's own, not kept
         else:
             runners.pop(key, None)
             if runner is not None and runner.static_length >= static_length:
                 runner.cache.reset()
             else:
                 runner = None  # drop the short one before allocating the new cache
-                runner = BatchStaticRunner(model, rows, static_length, buckets, hidden_layers=hidden_layers)
+                runner = BatchStaticRunner(model, rows, static_length, buckets, hidden_layers=hidden_layers,
+                                           fuse=fuse)
             runners[key] = runner
             while len(runners) > MAX_BATCH_RUNNERS_PER_MODEL:
                 runners.pop(next(iter(runners)))

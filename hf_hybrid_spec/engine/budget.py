@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tree import DraftTree
+from ..tree import DraftBatch, DraftTree
 
-__all__ = ["VerifyCost", "BudgetChoice", "node_values", "choose_nodes", "paying_width", "trim_to_budget",
+__all__ = ["VerifyCost", "BudgetChoice", "node_values", "choose_batch", "choose_nodes", "paying_width",
            "cached_cost", "time_forward", "DEFAULT_PRIOR"]
 
 # The acceptance estimate of a draft node whose drafter gives no scores: DEFAULT_PRIOR ** depth.
@@ -66,9 +66,9 @@ class VerifyCost:
 
 @dataclass
 class BudgetChoice:
-    """One step's decision: `keep[b]` the sorted node indices row b keeps, `width` the widest row (root included),
-    `nodes` the kept count over the batch, `expected_tokens` the committed tokens their values predict (roots
-    included)."""
+    """One step's decision: `keep[b]` the sorted node indices row b keeps (`choose_nodes`), `width` the widest row
+    (root included), `nodes` the kept count over the batch, `expected_tokens` the committed tokens their values
+    predict (roots included)."""
 
     keep: list[list[int]]
     width: int
@@ -78,14 +78,8 @@ class BudgetChoice:
 
 def node_values(draft: DraftTree, prior: float = DEFAULT_PRIOR) -> list[float]:
     """Row 0's node values: the drafter's scores (a node capped at its parent's value, so a kept node's parent is
-    always kept), or `prior ** depth` without scores."""
-    host = draft.host()
-    values: list[float] = []
-    for i, parent in enumerate(host.parents):
-        up = 1.0 if parent < 0 else values[parent]
-        own = host.scores[i] if host.scores is not None else (up * prior)
-        values.append(min(max(float(own), 0.0), up))
-    return values
+    always kept), or `prior ** depth` without scores (what `DraftBatch` computes for a whole batch)."""
+    return DraftBatch.from_drafts([draft], prior).values[0].tolist()
 
 
 def paying_width(cost: VerifyCost, rows: int, slack: float = 0.05, widths: list[int] | None = None) -> int:
@@ -99,73 +93,68 @@ def paying_width(cost: VerifyCost, rows: int, slack: float = 0.05, widths: list[
     return best
 
 
-def choose_nodes(values: list[list[float]], cost: VerifyCost | None, slack: float = 0.05,
-                 max_nodes: int | None = None, widths: list[int] | None = None) -> BudgetChoice:
-    """The budget's pick over the rows' node values (`node_values`, one list per row): the width (among `widths`,
-    default every width up to the widest draft's) of most expected tokens per second under `cost`, each row its
-    likeliest nodes within it, at most `max_nodes` in all (see the module docstring); with no cost model, every node
-    up to `max_nodes` (the likeliest across rows first)."""
-    rows = len(values)
+def choose_batch(batch: DraftBatch, cost: VerifyCost | None, slack: float = 0.05, max_nodes: int | None = None,
+                 widths: list[int] | None = None) -> tuple[torch.Tensor, BudgetChoice]:
+    """The budget's pick over a batch's drafts (see the module docstring): the width (among `widths`, default every
+    width up to the widest draft's) of most expected tokens per second under `cost`, each row its likeliest nodes
+    within it, at most `max_nodes` in all, the likeliest across rows first; with no cost model, every node up to
+    `max_nodes`. Returns the kept nodes as a [R, M] bool mask and the choice (its `keep` lists unfilled)."""
+    rows, m = batch.tokens.shape
+    valid = batch.valid
     # Within a row: highest value first, ties in index order (a parent's index is below its children's), so every
-    # prefix of the ranking is closed under parents.
-    ranked = [sorted(range(len(row)), key=lambda i, row=row: (-row[i], i)) for row in values]
-    widest = 1 + max((len(row) for row in values), default=0)
+    # prefix of the ranking is closed under parents. Padding ranks last.
+    values = torch.where(valid, batch.values, -1.0)
+    order = torch.sort(values, dim=1, descending=True, stable=True).indices
+    ranked = values.gather(1, order).clamp(min=0.0)
+    widest = 1 + (max(batch.counts) if rows else 0)
     if cost is None:
         width = widest
     else:
-        # Expected tokens at width w: the rows plus each row's best w - 1 values (prefix sums), the cap aside.
-        prefix = []
-        for row, order in zip(values, ranked):
-            sums, total = [0.0], 0.0
-            for i in order:
-                total += row[i]
-                sums.append(total)
-            prefix.append(sums)
+        prefix = torch.cat([torch.zeros(rows, 1), ranked.cumsum(1)], dim=1).sum(0).tolist()  # [M + 1] over rows
         candidates = sorted({min(w, widest) for w in (widths or range(1, widest + 1))} | {1})
         plain = rows / cost(1)
         width, best_rate = 1, plain
         for w in candidates[1:]:
             if max_nodes is not None and rows * (w - 1) > max_nodes:
-                expected = rows + sum(v for v, _, _ in _capped(values, ranked, w, max_nodes))
+                top = ranked[:, : w - 1].flatten()
+                expected = rows + float(top.topk(min(max_nodes, top.numel())).values.sum())
             else:
-                expected = rows + sum(sums[min(w - 1, len(sums) - 1)] for sums in prefix)
+                expected = rows + prefix[min(w - 1, m)]
             rate = expected / cost(w)
             if rate > best_rate:
                 width, best_rate = w, rate
         if best_rate < (1.0 + slack) * plain:
             width = 1
-    picked = _capped(values, ranked, width, max_nodes)
-    keep: list[list[int]] = [[] for _ in range(rows)]
-    for _, b, i in picked:
-        keep[b].append(i)
-    for row in keep:
-        row.sort()
-    return BudgetChoice(keep=keep, width=1 + max((len(k) for k in keep), default=0), nodes=len(picked),
-                        expected_tokens=rows + sum(v for v, _, _ in picked))
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(m).expand(rows, m))
+    keep = (rank < width - 1) & valid
+    if max_nodes is not None and int(keep.sum()) > max_nodes:
+        # The likeliest across rows; ties to the lower node index, then the lower row (two stable sorts on the
+        # row-major candidates).
+        row_of, index_of = keep.nonzero(as_tuple=True)
+        by_index = torch.sort(index_of, stable=True).indices
+        by_value = torch.sort(batch.values[row_of, index_of][by_index], descending=True, stable=True).indices
+        chosen = by_index[by_value[:max_nodes]]
+        keep = torch.zeros_like(keep)
+        keep[row_of[chosen], index_of[chosen]] = True
+    kept = keep.sum(1)
+    choice = BudgetChoice(keep=[], width=1 + (int(kept.max()) if rows else 0), nodes=int(kept.sum()),
+                          expected_tokens=rows + float(torch.where(keep, batch.values, 0.0).sum()))
+    return keep, choice
 
 
-def _capped(values: list[list[float]], ranked: list[list[int]], width: int, max_nodes: int | None):
-    """Each row's best `width - 1` nodes, then the best `max_nodes` of those across rows: [(value, row, index)]."""
-    picked = [(values[b][i], b, i) for b, order in enumerate(ranked) for i in order[: max(width - 1, 0)]]
-    if max_nodes is not None and len(picked) > max_nodes:
-        picked.sort(key=lambda item: (-item[0], item[2], item[1]))
-        picked = picked[:max_nodes]
-    return picked
-
-
-def trim_to_budget(draft: DraftTree, keep: list[int]) -> DraftTree:
-    """`draft` reduced to the nodes `keep` (sorted, closed under parents). A deterministic draft built on the host
-    (cache drafters) is rebuilt from its lists, a few microseconds where the tensor path costs tens: a batch trims
-    every row's draft every step."""
-    if len(keep) == draft.num_nodes:
-        return draft
-    host = draft.__dict__.get("_host")
-    if host is not None and draft.probs is None and draft.next_probs is None:
-        remap = {old: new for new, old in enumerate(keep)}
-        parents = [remap[host.parents[i]] if host.parents[i] >= 0 else -1 for i in keep]
-        scores = None if host.scores is None else [host.scores[i] for i in keep]
-        return DraftTree.from_lists([host.tokens[i] for i in keep], parents, scores, draft.info)
-    return draft.select(torch.tensor(keep, dtype=torch.long, device=draft.tokens.device))
+def choose_nodes(values: list[list[float]], cost: VerifyCost | None, slack: float = 0.05,
+                 max_nodes: int | None = None, widths: list[int] | None = None) -> BudgetChoice:
+    """`choose_batch` over node values given as lists (`node_values`, one list per row; closed under parents as
+    those are): the choice with each row's kept node indices in `keep`."""
+    width = max((len(row) for row in values), default=0)
+    counts = [len(row) for row in values]
+    padded = torch.tensor([row + [0.0] * (width - len(row)) for row in values], dtype=torch.float32)
+    padded = padded.view(len(values), width)
+    zeros = torch.zeros(len(values), width, dtype=torch.long)
+    batch = DraftBatch(tokens=zeros, parents=zeros - 1, values=padded, depth=zeros, count=torch.tensor(counts))
+    keep, choice = choose_batch(batch, cost, slack, max_nodes, widths)
+    choice.keep = [[i for i, k in enumerate(row) if k] for row in keep.tolist()]
+    return choice
 
 
 # Measured cost models, per (model, device, batch size, context bucket): measured once per process.

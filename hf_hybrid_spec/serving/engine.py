@@ -53,7 +53,7 @@ from ..engine.rows import BatchRecorder
 from ..engine.static import DEFAULT_BUCKETS
 from ..forward import forward_tokens
 from ..models import get_adapter
-from ..tree import DraftTree, VerifyResult, VerifyTree, empty_draft
+from ..tree import DraftBatch, DraftTree, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, make_verifier, row_processors
 from .prefix import PrefixHit, PrefixStore
 
@@ -362,13 +362,15 @@ class ServingEngine:
             except Exception as error:  # this request's drafter: it fails alone
                 failed.append((slot, f"drafter failed: {error!r}"))
                 drafts.append(empty_draft(1))
-        drafts = iter(apply_budget(drafts, self._cost_model(), self.config, SpecStats(), self.backend.widths))
+        budgeted = apply_budget(DraftBatch.from_drafts(drafts), self._cost_model(), self.config, SpecStats(),
+                                self.backend.widths)
+        drafts = iter(budgeted.drafts)
         # Rows still prefilling (chunked): their next prompt tokens as a chain, all committed.
         chunk = self.serving.prefill_chunk
         drafts = [next(drafts) if a.pending is None else _chain(a.pending[1:chunk]) for a in actives]
         roots = [a.rec.host[0][-1] if a.pending is None else a.pending[0] for a in actives]
         t1 = time.perf_counter()
-        tree = batch_tree(roots, drafts, self.backend.tree_device)
+        tree = batch_tree(roots, DraftBatch.from_drafts(drafts), self.backend.tree_device)
         try:
             verified = self.backend.forward(tree)
         except Exception as error:
@@ -459,7 +461,7 @@ class ServingEngine:
                 index = torch.tensor(decoding)
                 tree = VerifyTree(tokens=tree.tokens[index], parent=tree.parent[index])
                 logits = logits.index_select(0, index.to(logits.device))
-            found = verify_rows(tree, [drafts[row] for row in decoding], logits,
+            found = verify_rows(tree, DraftBatch.from_drafts([drafts[row] for row in decoding]), logits,
                                 [actives[row].ids() for row in decoding], actives[decoding[0]].verifier,
                                 [None] * len(decoding), True)
             for row, result in zip(decoding, found):
@@ -470,8 +472,8 @@ class ServingEngine:
             n = draft.num_nodes + 1
             one = VerifyTree(tokens=tree.tokens[row : row + 1, :n], parent=tree.parent[row : row + 1, :n])
             try:
-                results[row] = verify_rows(one, [draft], logits[row : row + 1, :n], [a.ids()], a.verifier,
-                                           [a.row_processors], a.raw_greedy)[0]
+                results[row] = verify_rows(one, DraftBatch.from_drafts([draft]), logits[row : row + 1, :n],
+                                           [a.ids()], a.verifier, [a.row_processors], a.raw_greedy)[0]
             except Exception as error:  # the request's processors
                 failed.append((slot, f"verification failed: {error!r}"))
                 results[row] = VerifyResult(path=[0], tokens=torch.zeros(0, dtype=torch.long), score_nodes=[0],

@@ -15,19 +15,21 @@ from hf_hybrid_spec.eagle import EagleDrafter, EagleTreeDrafter
 from hf_hybrid_spec.eagle import batch as EB
 from hf_hybrid_spec.eagle import static as ES
 from hf_hybrid_spec.testing import tiny_model
+from hf_hybrid_spec.tree import DraftBatch
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def record(monkeypatch, cls, log):
-    """Wrap `cls.propose` so every draft it returns is logged as (tokens, parents) lists, per row."""
+    """Wrap `cls.propose` so every draft it returns is logged as (tokens, parents) lists, per batch row."""
     original = cls.propose
 
     def propose(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        if isinstance(out, list):  # BatchEagleDrafter: (rows, ids, budgets) -> one draft per running row
-            for b, draft in zip(args[0], out):
-                log.setdefault(b, []).append((draft.host().tokens, draft.host().parents))
+        if isinstance(out, DraftBatch):  # BatchEagleDrafter: (rows, ids, budgets) -> the running rows' drafts
+            for i, b in enumerate(args[0]):
+                host = out.row(i).host()
+                log.setdefault(b, []).append((host.tokens, host.parents))
         else:
             log.setdefault(0, []).append((out.host().tokens, out.host().parents))
         return out

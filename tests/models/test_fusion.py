@@ -145,6 +145,29 @@ def test_compile_verify_needs_compile():
         H.AssistantConfig(compile_verify="yes")
 
 
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_compile_verify_on_a_batch_matches_plain_greedy(family):
+    """The batched static runner's fused forward (rows at different committed lengths, per-row masks), with per-row
+    drafters and with EAGLE's batched drafter (which reads the forward's hidden states): stock batched greedy."""
+    from engine.test_batch import greedy, padded_batch
+
+    from hf_hybrid_spec.eagle import EagleDrafter
+    from hf_hybrid_spec.engine.batch_static import _RUNNERS as BATCH_RUNNERS
+
+    model = tiny_model(family)
+    ids, mask = padded_batch([9, 14, 5], seed=5)
+    kw = dict(max_new_tokens=16, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    cfg = H.AssistantConfig(compile=True, compile_verify=True, compile_buckets=(4, 8, 16), max_draft_tokens=12,
+                            global_cache=False)
+    assert torch.equal(greedy(model, ids, mask, custom_generate=H.speculative_generate, assistant_config=cfg, **kw), ref)
+    eagle = EagleDrafter.from_target(model, draft_vocab_size=32)
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, draft_model=eagle,
+                 assistant_config=cfg.replace(drafter="eagle", draft_top_k=3, max_depth=4), **kw)
+    assert torch.equal(out, ref)
+    assert any(r.fuse for r in BATCH_RUNNERS[model].values())
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
 def test_compile_verify_under_cuda_graphs_matches_plain_greedy(family):
