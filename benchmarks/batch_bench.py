@@ -13,9 +13,11 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
    single tokens differently, so `--allow-mismatch` reports the share of identical rows instead of failing);
 3. each method timed after a warm-up call (the batch budget's calibration happens there): `suffix` (the default
    drafter, batch budget "auto"), `suffix:fixed` (every row its full tree), `suffix:eager` (compile=False),
+   `suffix:fused` (the verify forward's pure regions Inductor-compiled before capture, `compile_verify=True`),
    `eagle` (the EAGLE-3 drafter of `--eagle`, its default 60-node trees, one expansion for every row per step; a
-   random-weight drafter for tiny: / random: models), `eagle:fused` (its passes Inductor-compiled before capture,
-   `compile_drafter=True`), `eagle:eager` (compile=False) and `acceptance:P` (the target's own continuation with
+   random-weight drafter for tiny: / random: models), `eagle:fused` (its passes and the verify forward's pure regions
+   Inductor-compiled before capture, `compile_drafter=True, compile_verify=True`), `eagle:eager` (compile=False) and
+   `acceptance:P` (the target's own continuation with
    each token corrupted with probability 1 - P: a known acceptance on random weights).
 
 A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
@@ -63,16 +65,19 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
         return dict(assistant_config=AssistantConfig(global_cache=False, batch_budget="fixed"))
     if name == "suffix:eager":
         return dict(assistant_config=AssistantConfig(global_cache=False, compile=False))
+    if name == "suffix:fused":
+        return dict(assistant_config=AssistantConfig(global_cache=False, compile=True, compile_verify=True))
     if name in ("eagle", "eagle:fused", "eagle:eager"):
-        extra = {"eagle:fused": dict(compile=True, compile_drafter=True), "eagle:eager": dict(compile=False)}
+        extra = {"eagle:fused": dict(compile=True, compile_drafter=True, compile_verify=True),
+                 "eagle:eager": dict(compile=False)}
         return dict(draft_model=eagle, assistant_config=AssistantConfig(drafter="eagle", **extra.get(name, {})))
     if name.startswith("acceptance:"):
         p = float(name.split(":", 1)[1])
         drafters = [acceptance_drafter(reference[b].tolist(), p, depth=8, vocab_size=vocab, seed=b)
                     for b in range(reference.shape[0])]
         return dict(drafter=drafters, assistant_config=AssistantConfig(max_draft_tokens=8, max_depth=8))
-    raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, eagle, eagle:fused, eagle:eager, "
-                     "acceptance:P)")
+    raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, suffix:fused, eagle, eagle:fused, "
+                     "eagle:eager, acceptance:P)")
 
 
 def load_eagle(path: str | None, model, spec: str):
@@ -100,7 +105,8 @@ def run(argv: list[str] | None = None) -> dict:
                                                         "or tiny:<model_type>")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--drafters", nargs="+", default=["suffix"],
-                        help="suffix, suffix:fixed, suffix:eager, eagle, eagle:fused, eagle:eager, acceptance:P")
+                        help="suffix, suffix:fixed, suffix:eager, suffix:fused, eagle, eagle:fused, eagle:eager, "
+                             "acceptance:P")
     parser.add_argument("--eagle", default=None, help="EAGLE-3 drafter folder for the eagle methods (default: the "
                                                       "fixture's committed one, or a random one for tiny:/random:)")
     parser.add_argument("--prompt-tokens", type=int, default=256)

@@ -22,7 +22,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.utils import logging
 
 from .config import AssistantConfig
-from .drafters import Drafter, PerRowDrafters, make_batch_drafter, make_drafter
+from .drafters import BatchDrafter, Drafter, PerRowDrafters, make_batch_drafter, make_drafter
 from .engine import PROMPT_INPUTS, Request, SpecStats, SpeculativeDecoderOnlyOutput, decode, decode_batch
 from .engine.loop import multimodal_prompt
 from .forward import sdpa_without_cudnn
@@ -178,7 +178,7 @@ def speculative_generate(
     streamer=None,
     assistant_config: AssistantConfig | dict | str | None = None,
     draft_model: nn.Module | None = None,
-    drafter: Drafter | None = None,
+    drafter: Drafter | list[Drafter] | BatchDrafter | None = None,
     spec_streamer=None,
     **model_kwargs,
 ):
@@ -189,7 +189,7 @@ def speculative_generate(
             default: the suffix drafter, or the model drafter when `draft_model` is given.
         draft_model: a causal LM with the target's tokenizer, for `drafter="model"`.
         drafter: a `Drafter` instance of your own; it replaces the drafter `assistant_config` names. For a batch,
-            a list of them, one per row.
+            a list of them, one per row, or one `BatchDrafter` that drafts for every row.
         spec_streamer: the streamer, when called through `enable()` (transformers drops `streamer=` on its way
             to a callable `custom_generate`; it is also recovered from the caller otherwise).
 
@@ -218,10 +218,17 @@ def speculative_generate(
     _check_supported(model, input_ids, generation_config, model_kwargs)
     rows = input_ids.shape[0]
     config = _resolve_compile(config, model, generation_config)
+    batch_given = drafter if isinstance(drafter, BatchDrafter) else None
+    if batch_given is not None:
+        if rows == 1:
+            raise ValueError("drafter= is a BatchDrafter, which drafts for the rows of a batch; at batch size 1 pass "
+                             "a Drafter")
+        drafter = None
     given = list(drafter) if isinstance(drafter, (list, tuple)) else ([] if drafter is None else [drafter])
     bad = [type(d).__name__ for d in given if not isinstance(d, Drafter)]
     if bad:
-        raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter (or one per row), got {bad[0]}")
+        raise TypeError(f"drafter must be a hf_hybrid_spec.Drafter (or one per row, or a BatchDrafter for a batch), "
+                        f"got {bad[0]}")
     if isinstance(drafter, (list, tuple)) and len(given) != rows:
         raise ValueError(f"drafter= lists {len(given)} drafters for a batch of {rows} rows: give one per row")
     if rows > 1:
@@ -232,9 +239,10 @@ def speculative_generate(
     # The drafter is built inside too: HVD profiles draft and verify costs there, with the same attention backends.
     with use_backend(config.kernel_backend), sdpa_without_cudnn():
         drafters = given
-        batch_drafter = None
+        batch_drafter = batch_given
         try:
-            if rows > 1 and not given:  # one drafter for every row where the drafter has a batched form (EAGLE)
+            if rows > 1 and not given and batch_drafter is None:
+                # One drafter for every row where the drafter has a batched form (EAGLE).
                 batch_drafter = make_batch_drafter(config, model, draft_model, rows)
             if batch_drafter is None:
                 # A batch's per-row drafters draft eagerly (one static store per row would capture graphs per row).

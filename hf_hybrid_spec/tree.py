@@ -13,8 +13,8 @@ import torch
 
 from .kernels.tree import ancestor_mask, node_depth, validate_parent
 
-__all__ = ["DraftTree", "DraftBatch", "HostTree", "VerifyTree", "VerifyResult", "additive_mask", "build_verify_tree",
-           "chain_tree", "empty_draft", "tree_attention_mask", "trim_draft"]
+__all__ = ["DraftTree", "DraftBatch", "DeviceDrafts", "HostTree", "VerifyTree", "VerifyResult", "additive_mask",
+           "build_verify_tree", "chain_tree", "empty_draft", "tree_attention_mask", "trim_draft"]
 
 
 @dataclass
@@ -295,6 +295,25 @@ class DraftBatch:
         parent = torch.cat([torch.full_like(root, -1), torch.where(valid & (self.parents >= 0), self.parents + 1, 0)],
                            dim=1)
         return tokens, parent
+
+
+@dataclass
+class DeviceDrafts:
+    """Every row's draft of a batch as padded tensors on the accelerator, for a step that selects and verifies them
+    without reading them back (`engine.pipeline`): a drafter that drafts all rows at once (EAGLE's batched expansion)
+    makes one per step.
+
+    Attributes (all rows of the batch, running or not; every node real):
+        tokens: [R, M] int64 draft tokens in topological order.
+        parents: [R, M] int64 parent among the row's nodes, -1 under the root.
+        values: [R, M] float32 the drafter's estimate that each node is accepted, never above its parent's.
+        depth: [R, M] int64 depth below the root (children of the root: 1).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    values: torch.Tensor
+    depth: torch.Tensor
 
 
 def _prior_scores(parents: list[int], prior: float) -> list[float]:

@@ -20,10 +20,10 @@ from typing import Protocol
 
 import torch
 
-from ..tree import DraftBatch, DraftTree
+from ..tree import DeviceDrafts, DraftBatch, DraftTree
 
 __all__ = ["TreeCandidates", "TreeStep", "RowTreeStep", "grow_tree", "grow_row_tree", "host_draft", "host_drafts",
-           "host_batch"]
+           "host_batch", "kept_candidates"]
 
 
 @dataclass
@@ -163,16 +163,29 @@ def host_drafts(cands: TreeCandidates, drafter: str) -> list[DraftTree]:
     return drafts
 
 
-def host_batch(cands: TreeCandidates) -> DraftBatch:
-    """Every row's kept candidates ([R, C] `TreeCandidates` on the drafter's device) as one `DraftBatch` on the host:
-    the kept nodes gathered and their parents renumbered on the device, then one read (no per-row objects: a batch of
-    60-node trees would cost milliseconds of host work per step otherwise). Values are the path probabilities."""
+def kept_candidates(cands: TreeCandidates, k: int) -> DeviceDrafts:
+    """Every row's kept candidates ([R, C] `TreeCandidates` of an expansion with `k` children per node) as
+    `DeviceDrafts` on their device, with no host read: the kept nodes gathered, their parents renumbered among them,
+    values their path probabilities, depths from the candidates' layout (the root's k children, then k * k per
+    depth)."""
     keep = cands.keep
     rows, kept = keep.shape
     tokens = cands.tokens.gather(1, keep)
     parent_ids = cands.parents.gather(1, keep)  # candidate ids (-1: under the root)
-    renumber = torch.full_like(cands.parents, -1).scatter_(1, keep, torch.arange(kept, device=keep.device).expand(rows, kept))
+    index = torch.arange(kept, device=keep.device).expand(rows, kept)
+    renumber = torch.full_like(cands.parents, -1).scatter_(1, keep, index)
     parents = torch.where(parent_ids >= 0, renumber.gather(1, parent_ids.clamp(min=0)), -1)
-    ints = torch.cat([tokens, parents], dim=1).cpu()
-    scores = cands.scores.gather(1, keep).exp().float().cpu()
-    return DraftBatch.from_tensors(ints[:, :kept], ints[:, kept:], scores, torch.full((rows,), kept, dtype=torch.long))
+    depth = torch.where(keep < k, 1, 2 + torch.div(keep - k, k * k, rounding_mode="floor"))
+    return DeviceDrafts(tokens=tokens, parents=parents, values=cands.scores.gather(1, keep).exp().float(),
+                        depth=depth)
+
+
+def host_batch(cands: TreeCandidates, k: int) -> DraftBatch:
+    """Every row's kept candidates ([R, C] `TreeCandidates` on the drafter's device, `k` children per node) as one
+    `DraftBatch` on the host: gathered and renumbered on the device (`kept_candidates`), then one read (no per-row
+    objects: a batch of 60-node trees would cost milliseconds of host work per step otherwise)."""
+    drafts = kept_candidates(cands, k)
+    rows, kept = drafts.tokens.shape
+    ints = torch.cat([drafts.tokens, drafts.parents, drafts.depth], dim=1).cpu()
+    return DraftBatch(tokens=ints[:, :kept], parents=ints[:, kept : 2 * kept], values=drafts.values.cpu(),
+                      depth=ints[:, 2 * kept :], count=torch.full((rows,), kept, dtype=torch.long))

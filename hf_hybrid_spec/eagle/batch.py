@@ -19,8 +19,8 @@ from torch import nn
 
 from ..drafters.base import DraftBudget, DraftContext
 from ..drafters.batch import BatchDrafter, BatchHidden, RowTokens
-from ..drafters.expansion import host_batch
-from ..tree import DraftBatch, VerifyResult, empty_draft
+from ..drafters.expansion import host_batch, kept_candidates
+from ..tree import DeviceDrafts, DraftBatch, VerifyResult, empty_draft
 from .modeling import EagleDrafter
 from .static import StaticEagleTree, static_eagle_tree
 
@@ -132,7 +132,7 @@ class BatchEagleDrafter(BatchDrafter):
         nodes = max(budget.max_nodes for budget in budgets)
         if nodes <= 0 or max(budget.max_depth for budget in budgets) <= 0:
             return DraftBatch.from_drafts([empty_draft(1) for _ in rows])
-        drafts = host_batch(self.store.draft_rows(nodes, self.max_depth))
+        drafts = host_batch(self.store.draft_rows(nodes, self.max_depth), self.top_k)
         if rows != list(range(self.rows)):
             index = torch.tensor(rows, dtype=torch.long)
             drafts = DraftBatch(tokens=drafts.tokens[index], parents=drafts.parents[index],
@@ -142,6 +142,31 @@ class BatchEagleDrafter(BatchDrafter):
         limits = torch.tensor([budget.max_nodes for budget in budgets]).view(-1, 1)
         keep = (drafts.depth <= depths) & (torch.arange(drafts.tokens.shape[1]) < limits)
         return drafts if bool(keep.all()) else drafts.select(keep)
+
+    # ------------------------------------------------------------------ on the device (`engine.pipeline`)
+    supports_device = True
+
+    @torch.no_grad()
+    def propose_device(self, max_nodes: int) -> DeviceDrafts:
+        """Every row's tree of `max_nodes` nodes and the drafter's full depth, left on the device (no host read)."""
+        if self.store is None:
+            raise RuntimeError("the EAGLE drafter's propose_device() came before begin()")
+        return kept_candidates(self.store.draft_rows(max_nodes, self.max_depth), self.top_k)
+
+    @torch.no_grad()
+    def accept_device(self, counts: torch.Tensor, tokens: torch.Tensor, hidden: tuple[torch.Tensor, ...]) -> None:
+        """Every row's committed steps from device tensors: `counts` [R] new tokens per row (0: none), `tokens` [R, C]
+        the new tokens, `hidden` the target's hidden states of the rows' accepted paths ([R, C, H] per layer, node d
+        of the path at d). No host read; the host's step counts follow with `advance_host`."""
+        if self.store is None:
+            raise RuntimeError("the EAGLE drafter's accept_device() came before begin()")
+        if self.pending is not None:
+            raise RuntimeError("the first token after the prompt goes through accept()")
+        self.store.advance_rows_device(counts, self.model.fuse(hidden), tokens)
+
+    def advance_host(self, counts: list[int]) -> None:
+        """The host's step counts after an `accept_device` whose counts were `counts` (read back with the results)."""
+        self.steps = [s + c for s, c in zip(self.steps, counts)]
 
     def end(self, ids: list[torch.Tensor]) -> None:
         self.release()

@@ -152,6 +152,22 @@ class StaticEagleTree(Leased):
         self.adv_features[:, :count].copy_(features)
         self._advance_pass(count)
 
+    def advance_rows_device(self, counts: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor) -> None:
+        """`advance_rows` from device tensors (no host read or staging): counts [R], fused features [R, C, H] and
+        tokens [R, C] (C <= MAX_ADVANCE), each row from its current `steps` on the device."""
+        rows, count = tokens.shape
+        if count > self.MAX_ADVANCE:
+            raise ValueError(f"an accept pass from the device takes at most {self.MAX_ADVANCE} steps per row, got "
+                             f"{count}")
+        staged = self._row_ints_device
+        # The pass re-reads its integers from the staging buffer (as for host-staged passes): the device steps,
+        # the counts and the tokens go there.
+        staged[:rows].copy_(self.steps)
+        staged[rows : 2 * rows].copy_(counts)
+        staged[2 * rows :].view(rows, self.MAX_ADVANCE)[:, :count].copy_(tokens)
+        self.adv_features[:, :count].copy_(features)
+        self._advance_pass(count)
+
     def _advance_pass(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The accept pass over the staged inputs: replayed from its graph (captured on first use of `count`), or run."""
         if not self.use_graphs:

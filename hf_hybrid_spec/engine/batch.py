@@ -34,6 +34,7 @@ from ..verification import FirstToken, StepInputs, make_verifier, process_tree_l
 from .backend import BatchEagerBackend
 from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, SpecStats, SpeculativeDecoderOnlyOutput
+from .pipeline import PipelineInputs, pipelines, run_pipelined
 from .request import Request
 from .rows import BatchRecorder
 
@@ -100,10 +101,15 @@ def decode_batch(request: Request):
         if cost is not None:  # the widest tree that could pay even if every draft node were accepted
             node_budget = min(node_budget, paying_width(cost, rows, config.budget_slack, backend.widths) - 1)
         running = _still_running(everyone, rec, backend, gen.max_length)
+        if pipelines(drafter, backend, raw_greedy, node_budget):
+            # Drafting, verification and the commit on the device, one read per step (`engine.pipeline`).
+            run_pipelined(drafter, backend, rec, running, PipelineInputs(config, gen.max_length, cost, node_budget,
+                                                                         stats, row_stats))
+            running = []
 
         # ---- draft, budget, verify, commit, record
         while running:
-            limit = _length_limit(rec, gen.max_length)
+            limit = rec.limit(gen.max_length)
             t0 = time.perf_counter()
             if node_budget > 0:
                 budgets = [DraftBudget(max_nodes=node_budget, max_depth=min(config.max_depth, limit - rec.lengths[b] - 1))
@@ -141,7 +147,7 @@ def decode_batch(request: Request):
         drafter.end(_row_tokens(rec, list(range(rows)), pads))
     finally:
         backend.release()
-    length = max(rec.lengths) if rec.truncate else min(_length_limit(rec, gen.max_length), max(rec.lengths))
+    length = max(rec.lengths) if rec.truncate else min(rec.limit(gen.max_length), max(rec.lengths))
     sequences = rec.sequences(length)
     logger.info("speculative_generate: batch of %d, %d target forwards (mean accepted length %.2f per row)", rows,
                 stats.target_forwards, stats.mean_accepted_length)
@@ -185,19 +191,9 @@ def _has_eos_criterion(stopping) -> bool:
     return any(hasattr(c, "eos_token_id") for c in stopping)
 
 
-def _length_limit(rec: BatchRecorder, max_length: int) -> int:
-    """The longest a row may grow this step: `max_length`, or without EOS criteria, once every row has stopped, the
-    length where the last one stopped (rows still short of it run up to it)."""
-    if rec.truncate or any(s is None for s in rec.stopped_at):
-        return max_length
-    return min(max_length, max(rec.stopped_at))
-
-
 def _still_running(running: list[int], rec: BatchRecorder, backend, max_length: int) -> list[int]:
-    """The rows that go on (never one at the length limit, nor one that stopped with `truncate`); the backend drops
-    the others."""
-    limit = _length_limit(rec, max_length)
-    keep = [j for j, b in enumerate(running) if rec.lengths[b] < limit and not rec.finished[b]]
+    """The rows that go on (`BatchRecorder.still_running`); the backend drops the others."""
+    keep = rec.still_running(running, max_length)
     if len(keep) < len(running) and keep:
         backend.select_rows(keep)
     return [running[j] for j in keep]

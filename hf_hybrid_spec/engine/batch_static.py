@@ -160,6 +160,62 @@ class BatchStaticRunner(Leased):
         self._active = bucket
         return bucket.out.logits
 
+    def forward_device(self, tokens: torch.Tensor, parent: torch.Tensor, lengths: list[int],
+                       roots: list[int]) -> torch.Tensor:
+        """`forward` over trees already on the device ([R, w] tokens and parents, root first; `engine.pipeline`): they
+        are copied into the bucket's buffers on the device, only the lengths and root positions come from the host."""
+        width = tokens.shape[1]
+        bucket = self._buckets[next(b for b in self.buckets if b >= width)]
+        self._active = None
+        n, rows = bucket.n, self.rows
+        scalars = 2 * rows * n
+        bucket.staging[scalars:].copy_(torch.tensor(lengths + roots, dtype=torch.long))
+        bucket.inputs[scalars:].copy_(bucket.staging[scalars:], non_blocking=True)
+        bucket.tokens[:, :width].copy_(tokens)
+        bucket.parent[:, :width].copy_(parent)
+        if width < n:  # the bucket's spare nodes: lone nodes nobody commits
+            bucket.tokens[:, width:].zero_()
+            bucket.parent[:, width:].fill_(-1)
+        if self.use_graphs:
+            if bucket.graph is None:
+                self._capture(bucket)
+            self.cache.begin_tree(bucket.parent, 0, pending=bucket.pending, check=False)
+            bucket.graph.replay()
+        else:
+            bucket.out = self._run(bucket)
+        self._active = bucket
+        return bucket.out.logits
+
+    def tree_masks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pending trees as the forward saw them: tokens, parents [R, n], ancestor mask [R, n, n] and depth [R, n]
+        (the bucket's device buffers)."""
+        bucket = self._active
+        if bucket is None:
+            raise RuntimeError("tree_masks() needs a pending tree from this runner's forward")
+        return bucket.tokens, bucket.parent, bucket.anc, bucket.depth
+
+    def commit_device(self, leaves: torch.Tensor) -> None:
+        """Start the commit of each row's path to `leaves` [R] (a device tensor, -1: nothing) without a host read; the
+        cache stays in tree mode until `finish_commit` (when the host knows the new lengths)."""
+        bucket = self._active
+        if bucket is None or self.cache.tree is None:
+            raise RuntimeError("commit called without a pending tree from this runner's forward")
+        try:
+            bucket.leaf.copy_(leaves)
+            if bucket.commit_graph is not None:
+                bucket.commit_graph.replay()
+            else:
+                self._commit_body(bucket)
+        except BaseException:
+            self.cache.abort()
+            self._active = None
+            raise
+
+    def finish_commit(self, committed_length: int) -> None:
+        """End a `commit_device`: the longest row now holds `committed_length` slots."""
+        self._active = None
+        self.cache.end_tree(committed_length)
+
     def hidden(self) -> tuple[torch.Tensor, ...]:
         """The last forward's hidden states of `hidden_layers`, [R, n, H] each (the bucket's; valid until the next
         forward of that bucket)."""
@@ -322,6 +378,24 @@ class BatchStaticBackend:
         self.slots = max(self._lengths)
         self.runner.commit(leaves, self.slots)
         return hidden
+
+    # ---- the pipelined step (`engine.pipeline`): every runner row at once, trees and leaves on the device
+    def forward_device(self, tokens: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
+        """The verify forward of every runner row's tree ([R, w] on the device; rows not running get lone roots that
+        commit nothing). Returns the logits [R, n, V] (the bucket's)."""
+        return self.runner.forward_device(tokens, parent, self._lengths, self._roots)
+
+    def commit_device(self, leaves: torch.Tensor) -> None:
+        self.runner.commit_device(leaves)
+
+    def finish_commit(self, counts: list[int]) -> None:
+        """After `commit_device`: runner row r committed `counts[r]` tokens (0: none)."""
+        for row, count in enumerate(counts):
+            self._lengths[row] += count
+            self._roots[row] += count
+        self.valid = [v + counts[row] for v, row in zip(self.valid, self._rows)]
+        self.slots = max(self._lengths)
+        self.runner.finish_commit(self.slots)
 
     def select_rows(self, rows: list[int]) -> None:
         self._rows = [self._rows[r] for r in rows]

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tree import DraftBatch, DraftTree
+from ..tree import DeviceDrafts, DraftBatch, DraftTree
 
-__all__ = ["VerifyCost", "BudgetChoice", "node_values", "choose_batch", "choose_nodes", "paying_width",
-           "cached_cost", "time_forward", "DEFAULT_PRIOR"]
+__all__ = ["VerifyCost", "BudgetChoice", "DeviceSelection", "node_values", "choose_batch", "choose_nodes",
+           "choose_width", "select_device", "paying_width", "cached_cost", "time_forward", "DEFAULT_PRIOR"]
 
 # The acceptance estimate of a draft node whose drafter gives no scores: DEFAULT_PRIOR ** depth.
 DEFAULT_PRIOR = 0.6
@@ -155,6 +155,81 @@ def choose_nodes(values: list[list[float]], cost: VerifyCost | None, slack: floa
     keep, choice = choose_batch(batch, cost, slack, max_nodes, widths)
     choice.keep = [[i for i, k in enumerate(row) if k] for row in keep.tolist()]
     return choice
+
+
+def choose_width(prefix: list[float], rows: int, cost: VerifyCost, slack: float = 0.05,
+                 max_nodes: int | None = None, widths: list[int] | None = None, draft_seconds: float = 0.0) -> int:
+    """The width (root included) of most expected tokens per second for `rows` running rows whose drafts are worth
+    `prefix[k]` (the batch's sum of each row's best k node values, k = 0 .. M), a step with drafts costing
+    `cost(w) + draft_seconds` and a plain step `cost(1)`; 1 (no drafts) unless a width beats plain by `slack`. The
+    pipelined step's choice (`engine.pipeline`), made on the host from the last drafts' values while the device
+    drafts the next ones; beyond `max_nodes` the expected tokens are scaled down in proportion (the cap keeps the
+    likeliest nodes, so this underestimates)."""
+    m = len(prefix) - 1
+    if rows == 0 or m == 0:
+        return 1
+    plain = rows / cost(1)
+    width, best_rate = 1, plain
+    for w in sorted(set(widths or range(2, m + 2))):
+        if w <= 1:
+            continue
+        expected = prefix[min(w - 1, m)]
+        if max_nodes is not None and rows * (w - 1) > max_nodes:
+            expected *= max_nodes / (rows * (w - 1))
+        rate = (rows + expected) / (cost(w) + draft_seconds)
+        if rate > best_rate:
+            width, best_rate = w, rate
+    return width if best_rate >= (1.0 + slack) * plain else 1
+
+
+@dataclass
+class DeviceSelection:
+    """`select_device`'s verify inputs and what the host reads of them.
+
+    Attributes:
+        tokens, parent: [R, W] each row's root then its kept draft nodes (root first; unused nodes are leaves under
+            the root with its token, which nobody commits).
+        count: [R] kept draft nodes per row.
+        prefix: [M + 1] float32, the batch's sum of each row's best k node values for k = 0 .. M (the next width
+            choice's input, `choose_width`).
+    """
+
+    tokens: torch.Tensor
+    parent: torch.Tensor
+    count: torch.Tensor
+    prefix: torch.Tensor
+
+
+def select_device(drafts: DeviceDrafts, width: int, caps: torch.Tensor, roots: torch.Tensor,
+                  max_nodes: int | None = None) -> DeviceSelection:
+    """The budget's pick within `width` on the device, with fixed shapes and no host read: each row's likeliest
+    `width - 1` nodes no deeper than its cap (`caps` [R]; 0 for a row that drafts nothing), at most `max_nodes` over
+    the batch (the likeliest across rows, ties to the lower node index, then the lower row), laid out after each row's
+    root (`roots` [R]) in index order, which keeps parents before children."""
+    rows, m = drafts.tokens.shape
+    device = drafts.tokens.device
+    allowed = drafts.depth <= caps.unsqueeze(1)
+    values = torch.where(allowed, drafts.values, -1.0)
+    # Highest value first, ties in index order: every prefix of a row's ranking is closed under parents.
+    order = torch.sort(values, dim=1, descending=True, stable=True).indices
+    ranked = values.gather(1, order).clamp(min=0.0)
+    prefix = torch.cat([torch.zeros(rows, 1, device=device), ranked.cumsum(1)], dim=1).sum(0)
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(m, device=device).expand(rows, m))
+    keep = (rank < width - 1) & allowed
+    if max_nodes is not None and rows * (width - 1) > max_nodes:
+        flat = torch.where(keep, drafts.values, -1.0).flatten()
+        by_index = torch.sort(torch.arange(m, device=device).repeat(rows), stable=True).indices
+        by_value = torch.sort(flat[by_index], descending=True, stable=True).indices
+        chosen = torch.zeros(rows * m, dtype=torch.bool, device=device)
+        chosen.scatter_(0, by_index[by_value[:max_nodes]], True)
+        keep = keep & chosen.view(rows, m)
+    position = keep.long().cumsum(1)  # verify-tree index of each kept node (root at 0)
+    target = torch.where(keep, position, width)  # the rest lands in a spare column, cut below
+    tokens = roots.unsqueeze(1).expand(rows, width + 1).clone().scatter_(1, target, drafts.tokens)[:, :width]
+    parent_index = torch.where(drafts.parents >= 0, position.gather(1, drafts.parents.clamp(min=0)), 0)
+    parent = torch.zeros(rows, width + 1, dtype=torch.long, device=device).scatter_(1, target, parent_index)
+    parent = torch.cat([torch.full((rows, 1), -1, dtype=torch.long, device=device), parent[:, 1:width]], dim=1)
+    return DeviceSelection(tokens=tokens, parent=parent, count=keep.sum(1), prefix=prefix)
 
 
 # Measured cost models, per (model, device, batch size, context bucket): measured once per process.

@@ -85,6 +85,19 @@ class BatchRecorder:
         verdicts = [self.stopping(self.buffer[row : row + 1, : start + j + 1], None).any() for j in range(len(new))]
         return torch.stack(verdicts).tolist() if verdicts else []
 
+    def limit(self, max_length: int) -> int:
+        """The longest a row may grow this step: `max_length`, or without EOS criteria, once every row has stopped,
+        the length where the last one stopped (rows still short of it run up to it)."""
+        if self.truncate or any(s is None for s in self.stopped_at):
+            return max_length
+        return min(max_length, max(self.stopped_at))
+
+    def still_running(self, running: list[int], max_length: int) -> list[int]:
+        """Positions in `running` of the rows that go on (never one at the length limit, nor one that stopped with
+        `truncate`)."""
+        limit = self.limit(max_length)
+        return [j for j, b in enumerate(running) if self.lengths[b] < limit and not self.finished[b]]
+
     def sequences(self, length: int) -> torch.Tensor:
         """The output [B, length]: each row's tokens, stopped rows padded."""
         if self.pad_token_id is None and len(set(min(n, length) for n in self.lengths)) > 1:

@@ -19,6 +19,7 @@ the like behave as they do without speculation.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
@@ -27,7 +28,7 @@ from ..tree import VerifyResult, VerifyTree
 from .base import FirstToken, StepInputs, Verifier
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "greedy_walk", "row_processors",
-           "from_config"]
+           "greedy_device", "DeviceAcceptance", "from_config"]
 
 
 class ExactVerifier(Verifier):
@@ -118,6 +119,53 @@ def greedy_walk(tokens: list, children: list[list[int]], best: list[int]) -> tup
             return path, new_tokens
         path.append(nxt)
         node = nxt
+
+
+@dataclass
+class DeviceAcceptance:
+    """Greedy acceptance of a batch of trees, on the device (`greedy_device`).
+
+    Attributes:
+        leaf: [R] the deepest accepted node of each row (-1: the row does not run, nothing is committed).
+        order: [R, N] the row's path node at each depth (root at 0); past the leaf's depth node 0.
+        length: [R] nodes on the path, root included (= new tokens committed; 0 for rows that do not run).
+        tokens: [R, N] the committed tokens: the path's draft tokens, then the target's choice after the leaf;
+            the first `length` of each row are real.
+    """
+
+    leaf: torch.Tensor
+    order: torch.Tensor
+    length: torch.Tensor
+    tokens: torch.Tensor
+
+
+def greedy_device(tokens: torch.Tensor, parent: torch.Tensor, ancestors: torch.Tensor, depth: torch.Tensor,
+                  valid: torch.Tensor, running: torch.Tensor, logits: torch.Tensor) -> DeviceAcceptance:
+    """Greedy verification of R trees at once with fixed shapes and no host read (a CUDA graph can hold it, and the
+    commit can follow without waiting for the host). Node j of row r is accepted when its token is the target's argmax
+    at its parent and every node above it is accepted; each row keeps its deepest accepted node (the lowest index
+    among equally deep ones: siblings with one token commit the same tokens). Exact for any tree, as `greedy_walk`.
+
+    Args:
+        tokens, parent: [R, N] the verify trees (root first, parent[:, 0] = -1). ancestors: [R, N, N] bool, node j on
+            node i's root path (itself included); depth: [R, N]. valid: [R, N] the real nodes. running: [R] bool, the
+            rows that commit. logits: [R, N, V] the verify forward's.
+    """
+    rows, n = tokens.shape
+    best = logits.argmax(dim=-1)  # [R, N]
+    nodes = torch.arange(n, device=tokens.device)
+    match = ((tokens == best.gather(1, parent.clamp(min=0))) & valid & (parent >= 0)) | (nodes == 0)
+    accepted = ~(ancestors & ~match.unsqueeze(1)).any(-1)  # every node on the root path matches
+    leaf = torch.where(accepted, depth, -1).argmax(dim=-1)  # the first of the deepest
+    on_path = ancestors.gather(1, leaf.view(rows, 1, 1).expand(rows, 1, n)).squeeze(1)  # [R, N]
+    at_depth = on_path.unsqueeze(1) & (depth.unsqueeze(1) == nodes.view(1, n, 1))  # [R, depth, node]
+    order = at_depth.to(torch.int32).argmax(-1)
+    length = depth.gather(1, leaf.unsqueeze(1)).squeeze(1) + 1
+    path_tokens = tokens.gather(1, order)
+    new = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], dim=1)
+    new = new.scatter(1, (length - 1).unsqueeze(1), best.gather(1, leaf.unsqueeze(1)))
+    return DeviceAcceptance(leaf=torch.where(running, leaf, -1), order=order,
+                            length=torch.where(running, length, 0), tokens=new)
 
 
 def verify_sampling(tree: VerifyTree, scores: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:

@@ -21,8 +21,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def record(monkeypatch, cls, log):
-    """Wrap `cls.propose` so every draft it returns is logged as (tokens, parents) lists, per batch row."""
+    """Wrap `cls.propose` (and, for the batch drafter, `propose_device`, which the pipelined step calls) so every
+    draft it returns is logged as (tokens, parents) lists, per batch row."""
     original = cls.propose
+    if hasattr(cls, "propose_device"):
+        on_device = cls.propose_device
+
+        def propose_device(self, *args, **kwargs):
+            out = on_device(self, *args, **kwargs)
+            for b, (tokens, parents) in enumerate(zip(out.tokens.tolist(), out.parents.tolist())):
+                log.setdefault(b, []).append((tokens, parents))
+            return out
+
+        monkeypatch.setattr(cls, "propose_device", propose_device)
 
     def propose(self, *args, **kwargs):
         out = original(self, *args, **kwargs)

@@ -1,0 +1,154 @@
+"""The pipelined batch step: drafting, selection, verification, acceptance and the commit stay on the device, and the
+host reads each step's committed tokens once, while the device already drafts the next step.
+
+The general batch step (`engine.batch`) reads every row's draft back to the host, budgets and lays out the trees
+there, and reads the verify forward's argmax back to walk them: two waits per step, with the device idle while the
+host works. For a drafter that drafts every row at once on the device (`supports_device`: EAGLE's batched expansion)
+with the captured batched runner and greedy verification over raw logits, one step here is
+
+    select_device(drafts, width)         # each row's likeliest nodes within the width, laid out as verify trees
+    forward_device -> greedy_device      # the verify forward, then every row's accepted path (no host read)
+    commit_device(leaves)                # each row's path kept (KV copies, recurrent states rebuilt)
+    drafter.accept_device(...)           # the drafter's steps for the committed tokens, from the path's hidden states
+    drafts = drafter.propose_device()    # the next step's trees, queued before the host has read anything
+    read the committed tokens            # the one wait; stopping criteria, records and statistics on the host
+
+so the host's bookkeeping for step t runs while the device drafts for step t + 1. The width (nodes per row, root
+included) is chosen on the host before each step from the previous step's drafts (the sum of each row's best k values,
+read with the committed tokens; `budget.choose_width`), against the measured verify cost and the drafter's own cost:
+a one-step lag, where the general step reads this step's drafts. Rows that stop keep their runner row and commit
+nothing. Every committed token is the target's greedy choice (`verification.greedy_device`), as in the general step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers.utils import logging
+
+from ..drafters import BatchDrafter
+from ..verification import greedy_device
+from .budget import VerifyCost, choose_width, select_device, time_forward
+from .outputs import SpecStats
+from .rows import BatchRecorder
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["PipelineInputs", "run_pipelined", "pipelines"]
+
+# Measured seconds of one batched draft, per (drafter model, device, rows, nodes): timed once per process.
+_DRAFT_SECONDS: dict[tuple, float] = {}
+
+
+@dataclass
+class PipelineInputs:
+    """What the pipelined loop needs besides the drafter and the backend.
+
+    Attributes:
+        config: the resolved AssistantConfig. max_length: the generation's. cost: the verify cost model (None: every
+            step at the widest tree the budget allows). node_budget: draft nodes per row at most. stats / row_stats:
+            the batch's and each row's statistics, appended to.
+    """
+
+    config: object
+    max_length: int
+    cost: VerifyCost | None
+    node_budget: int
+    stats: SpecStats
+    row_stats: list[SpecStats]
+
+
+def pipelines(drafter: BatchDrafter, backend, raw_greedy: bool, node_budget: int) -> bool:
+    """Whether a batch runs the pipelined step: a drafter with device drafting, the batched static runner, greedy
+    verification over raw logits (no processors), and drafts at all."""
+    from .batch_static import BatchStaticBackend
+
+    return (getattr(drafter, "supports_device", False) and isinstance(backend, BatchStaticBackend) and raw_greedy
+            and node_budget > 0)
+
+
+def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: list[int],
+                  inputs: PipelineInputs) -> None:
+    """Step the batch until no row runs (see the module docstring); `running` are the rows that still run."""
+    runner = backend.runner
+    rows, device = runner.rows, runner.device
+    config, stats = inputs.config, inputs.stats
+    nodes = inputs.node_budget
+    path = drafter.max_depth + 1  # the longest accepted path (root included): the accept pass's width
+    widest = min(nodes + 1, max(backend.widths))
+    pinned = device.type == "cuda"
+    # What the host reads each step, in one pinned buffer per dtype: each row's committed count, its kept draft nodes
+    # and its committed tokens; the drafts' value sums for the next width.
+    results = torch.zeros(rows, 2 + path, dtype=torch.long, pin_memory=pinned)
+    prefix_host = torch.zeros(nodes + 1, dtype=torch.float32, pin_memory=pinned)
+    roots = torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long).to(device)
+    drafts = drafter.propose_device(nodes)
+    draft_seconds, prefix = 0.0, None
+    if inputs.cost is not None:
+        key = (id(getattr(drafter, "model", drafter)), str(device), rows, nodes)
+        if key not in _DRAFT_SECONDS:
+            _DRAFT_SECONDS[key] = time_forward(lambda: drafter.propose_device(nodes), device)
+        draft_seconds = _DRAFT_SECONDS[key]
+    while running:
+        t0 = time.perf_counter()
+        limit = rec.limit(inputs.max_length)
+        on = set(running)
+        caps = [min(config.max_depth, limit - rec.lengths[b] - 1) if b in on else 0 for b in range(rows)]
+        flags = torch.tensor(caps + [int(b in on) for b in range(rows)], dtype=torch.long).to(device, non_blocking=True)
+        caps_device, running_device = flags[:rows], flags[rows:].bool()
+        if inputs.cost is None:
+            width = widest
+        else:
+            if prefix is None:  # the first step: this step's own drafts' values (one read, once)
+                prefix = select_device(drafts, widest, caps_device, roots).prefix.tolist()
+            width = choose_width(prefix, len(running), inputs.cost, config.budget_slack, config.max_verify_nodes,
+                                 [w for w in backend.widths if w <= widest], draft_seconds)
+        try:
+            chosen = select_device(drafts, width, caps_device, roots, config.max_verify_nodes)
+            logits = backend.forward_device(chosen.tokens, chosen.parent)
+            tokens, parent, ancestors, depth = runner.tree_masks()
+            n = tokens.shape[1]
+            valid = torch.arange(n, device=device) <= chosen.count.unsqueeze(1)
+            accepted = greedy_device(tokens, parent, ancestors, depth, valid, running_device, logits)
+            hidden = None
+            if drafter.target_hidden_layers:
+                order = accepted.order[:, :path]
+                hidden = tuple(h.gather(1, order.unsqueeze(-1).expand(-1, -1, h.shape[-1])) for h in runner.hidden())
+            backend.commit_device(accepted.leaf)
+        except BaseException:
+            backend.abort()
+            raise
+        news = accepted.tokens[:, :path]
+        results.copy_(torch.cat([accepted.length.unsqueeze(1), chosen.count.unsqueeze(1), news], dim=1),
+                      non_blocking=True)
+        prefix_host[: chosen.prefix.shape[0]].copy_(chosen.prefix, non_blocking=True)
+        done = torch.cuda.Event() if pinned else None
+        if done is not None:
+            done.record()
+        # Queued behind the results: the drafter takes the committed steps and drafts the next trees.
+        drafter.accept_device(accepted.length, news, hidden)
+        last = news.gather(1, (accepted.length - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        roots = torch.where(running_device, last, roots)
+        drafts = drafter.propose_device(nodes)
+        if done is not None:
+            done.synchronize()
+        counts, drafted = results[:, 0].tolist(), results[:, 1].tolist()
+        table = results[:, 2:].tolist()
+        prefix = prefix_host[: chosen.prefix.shape[0]].tolist()
+        rec.append(running, [table[b][: counts[b]] for b in running])
+        backend.finish_commit(counts)
+        drafter.advance_host(counts)
+        stats.target_forwards += 1
+        stats.verify_seconds += time.perf_counter() - t0
+        stats.plain_steps += int(width == 1)
+        for b in running:
+            for s in (stats, inputs.row_stats[b]):
+                s.accepted_lengths.append(counts[b])
+                s.drafted_tokens.append(drafted[b])
+            inputs.row_stats[b].target_forwards += 1
+        keep = rec.still_running(running, inputs.max_length)
+        if len(keep) < len(running) and keep:
+            backend.select_rows(keep)
+        running = [running[j] for j in keep]

@@ -1,0 +1,220 @@
+"""The pipelined batch step (`engine.pipeline`): drafts, selection, greedy acceptance and the commit on the device,
+one read per step. Greedy identity with stock batched generate through it (deep accepts, rows that stop early, stops
+without EOS, a measured budget, a node cap), and its device pieces against the host ones they stand in for."""
+
+import pytest
+import torch
+from engine.test_batch import PAD, StopAfter, greedy, padded_batch, row_references
+from transformers import StoppingCriteriaList
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec.drafters import BatchDrafter
+from hf_hybrid_spec.engine.batch import greedy_rows
+from hf_hybrid_spec.engine.budget import choose_batch, select_device
+from hf_hybrid_spec.testing import tiny_model
+from hf_hybrid_spec.tree import DeviceDrafts, DraftBatch
+from hf_hybrid_spec.verification import greedy_device
+
+VOCAB = 96
+
+
+def random_trees(rows: int, nodes: int, max_depth: int, seed: int, follow=None):
+    """Random trees [R, nodes] as device drafts: topological parents of depth <= max_depth, values that fall with
+    depth (each below its parent's). `follow[r]` (optional) are tokens row r's first branch follows."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, VOCAB, (rows, nodes), generator=g)
+    parents = torch.full((rows, nodes), -1)
+    depth = torch.ones(rows, nodes, dtype=torch.long)
+    values = torch.zeros(rows, nodes)
+    for r in range(rows):
+        chain = int(torch.randint(1, max_depth + 1, (1,), generator=g))
+        for j in range(nodes):
+            if j < chain:
+                parents[r, j] = j - 1
+                if follow is not None and j < len(follow[r]):
+                    tokens[r, j] = follow[r][j]
+            else:
+                p = int(torch.randint(-1, j, (1,), generator=g))
+                while p >= 0 and depth[r, p] >= max_depth:
+                    p = int(parents[r, p])
+                parents[r, j] = p
+            depth[r, j] = 1 if parents[r, j] < 0 else depth[r, parents[r, j]] + 1
+            up = 1.0 if parents[r, j] < 0 else float(values[r, parents[r, j]])
+            values[r, j] = up * float(torch.rand(1, generator=g) * 0.5 + 0.5)
+    return DeviceDrafts(tokens=tokens, parents=parents, values=values, depth=depth)
+
+
+class ReferenceDrafter(BatchDrafter):
+    """A batch drafter with device drafting that proposes random trees whose first branch follows each row's stock
+    output (`refs[r]`, the row without its padding) for a random number of tokens: deep accepts, partial matches and
+    rejected siblings, through the pipelined step."""
+
+    supports_device = True
+    target_hidden_layers = ()
+
+    def __init__(self, refs, max_depth=4, seed=0):
+        self.refs, self.max_depth, self.seed = refs, max_depth, seed
+        self.lengths = [0] * len(refs)
+        self.calls = 0
+
+    def begin(self, prompts, context, hidden):
+        self.lengths = [p.shape[1] for p in prompts]
+
+    def accept(self, rows, ids, results, hidden):
+        for i, b in enumerate(rows):
+            self.lengths[b] = ids.lengths[i]
+
+    def propose(self, rows, ids, budgets):
+        raise AssertionError("the pipelined step drafts on the device")
+
+    def propose_device(self, max_nodes):
+        self.calls += 1
+        follow = []
+        g = torch.Generator().manual_seed(self.seed * 1000 + self.calls)
+        for ref, length in zip(self.refs, self.lengths):
+            want = ref[0, length : length + self.max_depth].tolist()
+            keep = int(torch.randint(0, len(want) + 1, (1,), generator=g))
+            follow.append(want[:keep] + [3] * (self.max_depth - keep))
+        return random_trees(len(self.refs), max_nodes, self.max_depth, self.seed * 1000 + self.calls, follow)
+
+    def accept_device(self, counts, tokens, hidden):
+        self.lengths = [n + c for n, c in zip(self.lengths, counts.tolist())]
+
+    def advance_host(self, counts):
+        pass
+
+
+def generate_with(model, ids, mask, drafter, config=None, **kw):
+    """Batched greedy generate with `drafter` (a BatchDrafter), checking that the pipelined step ran."""
+    import hf_hybrid_spec.engine.batch as B
+
+    calls = []
+    original = B.run_pipelined
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    B.run_pipelined = spy
+    try:
+        out = greedy(model, ids, mask, custom_generate=H.speculative_generate, return_dict_in_generate=True,
+                     drafter=drafter,
+                     assistant_config=config or H.AssistantConfig(compile=True, max_draft_tokens=10, max_depth=4), **kw)
+    finally:
+        B.run_pipelined = original
+    assert calls, "the pipelined step did not run"
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1", "qwen3_next", "nemotron_h"])
+def test_pipelined_step_matches_stock_batched_greedy(family):
+    model = tiny_model(family)
+    ids, mask = padded_batch([9, 14, 5, 11], seed=6)
+    kw = dict(max_new_tokens=18, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    out = generate_with(model, ids, mask, ReferenceDrafter(row_references(ref, mask), seed=1), **kw)
+    assert torch.equal(out.sequences, ref)
+    stats = out.spec_stats
+    assert stats.mean_accepted_length > 1.5 and max(stats.accepted_lengths) >= 4  # deep accepts happened
+    assert all(len(r.accepted_lengths) == r.target_forwards for r in stats.rows)
+
+
+def test_pipelined_rows_that_stop_early_are_padded_as_stock_pads_them():
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([7, 12, 4], seed=2)
+    plain = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=None)
+    eos = int(plain[0, ids.shape[1] + 2])
+    ref = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=eos)
+    assert (ref == PAD).sum() > (ids == PAD).sum()
+    out = generate_with(model, ids, mask, ReferenceDrafter(row_references(plain, mask), seed=2), max_new_tokens=16,
+                        eos_token_id=eos)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_pipelined_rows_stopped_without_eos_keep_decoding_as_in_stock():
+    model = tiny_model("falcon_h1")
+    ids, mask = padded_batch([5, 10], seed=3)
+    plain = greedy(model, ids, mask, max_new_tokens=20, eos_token_id=None)
+    criteria = StoppingCriteriaList([StopAfter(int(plain[1, ids.shape[1] + 4]))])
+    ref = greedy(model, ids, mask, max_new_tokens=20, eos_token_id=None, stopping_criteria=criteria)
+    out = generate_with(model, ids, mask, ReferenceDrafter(row_references(plain, mask), seed=3), max_new_tokens=20,
+                        eos_token_id=None, stopping_criteria=criteria)
+    assert torch.equal(out.sequences, ref)
+
+
+@pytest.mark.parametrize("config", [dict(batch_budget="calibrated"), dict(max_verify_nodes=7)],
+                         ids=["calibrated", "node-cap"])
+def test_pipelined_budgets_stay_exact(config):
+    model = tiny_model("qwen3_next")
+    ids, mask = padded_batch([8, 8, 13], seed=4)
+    kw = dict(max_new_tokens=12, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    cfg = H.AssistantConfig(compile=True, max_draft_tokens=10, max_depth=4, **config)
+    out = generate_with(model, ids, mask, ReferenceDrafter(row_references(ref, mask), seed=4), cfg, **kw)
+    assert torch.equal(out.sequences, ref)
+    if "max_verify_nodes" in config:
+        assert max(out.spec_stats.drafted_tokens) <= 7
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_on_the_device_accepts_what_the_host_walk_accepts(seed):
+    """`greedy_device` over random trees and logits, against `greedy_rows` (the general step's): the same path,
+    length and committed tokens for every row; a row that does not run commits nothing."""
+    from hf_hybrid_spec.kernels.tree import ancestor_mask
+
+    g = torch.Generator().manual_seed(seed)
+    rows, nodes = 5, 9
+    drafts = random_trees(rows, nodes, 4, seed)
+    count = torch.randint(0, nodes + 1, (rows,), generator=g)
+    batch = DraftBatch.from_tensors(drafts.tokens, drafts.parents, drafts.values, count)
+    roots = torch.randint(3, VOCAB, (rows,), generator=g).tolist()
+    tokens, parent = batch.verify_inputs(roots)
+    logits = torch.randn(rows, nodes + 1, VOCAB, generator=g)
+    # Make many nodes the argmax at their parent, so paths go deep.
+    for r in range(rows):
+        for j in range(1, nodes + 1):
+            if torch.rand(1, generator=g) < 0.7:
+                logits[r, parent[r, j], tokens[r, j]] += 10.0
+    host = greedy_rows(batch, logits.argmax(-1))
+    anc = ancestor_mask(parent, include_self=True)
+    valid = torch.arange(nodes + 1) <= batch.count.unsqueeze(1)
+    running = torch.tensor([True, True, False, True, True])
+    device = greedy_device(tokens, parent, anc, anc.sum(-1) - 1, valid, running, logits)
+    for r in range(rows):
+        if not running[r]:
+            assert int(device.leaf[r]) == -1 and int(device.length[r]) == 0
+            continue
+        n = int(device.length[r])
+        assert n == len(host[r].path)
+        assert device.order[r, :n].tolist() == host[r].path
+        assert device.tokens[r, :n].tolist() == host[r].token_list
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_device_selection_keeps_what_the_host_budget_keeps(seed):
+    """`select_device` at the width the host budget chose keeps the same nodes in each row (`choose_batch`), laid out
+    as the general step lays them out, with and without the batch-wide node cap."""
+    g = torch.Generator().manual_seed(seed)
+    rows, nodes = 6, 12
+    drafts = random_trees(rows, nodes, 5, seed)
+    caps = torch.randint(0, 6, (rows,), generator=g)
+    roots = torch.randint(3, VOCAB, (rows,), generator=g)
+    for width, cap in ((4, None), (6, 13), (9, None)):
+        chosen = select_device(drafts, width, caps, roots, cap)
+        allowed = drafts.depth <= caps.unsqueeze(1)
+        full = DraftBatch(tokens=drafts.tokens, parents=drafts.parents,
+                          values=torch.where(allowed, drafts.values, -1.0), depth=drafts.depth,
+                          count=torch.full((rows,), nodes))
+        # The host budget at this width: every node ranked, those beyond the caps last and dropped.
+        rank = torch.sort(full.values, dim=1, descending=True, stable=True).indices
+        position = torch.empty_like(rank).scatter_(1, rank, torch.arange(nodes).expand(rows, nodes))
+        keep = (position < width - 1) & allowed
+        if cap is not None and int(keep.sum()) > cap:
+            keep_cap, _ = choose_batch(DraftBatch(tokens=drafts.tokens, parents=drafts.parents,
+                                                  values=torch.where(keep, drafts.values, 0.0), depth=drafts.depth,
+                                                  count=torch.full((rows,), nodes)), None, max_nodes=cap)
+            keep = keep & keep_cap
+        expect_tokens, expect_parent = full.select(keep).verify_inputs(roots.tolist())
+        k = expect_tokens.shape[1]
+        assert chosen.count.tolist() == keep.sum(1).tolist()
+        assert torch.equal(chosen.tokens[:, :k], expect_tokens) and torch.equal(chosen.parent[:, :k], expect_parent)
