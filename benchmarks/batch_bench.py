@@ -15,8 +15,8 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
    drafter, batch budget "auto"), `suffix:fixed` (every row its full tree), `suffix:eager` (compile=False),
    `suffix:fused` (the verify forward's pure regions Inductor-compiled before capture, `compile_verify=True`),
    `eagle` (the EAGLE-3 drafter of `--eagle`, its default 60-node trees, one expansion for every row per step; a
-   random-weight drafter for tiny: / random: models), `eagle:fused` (its passes and the verify forward's pure regions
-   Inductor-compiled before capture, `compile_drafter=True, compile_verify=True`), `eagle:eager` (compile=False) and
+   random-weight drafter for tiny: / random: models), `eagle:fused` (its passes Inductor-compiled before capture,
+   `compile_drafter=True`), `eagle:eager` (compile=False) and
    `acceptance:P` (the target's own continuation with
    each token corrupted with probability 1 - P: a known acceptance on random weights).
 
@@ -68,8 +68,7 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
     if name == "suffix:fused":
         return dict(assistant_config=AssistantConfig(global_cache=False, compile=True, compile_verify=True))
     if name in ("eagle", "eagle:fused", "eagle:eager"):
-        extra = {"eagle:fused": dict(compile=True, compile_drafter=True, compile_verify=True),
-                 "eagle:eager": dict(compile=False)}
+        extra = {"eagle:fused": dict(compile=True, compile_drafter=True), "eagle:eager": dict(compile=False)}
         return dict(draft_model=eagle, assistant_config=AssistantConfig(drafter="eagle", **extra.get(name, {})))
     if name.startswith("acceptance:"):
         p = float(name.split(":", 1)[1])

@@ -142,6 +142,24 @@ def test_pipelined_rows_stopped_without_eos_keep_decoding_as_in_stock():
     assert torch.equal(out.sequences, ref)
 
 
+@pytest.mark.parametrize("widths", [(1, 2), (2, 4)], ids=["plain-or-2", "2-or-4"])
+def test_pipelined_step_at_the_narrow_widths_a_cost_model_picks(widths, monkeypatch):
+    """A cost model under which only narrow trees pay: trees narrower than the longest path the drafter can draft
+    (and plain steps), every step's width chosen from the last drafts."""
+    import hf_hybrid_spec.engine.batch as B
+    from hf_hybrid_spec.engine.budget import VerifyCost
+
+    steep = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.2, 1.5 if 4 in widths else 9.0, 20.0, 40.0])
+    monkeypatch.setattr(B, "_cost_model", lambda *args: steep)
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([8, 11, 6], seed=9)
+    kw = dict(max_new_tokens=14, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    out = generate_with(model, ids, mask, ReferenceDrafter(row_references(ref, mask), max_depth=4, seed=5), **kw)
+    assert torch.equal(out.sequences, ref)
+    assert max(out.spec_stats.drafted_tokens) <= max(widths) - 1
+
+
 @pytest.mark.parametrize("config", [dict(batch_budget="calibrated"), dict(max_verify_nodes=7)],
                          ids=["calibrated", "node-cap"])
 def test_pipelined_budgets_stay_exact(config):
