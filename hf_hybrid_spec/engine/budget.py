@@ -158,20 +158,22 @@ def choose_nodes(values: list[list[float]], cost: VerifyCost | None, slack: floa
 
 
 def choose_width(prefix: list[float], rows: int, cost: VerifyCost, slack: float = 0.05,
-                 max_nodes: int | None = None, widths: list[int] | None = None, draft_seconds: float = 0.0) -> int:
-    """The width (root included) of most expected tokens per second for `rows` running rows whose drafts are worth
-    `prefix[k]` (the batch's sum of each row's best k node values, k = 0 .. M), a step with drafts costing
-    `cost(w) + draft_seconds` and a plain step `cost(1)`; 1 (no drafts) unless a width beats plain by `slack`. The
-    pipelined step's choice (`engine.pipeline`), made on the host from the last drafts' values while the device
-    drafts the next ones; beyond `max_nodes` the expected tokens are scaled down in proportion (the cap keeps the
-    likeliest nodes, so this underestimates)."""
+                 max_nodes: int | None = None, widths: list[int] | None = None,
+                 draft_seconds: float = 0.0) -> tuple[int, bool]:
+    """The pipelined step's width (root included) for `rows` running rows whose drafts are worth `prefix[k]` (the
+    batch's sum of each row's best k node values, k = 0 .. M), and whether drafting pays at all ((1, False) if not).
+
+    A step that drafts costs `cost(w) + draft_seconds` whatever width it verifies (the drafts are made before the
+    width is applied), so the width is the one of most expected tokens per second among all, 1 included; drafting
+    pays when that rate beats a plain step without drafts, `rows / cost(1)`, by `slack`. Made on the host from the
+    last drafts' values while the device drafts the next ones (`engine.pipeline`); beyond `max_nodes` the expected
+    tokens are scaled down in proportion (the cap keeps the likeliest nodes, so this underestimates)."""
     m = len(prefix) - 1
-    if rows == 0 or m == 0:
-        return 1
-    plain = rows / cost(1)
-    width, best_rate = 1, plain
+    if rows == 0:
+        return 1, False
+    width, best_rate = 1, rows / (cost(1) + draft_seconds)
     for w in sorted(set(widths or range(2, m + 2))):
-        if w <= 1:
+        if w <= 1 or m == 0:
             continue
         expected = prefix[min(w - 1, m)]
         if max_nodes is not None and rows * (w - 1) > max_nodes:
@@ -179,7 +181,9 @@ def choose_width(prefix: list[float], rows: int, cost: VerifyCost, slack: float 
         rate = (rows + expected) / (cost(w) + draft_seconds)
         if rate > best_rate:
             width, best_rate = w, rate
-    return width if best_rate >= (1.0 + slack) * plain else 1
+    if best_rate < (1.0 + slack) * rows / cost(1):
+        return 1, False
+    return width, True
 
 
 @dataclass

@@ -16,8 +16,10 @@ with the captured batched runner and greedy verification over raw logits, one st
 so the host's bookkeeping for step t runs while the device drafts for step t + 1. The width (nodes per row, root
 included) is chosen on the host before each step from the previous step's drafts (the sum of each row's best k values,
 read with the committed tokens; `budget.choose_width`), against the measured verify cost and the drafter's own cost:
-a one-step lag, where the general step reads this step's drafts. Rows that stop keep their runner row and commit
-nothing. Every committed token is the target's greedy choice (`verification.greedy_device`), as in the general step.
+a one-step lag, where the general step reads this step's drafts. The drafts are made before the width is known, so a
+drafting step verifies the width of most expected tokens per second with the drafter's cost counted at every width;
+once drafting does not beat plain steps without it, the batch runs plain steps to its end without the drafter. Rows
+that stop keep their runner row and commit nothing. Every committed token is the target's greedy choice (`verification.greedy_device`), as in the general step.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         if key not in _DRAFT_SECONDS:
             _DRAFT_SECONDS[key] = time_forward(lambda: drafter.propose_device(nodes), device)
         draft_seconds = _DRAFT_SECONDS[key]
+    drafting = True  # until a step finds that drafting no longer pays: then plain steps to the end, no drafter
     while running:
         t0 = time.perf_counter()
         limit = rec.limit(inputs.max_length)
@@ -98,13 +101,20 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         caps = [min(config.max_depth, limit - rec.lengths[b] - 1) if b in on else 0 for b in range(rows)]
         flags = torch.tensor(caps + [int(b in on) for b in range(rows)], dtype=torch.long).to(device, non_blocking=True)
         caps_device, running_device = flags[:rows], flags[rows:].bool()
-        if inputs.cost is None:
+        if not drafting:
+            width = 1
+        elif inputs.cost is None:
             width = widest
         else:
             if prefix is None:  # the first step: this step's own drafts' values (one read, once)
                 prefix = select_device(drafts, widest, caps_device, roots).prefix.tolist()
-            width = choose_width(prefix, len(running), inputs.cost, config.budget_slack, config.max_verify_nodes,
-                                 [w for w in backend.widths if w <= widest], draft_seconds)
+            width, drafting = choose_width(prefix, len(running), inputs.cost, config.budget_slack,
+                                           config.max_verify_nodes, [w for w in backend.widths if w <= widest],
+                                           draft_seconds)
+            if not drafting:
+                logger.info("batch of %d: drafting no longer pays (verify cost and drafter cost against the drafts' "
+                            "values); plain steps from here on", len(running))
+                width = 1
         try:
             chosen = select_device(drafts, width, caps_device, roots, config.max_verify_nodes)
             logits = backend.forward_device(chosen.tokens, chosen.parent)
@@ -113,7 +123,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
             valid = torch.arange(n, device=device) <= chosen.count.unsqueeze(1)
             accepted = greedy_device(tokens, parent, ancestors, depth, valid, running_device, logits)
             hidden = None
-            if drafter.target_hidden_layers:
+            if drafting and drafter.target_hidden_layers:
                 order = accepted.order[:, :path]
                 hidden = tuple(h.gather(1, order.unsqueeze(-1).expand(-1, -1, h.shape[-1])) for h in runner.hidden())
             backend.commit_device(accepted.leaf)
@@ -128,11 +138,11 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         done = torch.cuda.Event() if pinned else None
         if done is not None:
             done.record()
-        # Queued behind the results: the drafter takes the committed steps and drafts the next trees.
-        drafter.accept_device(accepted.length, news, hidden)
         last = news.gather(1, (accepted.length - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
         roots = torch.where(running_device, last, roots)
-        drafts = drafter.propose_device(nodes)
+        if drafting:  # queued behind the results: the drafter takes the committed steps and drafts the next trees
+            drafter.accept_device(accepted.length, news, hidden)
+            drafts = drafter.propose_device(nodes)
         if done is not None:
             done.synchronize()
         counts, drafted = results[:, 0].tolist(), results[:, 1].tolist()
@@ -140,7 +150,8 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         prefix = prefix_host[: chosen.prefix.shape[0]].tolist()
         rec.append(running, [table[b][: counts[b]] for b in running])
         backend.finish_commit(counts)
-        drafter.advance_host(counts)
+        if drafting:
+            drafter.advance_host(counts)
         stats.target_forwards += 1
         stats.verify_seconds += time.perf_counter() - t0
         stats.plain_steps += int(width == 1)

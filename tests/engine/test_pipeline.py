@@ -10,7 +10,7 @@ from transformers import StoppingCriteriaList
 import hf_hybrid_spec as H
 from hf_hybrid_spec.drafters import BatchDrafter
 from hf_hybrid_spec.engine.batch import greedy_rows
-from hf_hybrid_spec.engine.budget import choose_batch, select_device
+from hf_hybrid_spec.engine.budget import VerifyCost, choose_batch, choose_width, select_device
 from hf_hybrid_spec.testing import tiny_model
 from hf_hybrid_spec.tree import DeviceDrafts, DraftBatch
 from hf_hybrid_spec.verification import greedy_device
@@ -236,3 +236,39 @@ def test_device_selection_keeps_what_the_host_budget_keeps(seed):
         k = expect_tokens.shape[1]
         assert chosen.count.tolist() == keep.sum(1).tolist()
         assert torch.equal(chosen.tokens[:, :k], expect_tokens) and torch.equal(chosen.parent[:, :k], expect_parent)
+
+
+def test_the_width_counts_the_drafters_cost_and_drafting_stops_where_it_does_not_pay():
+    """Drafts are made before the width is applied: a drafting step never verifies fewer nodes than pay for
+    themselves once the drafter's cost is spent, and drafting stops when even the best width loses to plain steps
+    without a drafter (a compute-bound batch, or a drafter that costs more than its drafts bring)."""
+    prefix = [0.0, 3.0, 5.0, 6.0, 6.5, 6.8, 7.0, 7.1, 7.2]  # 4 rows: the sum of each row's best k values
+    flat = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.01, 1.02, 1.05, 1.2])
+    width, pays = choose_width(prefix, 4, flat, widths=[1, 2, 4, 8, 16], draft_seconds=0.5)
+    assert pays and width == 8  # (4 + 7.1) / 1.55 beats every other width, and plain's 4 / 1.0
+    # The drafter's cost is paid at width 1 too: once drafting, a tree always beats a plain step.
+    steeper = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.3, 2.0, 4.0, 8.0])
+    width, pays = choose_width(prefix, 4, steeper, widths=[1, 2, 4, 8, 16], draft_seconds=0.1)
+    assert pays and width == 2
+    # Drafting loses to plain steps without a drafter: stop.
+    assert choose_width(prefix, 4, steeper, widths=[1, 2, 4, 8, 16], draft_seconds=3.0) == (1, False)
+    compute_bound = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 2.0, 4.0, 8.0, 16.0])
+    assert choose_width(prefix, 4, compute_bound, widths=[1, 2, 4, 8, 16], draft_seconds=0.0)[1] is False
+
+
+def test_a_batch_whose_drafting_does_not_pay_runs_plain_steps_without_the_drafter(monkeypatch):
+    """Verification that would pay if every node held but costs more than these drafts bring: after the first step the
+    drafter is not called again, and the output is stock's."""
+    import hf_hybrid_spec.engine.batch as B
+
+    steep = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.8, 3.6, 7.2, 14.4])  # w / T(w) = 1.11 / T(1)
+    monkeypatch.setattr(B, "_cost_model", lambda *args: steep)
+    model = tiny_model("falcon_h1")
+    ids, mask = padded_batch([8, 11, 6], seed=10)
+    kw = dict(max_new_tokens=12, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    drafter = ReferenceDrafter(row_references(ref, mask), seed=6)
+    out = generate_with(model, ids, mask, drafter, **kw)
+    assert torch.equal(out.sequences, ref)
+    assert out.spec_stats.plain_steps == out.spec_stats.target_forwards == 11  # the first token comes with the prompt
+    assert drafter.calls <= 6  # the first step's drafts and the cost timing's, nothing after
