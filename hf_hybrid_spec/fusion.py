@@ -68,9 +68,26 @@ def _active() -> bool:
     return getattr(_state, "depth", 0) > 0
 
 
+# Graphs one compiled region may hold: a class's forward serves inputs of several ranks (an RMSNorm over hidden states
+# and over heads), sizes of 1 are specialized (a plain step's width, a batch of one), and a batched runner brings a
+# shape family per batch size. Dynamo's default (8) runs a region eagerly from the ninth variant on, silently.
+RECOMPILE_LIMIT = 64
+
+
+def _recompile_limit():
+    """A context in which dynamo keeps up to RECOMPILE_LIMIT graphs per compiled region (the setting's name changed
+    across torch releases)."""
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            return config.patch(**{name: max(getattr(config, name), RECOMPILE_LIMIT)})
+    return contextlib.nullcontext()
+
+
 def _compile(fn: Callable, name: str) -> Callable:
     """`fn` compiled by Inductor (dynamic shapes: one compile serves every tree size), falling back to `fn` for
-    good, with a warning, if compiling it fails."""
+    good, with a warning, if compiling it fails. Tensor arguments go in contiguous: views of fused projections have
+    strides that change with the tree's width, and each new stride pattern would be a graph of its own."""
     compiled = torch.compile(fn, dynamic=True)
     failed = False
 
@@ -79,7 +96,9 @@ def _compile(fn: Callable, name: str) -> Callable:
         nonlocal failed
         if not failed:
             try:
-                return compiled(*args, **kwargs)
+                args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
+                with _recompile_limit():
+                    return compiled(*args, **kwargs)
             except Exception as err:  # an Inductor/toolchain failure must not stop decoding
                 failed = True
                 logger.warning("compile_verify: compiling %s failed, it runs eagerly (%s: %s)", name,

@@ -3,7 +3,7 @@
     out = backend.prefill(input_ids, attention_mask)       # the padded prompts, exactly as stock generate runs them
     while rows are running:
         drafts = drafter.propose(running, ...)              # one BatchDrafter: per-row drafters, or one batched one
-        keep = choose_nodes(values, cost)                   # the batch-wide budget: global top-n by path value
+        drafts = apply_budget(drafts, cost)                 # the batch-wide budget: global top-n by path value
         verified = backend.forward(batch tree)              # every row's tree in one forward, padded to the widest
         results = per-row verification                      # greedy: one argmax and one host read for the batch
         backend.commit(paths)                               # each row keeps its own path; rows right-aligned again
@@ -11,7 +11,8 @@
 
 The drafter is a `drafters.BatchDrafter`: one drafter per row behind `PerRowDrafters` (suffix tries, n-gram indexes,
 assistant caches, a list of the caller's own), or a drafter with a batched form (EAGLE: one tree expansion for all
-rows per step).
+rows per step; with it, greedy decoding runs the pipelined step of `engine.pipeline`, which keeps all of the above
+on the device and reads each step once).
 
 Rows follow stock `generate`'s batch semantics: each row's tokens are what it would generate alone from its
 (left-padded) prompt; with an EOS criterion, a row that stops is padded with `pad_token_id` until the longest row

@@ -38,14 +38,12 @@ from transformers.utils import logging
 from ..cache import CommittedState, HybridTreeCache, export_committed, import_committed
 from ..drafters import BatchHidden
 from ..forward import forward_tokens
-from ..fusion import fusable_modules, fused_regions, parallel_enabled
 from ..graphs import Leased
 from ..kernels.tree import ancestor_mask
 from ..models import get_adapter
-from ..models.tree_attention import routed_attention, tree_attention_enabled
 from ..tree import VerifyTree, tree_attention_mask
 from .backend import VerifyOutputs, gather_paths
-from .static import DEFAULT_BUCKETS, capture_bucket, capture_key
+from .static import DEFAULT_BUCKETS, FusedForward, capture_bucket, capture_key
 
 logger = logging.get_logger(__name__)
 
@@ -101,13 +99,8 @@ class BatchStaticRunner(Leased):
         self._model = weakref.ref(model)
         self.rows = rows
         self.hidden_layers = tuple(int(i) for i in hidden_layers)
-        # The fused forward's pieces, held weakly like the model (see `static.StaticTreeRunner`).
         self.fuse = fuse
-        self._fused_modules = weakref.WeakSet(fusable_modules(model)) if fuse else None
-        self._parallel = fuse and parallel_enabled()
-        self._fused_forwards = weakref.WeakKeyDictionary(adapter.fused_forwards(model) if self._parallel else {})
-        self._fused_attention = weakref.WeakSet(adapter.attention_modules(model) if fuse and tree_attention_enabled()
-                                                else [])
+        self._fused = FusedForward(model, adapter) if fuse else None
         self.device = model.device
         self.static_length = static_length
         self.cache = HybridTreeCache(model.config, static_length=static_length)
@@ -150,15 +143,7 @@ class BatchStaticRunner(Leased):
         bucket.staging.copy_(torch.cat([padded_tokens.view(-1), padded_parent.view(-1),
                                         torch.tensor(lengths, dtype=torch.long), torch.tensor(roots, dtype=torch.long)]))
         bucket.inputs.copy_(bucket.staging, non_blocking=True)
-        if self.use_graphs:
-            if bucket.graph is None:
-                self._capture(bucket)
-            self.cache.begin_tree(bucket.parent, 0, pending=bucket.pending, check=False)
-            bucket.graph.replay()
-        else:
-            bucket.out = self._run(bucket)
-        self._active = bucket
-        return bucket.out.logits
+        return self._launch(bucket)
 
     def forward_device(self, tokens: torch.Tensor, parent: torch.Tensor, lengths: list[int],
                        roots: list[int]) -> torch.Tensor:
@@ -176,6 +161,10 @@ class BatchStaticRunner(Leased):
         if width < n:  # the bucket's spare nodes: lone nodes nobody commits
             bucket.tokens[:, width:].zero_()
             bucket.parent[:, width:].fill_(-1)
+        return self._launch(bucket)
+
+    def _launch(self, bucket: _Bucket) -> torch.Tensor:
+        """The bucket's forward over its staged inputs: its graph replayed (captured on first use), or run."""
         if self.use_graphs:
             if bucket.graph is None:
                 self._capture(bucket)
@@ -201,7 +190,7 @@ class BatchStaticRunner(Leased):
         if bucket is None or self.cache.tree is None:
             raise RuntimeError("commit called without a pending tree from this runner's forward")
         try:
-            bucket.leaf.copy_(leaves)
+            bucket.leaf.copy_(leaves, non_blocking=True)
             if bucket.commit_graph is not None:
                 bucket.commit_graph.replay()
             else:
@@ -229,19 +218,9 @@ class BatchStaticRunner(Leased):
         bucket = self._active
         if bucket is None or self.cache.tree is None:
             raise RuntimeError("commit called without a pending tree from this runner's forward")
-        try:
-            bucket.leaf_staging.copy_(torch.tensor(leaves, dtype=torch.long))
-            bucket.leaf.copy_(bucket.leaf_staging, non_blocking=True)
-            if bucket.commit_graph is not None:
-                bucket.commit_graph.replay()
-            else:
-                self._commit_body(bucket)
-        except BaseException:
-            self.cache.abort()
-            raise
-        finally:
-            self._active = None
-        self.cache.end_tree(committed_length)
+        bucket.leaf_staging.copy_(torch.tensor(leaves, dtype=torch.long))
+        self.commit_device(bucket.leaf_staging)
+        self.finish_commit(committed_length)
 
     def abort(self) -> None:
         self.cache.abort()
@@ -264,11 +243,7 @@ class BatchStaticRunner(Leased):
         mask, positions = bucket.prepare()
         cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
         try:
-            with contextlib.ExitStack() as fused:
-                if self.fuse:
-                    fused.enter_context(fused_regions(self.model, list(self._fused_modules),
-                                                      dict(self._fused_forwards), parallel=self._parallel))
-                    fused.enter_context(routed_attention(list(self._fused_attention)))
+            with self._fused.regions(self.model) if self._fused is not None else contextlib.nullcontext():
                 out = forward_tokens(self.model, bucket.tokens, self.cache, position_ids=positions,
                                      attention_mask=mask, logits_to_keep=0,
                                      output_hidden_states=bool(self.hidden_layers))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import logging
 
+from ..config import AssistantConfig
 from ..drafters import BatchDrafter
 from ..verification import greedy_device
 from .budget import VerifyCost, choose_width, select_device, time_forward
@@ -54,7 +55,7 @@ class PipelineInputs:
             the batch's and each row's statistics, appended to.
     """
 
-    config: object
+    config: AssistantConfig
     max_length: int
     cost: VerifyCost | None
     node_budget: int
@@ -91,7 +92,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     if inputs.cost is not None:
         key = (id(getattr(drafter, "model", drafter)), str(device), rows, nodes)
         if key not in _DRAFT_SECONDS:
-            _DRAFT_SECONDS[key] = time_forward(lambda: drafter.propose_device(nodes), device)
+            _DRAFT_SECONDS.setdefault(key, time_forward(lambda: drafter.propose_device(nodes), device))
         draft_seconds = _DRAFT_SECONDS[key]
     drafting = True  # until a step finds that drafting no longer pays: then plain steps to the end, no drafter
     while running:

@@ -48,8 +48,8 @@ from ..tree import VerifyTree, tree_attention_mask
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["StaticTreeRunner", "StaticForwardOutput", "DEFAULT_BUCKETS", "static_runner", "release_runner", "capture_key",
-           "capture_bucket"]
+__all__ = ["StaticTreeRunner", "StaticForwardOutput", "FusedForward", "DEFAULT_BUCKETS", "static_runner", "release_runner",
+           "capture_key", "capture_bucket"]
 
 DEFAULT_BUCKETS = (8, 16, 32, 64)
 
@@ -117,6 +117,26 @@ class _Bucket:
         return tree_attention_mask(anc, self.prefix_valid, prefix, self.mask_dtype), positions
 
 
+class FusedForward:
+    """What a static runner's fused verify forward switches on (`compile_verify`), held weakly like the model: the
+    model's pure modules Inductor-compiled (`fusion`), with independent projections side by side (the MLPs through
+    their adapter's forward, `models.mlp`, as set when the runner was built: `fusion.set_parallel`), and the attention
+    layers on our tree-attention kernel (`models.tree_attention`)."""
+
+    def __init__(self, model: nn.Module, adapter):
+        self.modules = weakref.WeakSet(fusable_modules(model))
+        self.parallel = parallel_enabled()
+        self.forwards = weakref.WeakKeyDictionary(adapter.fused_forwards(model) if self.parallel else {})
+        self.attention = weakref.WeakSet(adapter.attention_modules(model) if tree_attention_enabled() else [])
+
+    @contextlib.contextmanager
+    def regions(self, model: nn.Module):
+        """Within this block the forward of `model` runs fused."""
+        with fused_regions(model, list(self.modules), dict(self.forwards), parallel=self.parallel), \
+                routed_attention(list(self.attention)):
+            yield
+
+
 class StaticTreeRunner(Leased):
     """Verify forwards of fixed shape over a static `HybridTreeCache`.
 
@@ -163,14 +183,7 @@ class StaticTreeRunner(Leased):
             use_graphs = self.device.type == "cuda" and len(devices) == 1
         self.use_graphs = use_graphs
         self.fuse = fuse
-        self._fused_modules = weakref.WeakSet(fusable_modules(model)) if fuse else None
-        # With fuse, independent projections run side by side (the MLPs through their adapter's forward,
-        # `models.mlp`), as set when the runner was built (`fusion.set_parallel`)...
-        self._parallel = fuse and parallel_enabled()
-        self._fused_forwards = weakref.WeakKeyDictionary(adapter.fused_forwards(model) if self._parallel else {})
-        # ...and the attention layers our tree-attention kernel (`models.tree_attention`).
-        self._fused_attention = weakref.WeakSet(adapter.attention_modules(model) if fuse and tree_attention_enabled()
-                                                else [])
+        self._fused = FusedForward(model, adapter) if fuse else None
         max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
         self.rope_rows = rope_rows
         self._offsets = torch.zeros(rope_rows, 1, dtype=torch.long, device=self.device) if rope_rows else None
@@ -327,12 +340,7 @@ class StaticTreeRunner(Leased):
         mask, positions = bucket.prepare()
         cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
         try:
-            with contextlib.ExitStack() as fused:
-                if self.fuse:
-                    regions = fused_regions(self.model, list(self._fused_modules), dict(self._fused_forwards),
-                                            parallel=self._parallel)
-                    fused.enter_context(regions)
-                    fused.enter_context(routed_attention(list(self._fused_attention)))
+            with self._fused.regions(self.model) if self._fused is not None else contextlib.nullcontext():
                 out = forward_tokens(
                     self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
                     logits_to_keep=0, output_hidden_states=self.output_hidden_states or bool(self.history_layers),

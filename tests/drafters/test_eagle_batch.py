@@ -141,6 +141,7 @@ def test_batch_store_replays_what_it_runs(monkeypatch):
     assert stores[1].captures >= 4  # every accept count and the budget: captured once, replayed after
 
 
+@pytest.mark.slow
 @pytest.mark.fixture
 @pytest.mark.parametrize("name", ["qwen3_5-small", "falcon_h1-small"])
 def test_batched_eagle_on_the_fixtures(name):
