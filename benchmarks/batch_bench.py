@@ -17,8 +17,10 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
    `eagle` (the EAGLE-3 drafter of `--eagle`, its default 60-node trees, one expansion for every row per step; a
    random-weight drafter for tiny: / random: models), `eagle:fused` (its passes Inductor-compiled before capture,
    `compile_drafter=True`), `eagle:eager` (compile=False) and
-   `acceptance:P` (the target's own continuation with
-   each token corrupted with probability 1 - P: a known acceptance on random weights).
+   `acceptance:P` (the target's own continuation with each token corrupted with probability 1 - P: a known
+   acceptance on random weights; at B > 1 one drafter for the batch drafting on the device, so the greedy batch runs
+   the pipelined step as EAGLE does). `random:` models get `testing.decisive_head` (the argmax is the current token
+   by a wide margin: bf16 rounding cannot flip it, so the continuation the acceptance drafters follow holds).
 
 A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
 chose, the speedup over stock static), a PNG of tokens/s against B, and a JSON line last.
@@ -39,7 +41,7 @@ from transformers.utils import logging
 from hf_hybrid_spec.config import AssistantConfig
 from hf_hybrid_spec.engine import budget
 from hf_hybrid_spec.generate import speculative_generate
-from hf_hybrid_spec.testing import acceptance_drafter
+from hf_hybrid_spec.testing import acceptance_batch_drafter, acceptance_drafter, decisive_head
 
 logger = logging.get_logger(__name__)
 
@@ -72,9 +74,12 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
         return dict(draft_model=eagle, assistant_config=AssistantConfig(drafter="eagle", **extra.get(name, {})))
     if name.startswith("acceptance:"):
         p = float(name.split(":", 1)[1])
-        drafters = [acceptance_drafter(reference[b].tolist(), p, depth=8, vocab_size=vocab, seed=b)
-                    for b in range(reference.shape[0])]
-        return dict(drafter=drafters, assistant_config=AssistantConfig(max_draft_tokens=8, max_depth=8))
+        config = AssistantConfig(max_draft_tokens=8, max_depth=8)
+        if reference.shape[0] == 1:
+            return dict(drafter=acceptance_drafter(reference[0].tolist(), p, depth=8, vocab_size=vocab),
+                        assistant_config=config)
+        rows = [reference[b].tolist() for b in range(reference.shape[0])]
+        return dict(drafter=acceptance_batch_drafter(rows, p, depth=8, vocab_size=vocab), assistant_config=config)
     raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, suffix:fused, eagle, eagle:fused, "
                      "eagle:eager, acceptance:P)")
 
@@ -126,6 +131,8 @@ def run(argv: list[str] | None = None) -> dict:
 
     dtype = getattr(torch, args.dtype)
     model, tokenizer = load_model(args.model, dtype, args.device)
+    if args.model.startswith("random:"):
+        decisive_head(model)  # greedy choices that bf16 rounding cannot flip (see `testing.decisive_head`)
     vocab = model.config.get_text_config().vocab_size
     prompts = encode_prompts(tokenizer, max(args.batch_sizes), args.device, vocab, args.prompt_tokens)
     eagle = load_eagle(args.eagle, model, args.model) if any(n.startswith("eagle") for n in args.drafters) else None

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-__all__ = ["TINY_FAMILIES", "tiny_config", "tiny_model", "tiny_vlm", "fixture_path", "FIXTURES", "acceptance_drafter"]
+__all__ = ["TINY_FAMILIES", "tiny_config", "tiny_model", "tiny_vlm", "fixture_path", "FIXTURES", "acceptance_drafter",
+           "acceptance_batch_drafter", "decisive_head"]
 
 FIXTURES = ("qwen3_5-small", "falcon_h1-small")
 
@@ -197,3 +198,91 @@ def acceptance_drafter(continuation: list[int], acceptance: float, depth: int = 
             return DraftTree.from_lists(tokens, list(range(-1, n - 1)))
 
     return AcceptanceDrafter()
+
+
+def acceptance_batch_drafter(continuations: list[list[int]], acceptance: float, depth: int = 8, vocab_size: int = 2,
+                             seed: int = 0):
+    """`acceptance_drafter` for a whole batch, drafting on the device: row b proposes the next `depth` tokens of
+    `continuations[b]` (its prompt and generated tokens, no padding) from its committed length, each replaced with
+    probability 1 - `acceptance`, as a chain whose nodes are worth `acceptance ** depth` to the budget. A
+    `BatchDrafter` with device drafting, so a greedy batch on the static path runs the pipelined step
+    (`engine.pipeline`) as EAGLE does: the cost of speculation at a known acceptance on realistic shapes, with no
+    host read per step. For benchmarks only."""
+    import torch
+
+    from .drafters import BatchDrafter
+    from .tree import DeviceDrafts, DraftBatch
+
+    if not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"acceptance must be in [0, 1], got {acceptance!r}")
+
+    class AcceptanceBatchDrafter(BatchDrafter):
+        name = "acceptance"
+        supports_device = True
+
+        def __init__(self):
+            self.max_depth = depth
+            width = max(len(c) for c in continuations) + depth
+            self.table = torch.zeros(len(continuations), width, dtype=torch.long)
+            for b, row in enumerate(continuations):
+                self.table[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+            self.lengths = None  # [R] committed tokens per row, on the device
+
+        def begin(self, prompts, context, hidden):
+            device = context.target.device
+            self.table = self.table.to(device)
+            self.lengths = torch.tensor([p.shape[1] for p in prompts], dtype=torch.long, device=device)
+            self.generator = torch.Generator(device=device).manual_seed(seed)
+
+        def accept(self, rows, ids, results, hidden):
+            index = torch.tensor(rows, dtype=torch.long, device=self.lengths.device)
+            self.lengths.index_copy_(0, index, torch.tensor(list(ids.lengths), device=self.lengths.device))
+
+        def propose_device(self, max_nodes):
+            n = max(min(depth, max_nodes), 1)
+            rows, device = self.table.shape[0], self.table.device
+            steps = torch.arange(n, device=device)
+            columns = (self.lengths.unsqueeze(1) + steps).clamp(max=self.table.shape[1] - 1)
+            tokens = self.table.gather(1, columns)
+            flip = torch.rand(rows, n, generator=self.generator, device=device) >= acceptance
+            shift = torch.randint(1, max(vocab_size, 2), (rows, n), generator=self.generator, device=device)
+            tokens = torch.where(flip, (tokens + shift) % vocab_size, tokens)
+            depth_ = (steps + 1).expand(rows, n)
+            return DeviceDrafts(tokens=tokens, parents=(steps - 1).expand(rows, n),
+                                values=torch.full((rows, n), acceptance, device=device) ** depth_, depth=depth_)
+
+        def accept_device(self, counts, tokens, hidden):
+            self.lengths += counts
+
+        def advance_host(self, counts):
+            pass
+
+        def propose(self, rows, ids, budgets):
+            drafts = self.propose_device(max(b.max_nodes for b in budgets))
+            index = torch.tensor(rows, dtype=torch.long, device=drafts.tokens.device)
+            keep = torch.stack([drafts.depth[0] <= min(b.max_depth, b.max_nodes) for b in budgets])
+            batch = DraftBatch(tokens=drafts.tokens[index].cpu(), parents=drafts.parents[index].cpu(),
+                               values=drafts.values[index].float().cpu(), depth=drafts.depth[index].cpu(),
+                               count=torch.full((len(rows),), drafts.tokens.shape[1], dtype=torch.long))
+            return batch.select(keep.cpu())
+
+    return AcceptanceBatchDrafter()
+
+
+def decisive_head(model, scale: float = 50.0):
+    """Make a random-weight model's greedy choice robust to rounding, for benchmarks of random shapes: the input
+    embedding scaled by `scale` (the residual stream then carries the current token, the layers' random outputs a
+    small part of it) and the output embedding a copy of it (untied heads; a tied one already is), so the argmax is
+    the current token by a margin of ~sqrt(hidden) standard deviations. Without it the top two logits of a random
+    model are so close that bf16 rounding of a batched tree and of a single token pick different ones, and a
+    continuation computed beforehand (the acceptance drafters') drifts from the one being decoded. The compute of
+    every layer is unchanged. Returns the model."""
+    import torch
+
+    with torch.no_grad():
+        embedding = model.get_input_embeddings().weight
+        embedding.mul_(scale)
+        head = model.get_output_embeddings()
+        if head is not None and head.weight.data_ptr() != embedding.data_ptr():
+            head.weight.copy_(embedding / scale)
+    return model

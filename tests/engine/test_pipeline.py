@@ -272,3 +272,26 @@ def test_a_batch_whose_drafting_does_not_pay_runs_plain_steps_without_the_drafte
     assert torch.equal(out.sequences, ref)
     assert out.spec_stats.plain_steps == out.spec_stats.target_forwards == 11  # the first token comes with the prompt
     assert drafter.calls <= 6  # the first step's drafts and the cost timing's, nothing after
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_the_acceptance_batch_drafter_on_a_decisive_random_model(family):
+    """The benchmarks' random shapes: `decisive_head` makes greedy decoding of a random model robust to bf16 rounding
+    (the batched tree forward and stock's one-token steps pick the same tokens), and the acceptance-controlled batch
+    drafter, through the pipelined step, accepts about what its acceptance says."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_hybrid_spec.testing import acceptance_batch_drafter, decisive_head, tiny_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(family), attn_implementation="sdpa").eval()
+    model = decisive_head(model).to(torch.bfloat16)
+    ids, mask = padded_batch([12, 12, 12, 12], seed=11)
+    kw = dict(max_new_tokens=24, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    drafter = acceptance_batch_drafter([row.tolist() for row in ref], 0.8, depth=6, vocab_size=VOCAB, seed=0)
+    out = generate_with(model, ids, mask, drafter, H.AssistantConfig(compile=True, max_draft_tokens=6, max_depth=6),
+                        **kw)
+    assert torch.equal(out.sequences, ref)
+    # A chain of 6 whose tokens hold with probability 0.8 each: 1 + sum 0.8^k = 3.96 tokens per step on average.
+    assert 2.5 < out.spec_stats.mean_accepted_length < 5.0
