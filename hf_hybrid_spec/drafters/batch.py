@@ -72,11 +72,6 @@ class RowTokens(Sequence):
             raise IndexError(f"row {i} of {len(self)}")
         return self._read(i % len(self))
 
-    @classmethod
-    def of(cls, rows: list[torch.Tensor]) -> RowTokens:
-        """From tensors at hand."""
-        return cls(rows.__getitem__, [r.shape[1] for r in rows])
-
 
 class BatchDrafter(ABC):
     """Drafts for the rows of one batch request (see the module docstring). Rows are named by their index in the
@@ -86,6 +81,12 @@ class BatchDrafter(ABC):
     name: str = "drafter"
     # Indices into the target's `hidden_states` output the drafter reads (empty: none, and no cost).
     target_hidden_layers: tuple[int, ...] = ()
+    # A drafter that drafts every row on the device sets this and has `max_depth` (its trees' depth) and
+    # `propose_device(max_nodes) -> tree.DeviceDrafts` (every row's tree, left on the device),
+    # `accept_device(counts, tokens, hidden)` (each row's committed count [R], tokens [R, C] and path hidden states
+    # [R, C, H] per layer, all device tensors) and `advance_host(counts)` (the same counts, read back later): greedy
+    # batches on the static path then run the pipelined step (`engine.pipeline`), which never reads drafts back.
+    supports_device: bool = False
 
     def begin(self, prompts: list[torch.Tensor], context: DraftContext, hidden: BatchHidden | None) -> None:
         """The batch starts: `prompts[b]` is row b's prompt [1, P_b] without its padding."""
