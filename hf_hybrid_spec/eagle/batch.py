@@ -113,12 +113,12 @@ class BatchEagleDrafter(BatchDrafter):
             else:
                 features = fused.new_zeros(self.rows, width, fused.shape[2])
                 features.index_copy_(0, torch.tensor(rows, device=fused.device), fused)
-        tokens = torch.zeros(self.rows, width, dtype=torch.long)
+        table = [[0] * width for _ in range(self.rows)]
         for i, (b, new) in enumerate(zip(rows, news)):
             count = min(len(new), width if hidden is None else hidden.count[i])
             counts[b] = count
-            tokens[b, :count] = torch.tensor(new[:count], dtype=torch.long)
-        self.store.advance_rows(self.steps, counts, features, tokens)
+            table[b][:count] = new[:count]
+        self.store.advance_rows(self.steps, counts, features, torch.tensor(table, dtype=torch.long))
         self.steps = [s + c for s, c in zip(self.steps, counts)]
 
     @torch.no_grad()
