@@ -255,6 +255,17 @@ class DraftBatch:
         batch.__dict__["_counts"] = counts
         return batch
 
+    def take(self, rows: list[int]) -> DraftBatch:
+        """The batch of rows `rows` (in that order)."""
+        if rows == list(range(self.rows)):
+            return self
+        index = torch.tensor(rows, dtype=torch.long)
+        out = DraftBatch(tokens=self.tokens[index], parents=self.parents[index], values=self.values[index],
+                         depth=self.depth[index], count=self.count[index],
+                         drafts=None if self.drafts is None else [self.drafts[r] for r in rows])
+        out.__dict__["_counts"] = [self.counts[r] for r in rows]
+        return out
+
     def row(self, r: int) -> DraftTree:
         """Row r's draft as a `DraftTree` (the row's own when it was drafted alone)."""
         if self.drafts is not None:

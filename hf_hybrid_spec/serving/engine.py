@@ -364,13 +364,17 @@ class ServingEngine:
                 drafts.append(empty_draft(1))
         budgeted = apply_budget(DraftBatch.from_drafts(drafts), self._cost_model(), self.config, SpecStats(),
                                 self.backend.widths)
-        drafts = iter(budgeted.drafts)
-        # Rows still prefilling (chunked): their next prompt tokens as a chain, all committed.
-        chunk = self.serving.prefill_chunk
-        drafts = [next(drafts) if a.pending is None else _chain(a.pending[1:chunk]) for a in actives]
+        if len(decoding) == len(actives):
+            rows, drafts = budgeted, budgeted.drafts
+        else:
+            # Rows still prefilling (chunked): their next prompt tokens as a chain, all committed.
+            chunk = self.serving.prefill_chunk
+            kept = iter(budgeted.drafts)
+            drafts = [next(kept) if a.pending is None else _chain(a.pending[1:chunk]) for a in actives]
+            rows = DraftBatch.from_drafts(drafts)
         roots = [a.rec.host[0][-1] if a.pending is None else a.pending[0] for a in actives]
         t1 = time.perf_counter()
-        tree = batch_tree(roots, DraftBatch.from_drafts(drafts), self.backend.tree_device)
+        tree = batch_tree(roots, rows, self.backend.tree_device)
         try:
             verified = self.backend.forward(tree)
         except Exception as error:
@@ -385,7 +389,7 @@ class ServingEngine:
                     a.drafter.prefeed(a.request.input_ids[: len(a.cached) + drafts[row].num_nodes + 1])
                 except Exception as error:
                     failed.append((slots[row], f"drafter failed: {error!r}"))
-        results = self._verify(tree, drafts, verified.logits, actives, failed, slots, decoding)
+        results = self._verify(tree, rows, verified.logits, actives, failed, slots, decoding)
         last = {row: verified.logits[row : row + 1, drafts[row].num_nodes].to(torch.float32)
                 for row, a in enumerate(actives) if a.pending is not None and len(a.pending) <= chunk}
         del verified
@@ -446,10 +450,12 @@ class ServingEngine:
         self.stats.record_seconds += time.perf_counter() - t2
         return updates
 
-    def _verify(self, tree: VerifyTree, drafts, logits, actives: list[_Active], failed: list, slots: list[int],
-                decoding: list[int]) -> list[VerifyResult]:
+    def _verify(self, tree: VerifyTree, rows: DraftBatch, logits, actives: list[_Active], failed: list,
+                slots: list[int], decoding: list[int]) -> list[VerifyResult]:
         """Each running request's result: a prefill chunk's whole chain; the verified path of a decoding request
-        (root only for one that failed this step: its slot commits nothing that anyone keeps)."""
+        (root only for one that failed this step: its slot commits nothing that anyone keeps). `rows` are the step's
+        drafts, one row per running request."""
+        drafts = rows.drafts
         results: list[VerifyResult | None] = [
             None if a.pending is None else VerifyResult(path=list(range(d.num_nodes + 1)), tokens=torch.zeros(0),
                                                         score_nodes=[], token_list=[])
@@ -461,7 +467,7 @@ class ServingEngine:
                 index = torch.tensor(decoding)
                 tree = VerifyTree(tokens=tree.tokens[index], parent=tree.parent[index])
                 logits = logits.index_select(0, index.to(logits.device))
-            found = verify_rows(tree, DraftBatch.from_drafts([drafts[row] for row in decoding]), logits,
+            found = verify_rows(tree, rows.take(decoding), logits,
                                 [actives[row].ids() for row in decoding], actives[decoding[0]].verifier,
                                 [None] * len(decoding), True)
             for row, result in zip(decoding, found):
