@@ -132,9 +132,9 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
             backend.abort()
             raise
         news = accepted.tokens[:, :path]  # a narrow tree's paths are shorter still: its width is all there is
-        results[:, 2 + news.shape[1] :].zero_()
-        results[:, : 2 + news.shape[1]].copy_(
-            torch.cat([accepted.length.unsqueeze(1), chosen.count.unsqueeze(1), news], dim=1), non_blocking=True)
+        # Padded to the buffer's width on the device: one contiguous copy, which stays asynchronous.
+        packed = torch.cat([accepted.length.unsqueeze(1), chosen.count.unsqueeze(1), news], dim=1)
+        results.copy_(torch.nn.functional.pad(packed, (0, results.shape[1] - packed.shape[1])), non_blocking=True)
         prefix_host[: chosen.prefix.shape[0]].copy_(chosen.prefix, non_blocking=True)
         done = torch.cuda.Event() if pinned else None
         if done is not None:
