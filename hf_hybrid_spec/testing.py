@@ -208,8 +208,6 @@ def acceptance_batch_drafter(continuations: list[list[int]], acceptance: float, 
     `BatchDrafter` with device drafting, so a greedy batch on the static path runs the pipelined step
     (`engine.pipeline`) as EAGLE does: the cost of speculation at a known acceptance on realistic shapes, with no
     host read per step. For benchmarks only."""
-    import torch
-
     from .drafters import BatchDrafter
     from .tree import DeviceDrafts, DraftBatch
 
@@ -277,8 +275,6 @@ def decisive_head(model, scale: float = 50.0):
     model are so close that bf16 rounding of a batched tree and of a single token pick different ones, and a
     continuation computed beforehand (the acceptance drafters') drifts from the one being decoded. The compute of
     every layer is unchanged. Returns the model."""
-    import torch
-
     with torch.no_grad():
         embedding = model.get_input_embeddings().weight
         embedding.mul_(scale)

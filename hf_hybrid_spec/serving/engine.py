@@ -478,8 +478,8 @@ class ServingEngine:
             n = draft.num_nodes + 1
             one = VerifyTree(tokens=tree.tokens[row : row + 1, :n], parent=tree.parent[row : row + 1, :n])
             try:
-                results[row] = verify_rows(one, DraftBatch.from_drafts([draft]), logits[row : row + 1, :n],
-                                           [a.ids()], a.verifier, [a.row_processors], a.raw_greedy)[0]
+                results[row] = verify_rows(one, rows.take([row]), logits[row : row + 1, :n], [a.ids()], a.verifier,
+                                           [a.row_processors], a.raw_greedy)[0]
             except Exception as error:  # the request's processors
                 failed.append((slot, f"verification failed: {error!r}"))
                 results[row] = VerifyResult(path=[0], tokens=torch.zeros(0, dtype=torch.long), score_nodes=[0],
