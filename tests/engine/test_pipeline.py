@@ -295,3 +295,13 @@ def test_the_acceptance_batch_drafter_on_a_decisive_random_model(family):
     assert torch.equal(out.sequences, ref)
     # A chain of 6 whose tokens hold with probability 0.8 each: 1 + sum 0.8^k = 3.96 tokens per step on average.
     assert 2.5 < out.spec_stats.mean_accepted_length < 5.0
+
+
+def test_a_batch_drafter_at_batch_size_one_is_refused_and_the_model_still_decodes():
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([9], seed=12)
+    kw = dict(max_new_tokens=8, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    with pytest.raises(ValueError, match="BatchDrafter, which drafts for the rows of a batch"):
+        greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=ReferenceDrafter([ref]), **kw)
+    assert torch.equal(greedy(model, ids, mask, custom_generate=H.speculative_generate, **kw), ref)
