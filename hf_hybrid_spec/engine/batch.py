@@ -36,6 +36,7 @@ from .backend import BatchEagerBackend
 from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, SpecStats, SpeculativeDecoderOnlyOutput
 from .pipeline import PipelineInputs, pipelines, run_pipelined
+from .plain import plain_steps, runs_plain
 from .request import Request
 from .rows import BatchRecorder
 
@@ -102,7 +103,11 @@ def decode_batch(request: Request):
         if cost is not None:  # the widest tree that could pay even if every draft node were accepted
             node_budget = min(node_budget, paying_width(cost, rows, config.budget_slack, backend.widths) - 1)
         running = _still_running(everyone, rec, backend, gen.max_length)
-        if pipelines(drafter, backend, raw_greedy, node_budget):
+        if node_budget == 0 and runs_plain(backend, raw_greedy):
+            # No draft can pay for its verification at this batch size: plain decode steps (`engine.plain`).
+            plain_steps(backend, rec, running, gen.max_length, stats, row_stats)
+            running = []
+        elif pipelines(drafter, backend, raw_greedy, node_budget):
             # Drafting, verification and the commit on the device, one read per step (`engine.pipeline`).
             run_pipelined(drafter, backend, rec, running, PipelineInputs(config, gen.max_length, cost, node_budget,
                                                                          stats, row_stats))

@@ -161,29 +161,28 @@ def choose_width(prefix: list[float], rows: int, cost: VerifyCost, slack: float 
                  max_nodes: int | None = None, widths: list[int] | None = None,
                  draft_seconds: float = 0.0) -> tuple[int, bool]:
     """The pipelined step's width (root included) for `rows` running rows whose drafts are worth `prefix[k]` (the
-    batch's sum of each row's best k node values, k = 0 .. M), and whether drafting pays at all ((1, False) if not).
+    batch's sum of each row's best k node values, k = 0 .. M), and whether drafting pays at all.
 
     A step that drafts costs `cost(w) + draft_seconds` whatever width it verifies (the drafts are made before the
-    width is applied), so the width is the one of most expected tokens per second among all, 1 included; drafting
-    pays when that rate beats a plain step without drafts, `rows / cost(1)`, by `slack`. Made on the host from the
-    last drafts' values while the device drafts the next ones (`engine.pipeline`); beyond `max_nodes` the expected
-    tokens are scaled down in proportion (the cap keeps the likeliest nodes, so this underestimates)."""
+    width is applied), so the width is the one above 1 of most expected tokens per second; drafting pays when that
+    rate beats a plain step without drafts, `rows / cost(1)`, by `slack`. Where it does not, the width returned is
+    still the best drafting one (1 when there is none), for a caller that drafts on a while longer
+    (`engine.pipeline`). Beyond `max_nodes` the expected tokens are scaled down in proportion (the cap keeps the
+    likeliest nodes, so this underestimates), and a row never expects more than all of its nodes."""
     m = len(prefix) - 1
-    if rows == 0:
+    if rows == 0 or m == 0:
         return 1, False
-    width, best_rate = 1, rows / (cost(1) + draft_seconds)
+    width, best_rate = 1, 0.0
     for w in sorted(set(widths or range(2, m + 2))):
-        if w <= 1 or m == 0:
+        if w <= 1:
             continue
-        expected = prefix[min(w - 1, m)]
+        expected = min(prefix[min(w - 1, m)], rows * (w - 1))
         if max_nodes is not None and rows * (w - 1) > max_nodes:
             expected *= max_nodes / (rows * (w - 1))
         rate = (rows + expected) / (cost(w) + draft_seconds)
         if rate > best_rate:
             width, best_rate = w, rate
-    if best_rate < (1.0 + slack) * rows / cost(1):
-        return 1, False
-    return width, True
+    return width, width > 1 and best_rate >= (1.0 + slack) * rows / cost(1)
 
 
 @dataclass

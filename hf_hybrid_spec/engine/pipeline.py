@@ -15,11 +15,13 @@ with the captured batched runner and greedy verification over raw logits, one st
 
 so the host's bookkeeping for step t runs while the device drafts for step t + 1. The width (nodes per row, root
 included) is chosen on the host before each step from the previous step's drafts (the sum of each row's best k values,
-read with the committed tokens; `budget.choose_width`), against the measured verify cost and the drafter's own cost:
-a one-step lag, where the general step reads this step's drafts. The drafts are made before the width is known, so a
-drafting step verifies the width of most expected tokens per second with the drafter's cost counted at every width;
-once drafting does not beat plain steps without it, the batch runs plain steps to its end without the drafter. Rows
-that stop keep their runner row and commit nothing. Every committed token is the target's greedy choice (`verification.greedy_device`), as in the general step.
+read with the committed tokens; `budget.choose_width`), against the measured verify cost and the drafting step's own
+cost: a one-step lag, where the general step reads this step's drafts. Both estimates are corrected as the batch runs:
+the values by the tokens they turned into, the drafting step's cost by its measured wall time. The drafts are made
+before the width is known, so a drafting step verifies the width of most expected tokens per second with that cost
+counted at every width; once drafting does not beat plain steps for a few steps in a row, the batch runs plain steps
+to its end without the drafter (`engine.plain`). Rows that stop keep their runner row and commit nothing. Every
+committed token is the target's greedy choice (`verification.greedy_device`), as in the general step.
 """
 
 from __future__ import annotations
@@ -35,12 +37,18 @@ from ..drafters import BatchDrafter
 from ..verification import greedy_device
 from .budget import VerifyCost, choose_width, select_device, time_forward
 from .outputs import SpecStats
+from .plain import plain_steps
 from .rows import BatchRecorder
 
 logger = logging.get_logger(__name__)
 
 __all__ = ["PipelineInputs", "run_pipelined", "pipelines"]
 
+# Steps in a row that must find drafting not paying before the batch stops drafting for good (one step's estimate
+# is noisy; the drafter cannot resume, as it would have to catch up on every token committed without it).
+PATIENCE = 3
+# Drafting steps whose cost beyond the verify forward the budget's estimate is the median of.
+EXTRA_WINDOW = 9
 # Measured seconds of one batched draft, per (drafter model, device, rows, nodes): timed once per process.
 _DRAFT_SECONDS: dict[tuple, float] = {}
 
@@ -94,7 +102,18 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         if key not in _DRAFT_SECONDS:
             _DRAFT_SECONDS.setdefault(key, time_forward(lambda: drafter.propose_device(nodes), device))
         draft_seconds = _DRAFT_SECONDS[key]
-    drafting = True  # until a step finds that drafting no longer pays: then plain steps to the end, no drafter
+    width = widest
+    # The budget's inputs are estimates; both are corrected by what the steps show. The drafts' values (drafter
+    # probabilities) are scaled by the committed tokens they turned into (`accepted`/`predicted`, beyond the roots:
+    # a drafter that is underconfident on this text would otherwise look worse than it is), and a drafting step's cost
+    # beyond the verify forward (the drafter, the selection and the acceptance on the device, the host's
+    # bookkeeping) is the median over the latest drafting steps' wall times (a median: one slow step, a first call's
+    # warm-up or the host preempted, must not stop drafting). Drafting stops once `PATIENCE` steps in a row find that
+    # it does not beat plain steps.
+    hits = predicted = float(rows)  # a prior of one step that went as its values said
+    extras = [draft_seconds]  # seconds beyond the verify forward, per drafting step (the timed draft first)
+    extra = draft_seconds
+    refusals = 0
     while running:
         t0 = time.perf_counter()
         limit = rec.limit(inputs.max_length)
@@ -102,20 +121,19 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         caps = [min(config.max_depth, limit - rec.lengths[b] - 1) if b in on else 0 for b in range(rows)]
         flags = torch.tensor(caps + [int(b in on) for b in range(rows)], dtype=torch.long).to(device, non_blocking=True)
         caps_device, running_device = flags[:rows], flags[rows:].bool()
-        if not drafting:
-            width = 1
-        elif inputs.cost is None:
-            width = widest
-        else:
+        if inputs.cost is not None:
             if prefix is None:  # the first step: this step's own drafts' values (one read, once)
                 prefix = select_device(drafts, widest, caps_device, roots).prefix.tolist()
-            width, drafting = choose_width(prefix, len(running), inputs.cost, config.budget_slack,
-                                           config.max_verify_nodes, [w for w in backend.widths if w <= widest],
-                                           draft_seconds)
-            if not drafting:
+            scale = hits / predicted
+            choice, pays = choose_width([v * scale for v in prefix], len(running), inputs.cost, config.budget_slack,
+                                        config.max_verify_nodes, [w for w in backend.widths if w <= widest], extra)
+            refusals = 0 if pays else refusals + 1
+            if refusals >= PATIENCE:
                 logger.info("batch of %d: drafting no longer pays (verify cost and drafter cost against the drafts' "
                             "values); plain steps from here on", len(running))
-                width = 1
+                plain_steps(backend, rec, running, inputs.max_length, stats, inputs.row_stats)
+                return
+            width = choice
         try:
             chosen = select_device(drafts, width, caps_device, roots, config.max_verify_nodes)
             logits = backend.forward_device(chosen.tokens, chosen.parent)
@@ -124,7 +142,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
             valid = torch.arange(n, device=device) <= chosen.count.unsqueeze(1)
             accepted = greedy_device(tokens, parent, ancestors, depth, valid, running_device, logits)
             hidden = None
-            if drafting and drafter.target_hidden_layers:
+            if drafter.target_hidden_layers:
                 order = accepted.order[:, :path]
                 hidden = tuple(h.gather(1, order.unsqueeze(-1).expand(-1, -1, h.shape[-1])) for h in runner.hidden())
             backend.commit_device(accepted.leaf)
@@ -141,20 +159,33 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
             done.record()
         last = news.gather(1, (accepted.length - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
         roots = torch.where(running_device, last, roots)
-        if drafting:  # queued behind the results: the drafter takes the committed steps and drafts the next trees
-            drafter.accept_device(accepted.length, news, hidden)
-            drafts = drafter.propose_device(nodes)
+        # Queued behind the results: the drafter takes the committed steps and drafts the next trees.
+        drafter.accept_device(accepted.length, news, hidden)
+        drafts = drafter.propose_device(nodes)
         if done is not None:
             done.synchronize()
         counts, drafted = results[:, 0].tolist(), results[:, 1].tolist()
         table = results[:, 2:].tolist()
-        prefix = prefix_host[: chosen.prefix.shape[0]].tolist()
+        values = prefix_host[: chosen.prefix.shape[0]].tolist()  # this step's drafts: what the chosen width promised
+        if width > 1:
+            promised = values[min(width - 1, len(values) - 1)]
+            if len(running) * (width - 1) > config.max_verify_nodes:
+                promised *= config.max_verify_nodes / (len(running) * (width - 1))
+            hits += sum(counts[b] - 1 for b in running)
+            predicted += max(promised, 1e-6)
+        prefix = values
         rec.append(running, [table[b][: counts[b]] for b in running])
         backend.finish_commit(counts)
-        if drafting:
-            drafter.advance_host(counts)
+        drafter.advance_host(counts)
+        seconds = time.perf_counter() - t0
+        over = 0.0
+        if inputs.cost is not None:  # what this step cost beyond its verify forward
+            over = min(max(seconds - inputs.cost(width), 0.0), seconds)
+            extras = (extras + [over])[-EXTRA_WINDOW:]
+            extra = sorted(extras)[len(extras) // 2]
         stats.target_forwards += 1
-        stats.verify_seconds += time.perf_counter() - t0
+        stats.draft_seconds += over  # the drafter's and the step's own work beyond the verify forward's
+        stats.verify_seconds += seconds - over
         stats.plain_steps += int(width == 1)
         for b in running:
             for s in (stats, inputs.row_stats[b]):

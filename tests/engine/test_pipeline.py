@@ -250,16 +250,21 @@ def test_the_width_counts_the_drafters_cost_and_drafting_stops_where_it_does_not
     steeper = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.3, 2.0, 4.0, 8.0])
     width, pays = choose_width(prefix, 4, steeper, widths=[1, 2, 4, 8, 16], draft_seconds=0.1)
     assert pays and width == 2
-    # Drafting loses to plain steps without a drafter: stop.
-    assert choose_width(prefix, 4, steeper, widths=[1, 2, 4, 8, 16], draft_seconds=3.0) == (1, False)
+    # Drafting loses to plain steps without a drafter: it does not pay (the best drafting width still named).
+    assert choose_width(prefix, 4, steeper, widths=[1, 2, 4, 8, 16], draft_seconds=3.0) == (4, False)
+    # However well a step is valued, a row never expects more tokens than its nodes.
+    assert choose_width([0.0, 40.0, 80.0], 4, steeper, widths=[1, 2], draft_seconds=0.0) == (2, True)
+    assert choose_width([0.0, 40.0, 80.0], 4, VerifyCost([1, 2], [1.0, 1.95]), widths=[1, 2])[1] is False
     compute_bound = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 2.0, 4.0, 8.0, 16.0])
     assert choose_width(prefix, 4, compute_bound, widths=[1, 2, 4, 8, 16], draft_seconds=0.0)[1] is False
 
 
 def test_a_batch_whose_drafting_does_not_pay_runs_plain_steps_without_the_drafter(monkeypatch):
-    """Verification that would pay if every node held but costs more than these drafts bring: after the first step the
-    drafter is not called again, and the output is stock's."""
+    """Verification that would pay if every node held, with drafts that never hold: after `PATIENCE` steps that find
+    drafting not paying, the drafter is not called again, the batch runs plain steps (`engine.plain`), and the output
+    is stock's."""
     import hf_hybrid_spec.engine.batch as B
+    from hf_hybrid_spec.engine.pipeline import PATIENCE
 
     steep = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.8, 3.6, 7.2, 14.4])  # w / T(w) = 1.11 / T(1)
     monkeypatch.setattr(B, "_cost_model", lambda *args: steep)
@@ -267,11 +272,35 @@ def test_a_batch_whose_drafting_does_not_pay_runs_plain_steps_without_the_drafte
     ids, mask = padded_batch([8, 11, 6], seed=10)
     kw = dict(max_new_tokens=12, eos_token_id=None)
     ref = greedy(model, ids, mask, **kw)
-    drafter = ReferenceDrafter(row_references(ref, mask), seed=6)
+    wrong = [(row + 1) % VOCAB for row in row_references(ref, mask)]  # drafts that never match
+    drafter = ReferenceDrafter(wrong, seed=6)
     out = generate_with(model, ids, mask, drafter, **kw)
     assert torch.equal(out.sequences, ref)
-    assert out.spec_stats.plain_steps == out.spec_stats.target_forwards == 11  # the first token comes with the prompt
-    assert drafter.calls <= 6  # the first step's drafts and the cost timing's, nothing after
+    stats = out.spec_stats
+    assert stats.target_forwards == 11  # the first token comes with the prompt
+    # The first PATIENCE - 1 steps draft (each finding that drafting does not pay), then none does.
+    assert stats.plain_steps == stats.target_forwards - (PATIENCE - 1)
+    assert drafter.calls == 1 + 4 + (PATIENCE - 1)  # the first drafts, the cost timing's, one per drafting step
+
+
+def test_a_batch_where_no_draft_can_pay_decodes_plain_from_the_start(monkeypatch):
+    """A verify cost under which no width could pay even if every node held (a compute-bound batch): the batch never
+    drafts, its steps are the plain steps of `engine.plain`, and the output is stock's, rows of every length."""
+    import hf_hybrid_spec.engine.batch as B
+
+    linear = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 2.0, 4.0, 8.0, 16.0])
+    monkeypatch.setattr(B, "_cost_model", lambda *args: linear)
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([9, 5, 12, 7], seed=12)
+    kw = dict(max_new_tokens=10, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    drafter = ReferenceDrafter(row_references(ref, mask), seed=2)
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, return_dict_in_generate=True,
+                 drafter=drafter, assistant_config=H.AssistantConfig(compile=True, max_draft_tokens=10, max_depth=4),
+                 **kw)
+    assert torch.equal(out.sequences, ref)
+    assert out.spec_stats.plain_steps == out.spec_stats.target_forwards == 9
+    assert drafter.calls == 0
 
 
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
