@@ -126,8 +126,17 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--kernel-profile", type=int, nargs="*", default=[],
                         help="batch sizes at which one more call of each method runs under torch.profiler (CUDA): the "
                              "device's busy time against the wall time, and the kernels by device time")
+    parser.add_argument("--log-budget", action="store_true",
+                        help="log the pipelined step's width decisions (measured acceptance per width, the drafting "
+                             "step's cost, the choice) to stderr")
     parser.add_argument("--out", default=None, help="folder for the PNG and results.json")
     args = parser.parse_args(argv)
+    if args.log_budget:
+        import logging
+
+        budget_log = logging.getLogger("hf_hybrid_spec.engine.pipeline")
+        budget_log.setLevel(logging.DEBUG)
+        budget_log.addHandler(logging.StreamHandler())
 
     dtype = getattr(torch, args.dtype)
     model, tokenizer = load_model(args.model, dtype, args.device)
@@ -190,6 +199,8 @@ def run(argv: list[str] | None = None) -> dict:
                 profile_call(lambda: model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs),
                              args.device, f"B={rows} {name}", args.out, f"profile_B{rows}_{name.replace(':', '_')}.txt")
         rows_out.append(entry)
+        # Each batch size's line as soon as it is measured (a run cut short by a time limit keeps what it measured).
+        tqdm.write("done: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in entry.items()}))
     if gate_failures and not args.allow_mismatch:
         print("correctness gate failed:\n  " + "\n  ".join(gate_failures))
         return {"gate": "failed", "failures": gate_failures}

@@ -26,7 +26,7 @@ import torch
 
 from ..tree import DeviceDrafts, DraftBatch, DraftTree
 
-__all__ = ["VerifyCost", "BudgetChoice", "DeviceSelection", "node_values", "choose_batch", "choose_nodes",
+__all__ = ["VerifyCost", "BudgetChoice", "AcceptanceByWidth", "DeviceSelection", "node_values", "choose_batch", "choose_nodes",
            "choose_width", "select_device", "paying_width", "cached_cost", "time_forward", "DEFAULT_PRIOR"]
 
 # The acceptance estimate of a draft node whose drafter gives no scores: DEFAULT_PRIOR ** depth.
@@ -185,6 +185,52 @@ def choose_width(prefix: list[float], rows: int, cost: VerifyCost, slack: float 
     return width, width > 1 and best_rate >= (1.0 + slack) * rows / cost(1)
 
 
+class AcceptanceByWidth:
+    """Accepted draft tokens per row and step at each verify width, measured from the steps themselves.
+
+    The drafters' path probabilities rank the nodes well but can be far off as counts: the fixture's EAGLE-3 drafter
+    valued its best 7 nodes per row at about one accepted token where its full 60-node trees accepted 3.2. Greedy
+    acceptance gives more than the count of one step: a row whose accepted path has draft ranks r_1 .. r_d (each
+    node's rank among the row's drafts by value) would have accepted exactly the path's prefix whose running maximum
+    rank is below W - 1 at any narrower width W, since a narrower tree keeps the likeliest W - 1 nodes and the target's
+    argmax does not depend on the tree. So one step at width W measures every width up to W at once.
+
+    Args:
+        widths: the widths to track (above 1). weight: how far one step moves a width's average toward itself.
+    """
+
+    def __init__(self, widths: list[int], weight: float = 0.3):
+        self.widths = sorted(w for w in set(widths) if w > 1)
+        self.weight = weight
+        self.mean: dict[int, float] = {}  # width -> accepted draft tokens per row and step
+
+    def seed(self, prefix: list[float], rows: int) -> None:
+        """Start each width not yet measured at what the values promise (`prefix` as `choose_width` takes it)."""
+        m = len(prefix) - 1
+        for w in self.widths:
+            self.mean.setdefault(w, prefix[min(w - 1, m)] / max(rows, 1) if m > 0 else 0.0)
+
+    def observe(self, path_ranks: list[list[int]], width: int) -> None:
+        """One step verified at `width`: each running row's running maximum of its accepted path's draft ranks
+        (depth 1 on; anything past the accepted path at or above every width)."""
+        if not path_ranks:
+            return
+        for w in self.widths:
+            if w > width:
+                break
+            got = sum(sum(1 for r in row if r < w - 1) for row in path_ranks) / len(path_ranks)
+            old = self.mean.get(w)
+            self.mean[w] = got if old is None else (1.0 - self.weight) * old + self.weight * got
+
+    def prefix(self, rows: int) -> list[float]:
+        """`choose_width`'s input from the measurements: the batch's expected accepted draft tokens at width w in
+        entry w - 1 (for the tracked widths; entry 0 is 0)."""
+        out = [0.0] * (max(self.widths, default=1))
+        for w in self.widths:
+            out[w - 1] = rows * self.mean.get(w, 0.0)
+        return out
+
+
 @dataclass
 class DeviceSelection:
     """`select_device`'s verify inputs and what the host reads of them.
@@ -195,12 +241,16 @@ class DeviceSelection:
         count: [R] kept draft nodes per row.
         prefix: [M + 1] float32, the batch's sum of each row's best k node values for k = 0 .. M (the next width
             choice's input, `choose_width`).
+        rank: [R, W] each verify node's rank among its row's drafts by value (0 the likeliest; -1 the root and the
+            unused nodes): a path's ranks say at which narrower widths it would still have been verified
+            (`AcceptanceByWidth`).
     """
 
     tokens: torch.Tensor
     parent: torch.Tensor
     count: torch.Tensor
     prefix: torch.Tensor
+    rank: torch.Tensor
 
 
 def select_device(drafts: DeviceDrafts, width: int, caps: torch.Tensor, roots: torch.Tensor,
@@ -232,7 +282,8 @@ def select_device(drafts: DeviceDrafts, width: int, caps: torch.Tensor, roots: t
     parent_index = torch.where(drafts.parents >= 0, position.gather(1, drafts.parents.clamp(min=0)), 0)
     parent = torch.zeros(rows, width + 1, dtype=torch.long, device=device).scatter_(1, target, parent_index)
     parent = torch.cat([torch.full((rows, 1), -1, dtype=torch.long, device=device), parent[:, 1:width]], dim=1)
-    return DeviceSelection(tokens=tokens, parent=parent, count=keep.sum(1), prefix=prefix)
+    ranks = torch.full((rows, width + 1), -1, dtype=torch.long, device=device).scatter_(1, target, rank)[:, :width]
+    return DeviceSelection(tokens=tokens, parent=parent, count=keep.sum(1), prefix=prefix, rank=ranks)
 
 
 # Measured cost models, per (model, device, batch size, context bucket): measured once per process.

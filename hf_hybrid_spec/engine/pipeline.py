@@ -35,7 +35,7 @@ from transformers.utils import logging
 from ..config import AssistantConfig
 from ..drafters import BatchDrafter
 from ..verification import greedy_device
-from .budget import VerifyCost, choose_width, select_device, time_forward
+from .budget import AcceptanceByWidth, VerifyCost, choose_width, select_device, time_forward
 from .outputs import SpecStats
 from .plain import plain_steps
 from .rows import BatchRecorder
@@ -47,6 +47,10 @@ __all__ = ["PipelineInputs", "run_pipelined", "pipelines"]
 # Steps in a row that must find drafting not paying before the batch stops drafting for good (one step's estimate
 # is noisy; the drafter cannot resume, as it would have to catch up on every token committed without it).
 PATIENCE = 3
+# Every this many steps a drafting batch verifies its widest trees, which measures every width (`AcceptanceByWidth`).
+PROBE_EVERY = 16
+# A draft rank past a row's accepted path: beyond every width.
+NO_RANK = 1 << 30
 # Drafting steps whose cost beyond the verify forward the budget's estimate is the median of.
 EXTRA_WINDOW = 9
 # Measured seconds of one batched draft, per (drafter model, device, rows, nodes): timed once per process.
@@ -90,30 +94,29 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     path = drafter.max_depth + 1  # the longest accepted path (root included): the accept pass's width
     widest = min(nodes + 1, max(backend.widths))
     pinned = device.type == "cuda"
-    # What the host reads each step, in one pinned buffer per dtype: each row's committed count, its kept draft nodes
-    # and its committed tokens; the drafts' value sums for the next width.
-    results = torch.zeros(rows, 2 + path, dtype=torch.long, pin_memory=pinned)
-    prefix_host = torch.zeros(nodes + 1, dtype=torch.float32, pin_memory=pinned)
+    # What the host reads each step, in one pinned buffer: each row's committed count, its kept draft nodes, its
+    # committed tokens, and the running maximum of its accepted path's draft ranks (`AcceptanceByWidth`).
+    results = torch.zeros(rows, 2 + path + (path - 1), dtype=torch.long, pin_memory=pinned)
     roots = torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long).to(device)
     drafts = drafter.propose_device(nodes)
-    draft_seconds, prefix = 0.0, None
+    draft_seconds = 0.0
     if inputs.cost is not None:
         key = (id(getattr(drafter, "model", drafter)), str(device), rows, nodes)
         if key not in _DRAFT_SECONDS:
             _DRAFT_SECONDS.setdefault(key, time_forward(lambda: drafter.propose_device(nodes), device))
         draft_seconds = _DRAFT_SECONDS[key]
-    width = widest
-    # The budget's inputs are estimates; both are corrected by what the steps show. The drafts' values (drafter
-    # probabilities) are scaled by the committed tokens they turned into (`accepted`/`predicted`, beyond the roots:
-    # a drafter that is underconfident on this text would otherwise look worse than it is), and a drafting step's cost
-    # beyond the verify forward (the drafter, the selection and the acceptance on the device, the host's
-    # bookkeeping) is the median over the latest drafting steps' wall times (a median: one slow step, a first call's
-    # warm-up or the host preempted, must not stop drafting). Drafting stops once `PATIENCE` steps in a row find that
-    # it does not beat plain steps.
-    hits = predicted = float(rows)  # a prior of one step that went as its values said
+    widths = [w for w in backend.widths if w <= widest]
+    # The budget's inputs are measured as the batch runs. Accepted tokens per width: every step at width W measures
+    # every width up to W (`AcceptanceByWidth`); the first step, and every `PROBE_EVERY`-th drafting step after it,
+    # verifies the widest tree so that the wide widths' numbers stay current. A drafting step's cost beyond the verify
+    # forward (the drafter, the selection and the acceptance on the device, the host's bookkeeping) is the median over
+    # the latest drafting steps' wall times (a median: one slow step, a first call's warm-up or the host preempted,
+    # must not stop drafting). Drafting stops once `PATIENCE` steps in a row find that it does not beat plain steps.
+    measured = AcceptanceByWidth(widths)
     extras = [draft_seconds]  # seconds beyond the verify forward, per drafting step (the timed draft first)
     extra = draft_seconds
-    refusals = 0
+    refusals = steps = 0
+    width = widest
     while running:
         t0 = time.perf_counter()
         limit = rec.limit(inputs.max_length)
@@ -121,19 +124,21 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         caps = [min(config.max_depth, limit - rec.lengths[b] - 1) if b in on else 0 for b in range(rows)]
         flags = torch.tensor(caps + [int(b in on) for b in range(rows)], dtype=torch.long).to(device, non_blocking=True)
         caps_device, running_device = flags[:rows], flags[rows:].bool()
-        if inputs.cost is not None:
-            if prefix is None:  # the first step: this step's own drafts' values (one read, once)
-                prefix = select_device(drafts, widest, caps_device, roots).prefix.tolist()
-            scale = hits / predicted
-            choice, pays = choose_width([v * scale for v in prefix], len(running), inputs.cost, config.budget_slack,
-                                        config.max_verify_nodes, [w for w in backend.widths if w <= widest], extra)
+        if inputs.cost is not None and steps > 0:
+            choice, pays = choose_width(measured.prefix(len(running)), len(running), inputs.cost, config.budget_slack,
+                                        config.max_verify_nodes, widths, extra)
             refusals = 0 if pays else refusals + 1
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("batch step %d: %d rows, accepted per row by width %s, drafting step %.3f ms beyond T, "
+                             "T(1) %.3f ms -> width %d, %s", steps, len(running),
+                             {w: round(v, 2) for w, v in measured.mean.items()}, extra * 1e3, inputs.cost(1) * 1e3,
+                             choice, "pays" if pays else "does not pay")
             if refusals >= PATIENCE:
-                logger.info("batch of %d: drafting no longer pays (verify cost and drafter cost against the drafts' "
-                            "values); plain steps from here on", len(running))
+                logger.info("batch of %d: drafting no longer pays (verify cost and drafter cost against the accepted "
+                            "tokens); plain steps from here on", len(running))
                 plain_steps(backend, rec, running, inputs.max_length, stats, inputs.row_stats)
                 return
-            width = choice
+            width = widest if steps % PROBE_EVERY == 0 else choice
         try:
             chosen = select_device(drafts, width, caps_device, roots, config.max_verify_nodes)
             logits = backend.forward_device(chosen.tokens, chosen.parent)
@@ -150,10 +155,16 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
             backend.abort()
             raise
         news = accepted.tokens[:, :path]  # a narrow tree's paths are shorter still: its width is all there is
-        # Padded to the buffer's width on the device: one contiguous copy, which stays asynchronous.
-        packed = torch.cat([accepted.length.unsqueeze(1), chosen.count.unsqueeze(1), news], dim=1)
-        results.copy_(torch.nn.functional.pad(packed, (0, results.shape[1] - packed.shape[1])), non_blocking=True)
-        prefix_host[: chosen.prefix.shape[0]].copy_(chosen.prefix, non_blocking=True)
+        # Each row's accepted path's draft ranks (depth 1 on), their running maximum, and past the path a rank no
+        # width reaches.
+        ranks = chosen.rank.gather(1, accepted.order[:, 1:path])
+        beyond = torch.arange(ranks.shape[1], device=device) >= (accepted.length - 1).unsqueeze(1)
+        ranks = torch.where(beyond, NO_RANK, ranks).cummax(dim=1).values
+        # Padded to the buffer's widths on the device: one contiguous copy, which stays asynchronous.
+        pad = torch.nn.functional.pad
+        packed = torch.cat([accepted.length.unsqueeze(1), chosen.count.unsqueeze(1), pad(news, (0, path - news.shape[1])),
+                            pad(ranks, (0, path - 1 - ranks.shape[1]), value=NO_RANK)], dim=1)
+        results.copy_(packed, non_blocking=True)
         done = torch.cuda.Event() if pinned else None
         if done is not None:
             done.record()
@@ -165,15 +176,10 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         if done is not None:
             done.synchronize()
         counts, drafted = results[:, 0].tolist(), results[:, 1].tolist()
-        table = results[:, 2:].tolist()
-        values = prefix_host[: chosen.prefix.shape[0]].tolist()  # this step's drafts: what the chosen width promised
+        table = results[:, 2 : 2 + path].tolist()
         if width > 1:
-            promised = values[min(width - 1, len(values) - 1)]
-            if len(running) * (width - 1) > config.max_verify_nodes:
-                promised *= config.max_verify_nodes / (len(running) * (width - 1))
-            hits += sum(counts[b] - 1 for b in running)
-            predicted += max(promised, 1e-6)
-        prefix = values
+            path_ranks = results[:, 2 + path :].tolist()
+            measured.observe([path_ranks[b] for b in running], width)
         rec.append(running, [table[b][: counts[b]] for b in running])
         backend.finish_commit(counts)
         drafter.advance_host(counts)
@@ -183,6 +189,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
             over = min(max(seconds - inputs.cost(width), 0.0), seconds)
             extras = (extras + [over])[-EXTRA_WINDOW:]
             extra = sorted(extras)[len(extras) // 2]
+        steps += 1
         stats.target_forwards += 1
         stats.draft_seconds += over  # the drafter's and the step's own work beyond the verify forward's
         stats.verify_seconds += seconds - over

@@ -259,8 +259,49 @@ def test_the_width_counts_the_drafters_cost_and_drafting_stops_where_it_does_not
     assert choose_width(prefix, 4, compute_bound, widths=[1, 2, 4, 8, 16], draft_seconds=0.0)[1] is False
 
 
+def test_one_step_measures_the_acceptance_of_every_narrower_width():
+    """A row whose accepted path has draft ranks r_1 .. r_d would have accepted the prefix whose running maximum rank
+    is below W - 1 at width W: one step at its width measures every narrower width, and none wider."""
+    from hf_hybrid_spec.engine.budget import AcceptanceByWidth
+
+    measured = AcceptanceByWidth([1, 2, 4, 8, 16], weight=0.5)
+    never = 1 << 30
+    # Row 0 accepted 3 drafts of ranks 0, 2, 5; row 1 accepted one of rank 0; row 2 none.
+    measured.observe([[0, 2, 5, never], [0, never, never, never], [never] * 4], width=8)
+    assert measured.mean == {2: 2 / 3, 4: 3 / 3, 8: 4 / 3}  # width 16 was not verified: no number yet
+    assert measured.prefix(3) == [0.0, 2.0, 0.0, 3.0, 0.0, 0.0, 0.0, 4.0] + [0.0] * 8
+    measured.observe([[0, 1, 2, 3]] * 3, width=16)  # averages move halfway; 16 takes its first number
+    assert measured.mean == {2: (2 / 3 + 1) / 2, 4: (1 + 3) / 2, 8: (4 / 3 + 4) / 2, 16: 4.0}
+    measured.seed([0.0, 9.0, 9.0, 9.0], rows=3)  # values seed nothing that was measured
+    assert measured.mean[16] == 4.0
+
+
+def test_the_pipelined_width_follows_measured_acceptance_not_the_values(monkeypatch):
+    """Drafts whose values promise little (every node valued near zero) but whose chains hold: the first step verifies
+    the widest trees, measures what they accept, and the batch keeps drafting; the output is stock's."""
+    import hf_hybrid_spec.engine.batch as B
+
+    flat = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.0, 1.01, 1.02, 1.04])
+    monkeypatch.setattr(B, "_cost_model", lambda *args: flat)
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([9, 13, 7], seed=14)
+    kw = dict(max_new_tokens=20, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+
+    class Underconfident(ReferenceDrafter):
+        def propose_device(self, max_nodes):
+            drafts = super().propose_device(max_nodes)
+            return DeviceDrafts(tokens=drafts.tokens, parents=drafts.parents, values=drafts.values * 1e-4,
+                                depth=drafts.depth)
+
+    out = generate_with(model, ids, mask, Underconfident(row_references(ref, mask), seed=3), **kw)
+    assert torch.equal(out.sequences, ref)
+    assert out.spec_stats.plain_steps == 0
+    assert out.spec_stats.mean_accepted_length > 1.5
+
+
 def test_a_batch_whose_drafting_does_not_pay_runs_plain_steps_without_the_drafter(monkeypatch):
-    """Verification that would pay if every node held, with drafts that never hold: after `PATIENCE` steps that find
+    """Verification that would pay if every node held, with drafts that never hold: once `PATIENCE` steps in a row find
     drafting not paying, the drafter is not called again, the batch runs plain steps (`engine.plain`), and the output
     is stock's."""
     import hf_hybrid_spec.engine.batch as B
@@ -278,9 +319,10 @@ def test_a_batch_whose_drafting_does_not_pay_runs_plain_steps_without_the_drafte
     assert torch.equal(out.sequences, ref)
     stats = out.spec_stats
     assert stats.target_forwards == 11  # the first token comes with the prompt
-    # The first PATIENCE - 1 steps draft (each finding that drafting does not pay), then none does.
-    assert stats.plain_steps == stats.target_forwards - (PATIENCE - 1)
-    assert drafter.calls == 1 + 4 + (PATIENCE - 1)  # the first drafts, the cost timing's, one per drafting step
+    # The first step verifies the widest trees (it measures every width), the next PATIENCE - 1 still draft (each
+    # finding that drafting does not pay), then none does.
+    assert stats.plain_steps == stats.target_forwards - PATIENCE
+    assert drafter.calls == 1 + 4 + PATIENCE  # the first drafts, the cost timing's, one per drafting step
 
 
 def test_a_batch_where_no_draft_can_pay_decodes_plain_from_the_start(monkeypatch):
