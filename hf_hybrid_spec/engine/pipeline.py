@@ -14,14 +14,13 @@ with the captured batched runner and greedy verification over raw logits, one st
     read the committed tokens            # the one wait; stopping criteria, records and statistics on the host
 
 so the host's bookkeeping for step t runs while the device drafts for step t + 1. The width (nodes per row, root
-included) is chosen on the host before each step from the previous step's drafts (the sum of each row's best k values,
-read with the committed tokens; `budget.choose_width`), against the measured verify cost and the drafting step's own
-cost: a one-step lag, where the general step reads this step's drafts. Both estimates are corrected as the batch runs:
-the values by the tokens they turned into, the drafting step's cost by its measured wall time. The drafts are made
-before the width is known, so a drafting step verifies the width of most expected tokens per second with that cost
-counted at every width; once drafting does not beat plain steps for a few steps in a row, the batch runs plain steps
-to its end without the drafter (`engine.plain`). Rows that stop keep their runner row and commit nothing. Every
-committed token is the target's greedy choice (`verification.greedy_device`), as in the general step.
+included) is chosen on the host before each step (`budget.choose_width`) from what the batch's own steps measured:
+the tokens accepted at each width (`budget.AcceptanceByWidth`: one step at width W measures every narrower width) and
+what a drafting step costs beyond its verify forward (its wall time). The drafts are made before the width is known,
+so a drafting step verifies the width of most expected tokens per second with that cost counted at every width; once
+drafting does not beat plain steps for a few steps in a row, the batch runs plain steps to its end without the
+drafter (`engine.plain`). Rows that stop keep their runner row and commit nothing. Every committed token is the
+target's greedy choice (`verification.greedy_device`), as in the general step.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         if key not in _DRAFT_SECONDS:
             _DRAFT_SECONDS.setdefault(key, time_forward(lambda: drafter.propose_device(nodes), device))
         draft_seconds = _DRAFT_SECONDS[key]
-    widths = [w for w in backend.widths if w <= widest]
+    widths = sorted({w for w in backend.widths if w <= widest} | {widest})
     # The budget's inputs are measured as the batch runs. Accepted tokens per width: every step at width W measures
     # every width up to W (`AcceptanceByWidth`); the first step, and every `PROBE_EVERY`-th drafting step after it,
     # verifies the widest tree so that the wide widths' numbers stay current. A drafting step's cost beyond the verify
@@ -125,8 +124,9 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         flags = torch.tensor(caps + [int(b in on) for b in range(rows)], dtype=torch.long).to(device, non_blocking=True)
         caps_device, running_device = flags[:rows], flags[rows:].bool()
         if inputs.cost is not None and steps > 0:
+            # The node cap is in the measurements already (a capped step accepted what its capped trees held).
             choice, pays = choose_width(measured.prefix(len(running)), len(running), inputs.cost, config.budget_slack,
-                                        config.max_verify_nodes, widths, extra)
+                                        None, widths, extra)
             refusals = 0 if pays else refusals + 1
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("batch step %d: %d rows, accepted per row by width %s, drafting step %.3f ms beyond T, "
@@ -162,7 +162,8 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         ranks = torch.where(beyond, NO_RANK, ranks).cummax(dim=1).values
         # Padded to the buffer's widths on the device: one contiguous copy, which stays asynchronous.
         pad = torch.nn.functional.pad
-        packed = torch.cat([accepted.length.unsqueeze(1), chosen.count.unsqueeze(1), pad(news, (0, path - news.shape[1])),
+        packed = torch.cat([accepted.length.unsqueeze(1), chosen.count.unsqueeze(1),
+                            pad(news, (0, path - news.shape[1])),
                             pad(ranks, (0, path - 1 - ranks.shape[1]), value=NO_RANK)], dim=1)
         results.copy_(packed, non_blocking=True)
         done = torch.cuda.Event() if pinned else None
