@@ -3,16 +3,17 @@
 The budget's promise is that speculation never loses to autoregressive decoding, so the step it falls back to must
 cost what a plain decode step costs. The pipelined and general batch steps can verify a tree of width 1, but they
 carry the tree machinery (selection, masks, the walk or its device version, per-node bookkeeping) around a one-token
-forward: measured on the H200 at B = 8 to 64, that made a width-1 step 0.7-1.4 ms slower than stock's compiled
+forward: measured on the H200 at B = 8 to 64, that made a width-1 step 0.6-0.9 ms slower than stock's compiled
 decode step. Here one step is
 
     forward_device(roots)            # each row's last token alone: the runner's narrowest captured graph
     argmax -> commit_device          # every running row keeps its root; rows that stopped commit nothing
-    read the new tokens              # the one wait; stopping criteria and records on the host
+    read the step before's tokens    # the one wait; stopping criteria and records on the host
 
-about a dozen launches around the captured forward, and the host knows every row's new length without reading it
-(one token per running row). Greedy over raw logits only (no logits processors): the token is the argmax of the
-target's own logits, as stock greedy takes it.
+about a dozen launches around the captured forward. The host knows every row's new length without reading it (one
+token per running row) and the roots stay on the device, so each step is queued before the previous one is read,
+and the host's bookkeeping runs while the device computes. Greedy over raw logits only (no logits processors): the
+token is the argmax of the target's own logits, as stock greedy takes it.
 """
 
 from __future__ import annotations
@@ -38,49 +39,89 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
                 row_stats: list[SpecStats]) -> None:
     """Step the batch without drafts until no row runs. `running` are the running rows, which index the runner's rows
     (a `generate` batch: row b is runner row b); the cache holds every row's committed tokens but its last, which is
-    the next step's root (`rec.host[b][-1]`)."""
+    the next step's root (`rec.host[b][-1]`).
+
+    Each step is queued before the host has read the one before it: a plain step commits exactly one token per
+    running row, so the host knows every row's next length without reading anything, and the next step's roots are
+    the last step's argmax on the device. The host's bookkeeping (records, stopping criteria, statistics) of step t
+    then runs while the device computes step t + 1. A row that stops at step t has had step t + 1 computed too; that
+    token lands past its end (its slot is never read again) and is not recorded."""
     runner = backend.runner
     rows, device = runner.rows, runner.device
     pinned = device.type == "cuda"
-    new_host = torch.zeros(rows, dtype=torch.long, pin_memory=pinned)
+    new_host = [torch.zeros(rows, dtype=torch.long, pin_memory=pinned) for _ in range(2)]  # one per step in flight
     roots = torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long).to(device)
     parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
     leaves = on = None
-    while running:
-        t0 = time.perf_counter()
-        if on is None:  # the running rows changed: each running row commits its root (leaf 0), the rest nothing
-            flags = torch.zeros(rows, dtype=torch.long)
-            flags[running] = 1
-            on = flags.to(device)
-            leaves = on - 1
-        try:
-            logits = backend.forward_device(roots.unsqueeze(1), parent)
-            best = logits[:, 0].argmax(dim=-1)
-            backend.commit_device(leaves)
-        except BaseException:
-            backend.abort()
-            raise
-        roots = torch.where(on.bool(), best, roots)
-        new_host.copy_(roots, non_blocking=True)
-        if pinned:
-            torch.cuda.current_stream(device).synchronize()
-        new = new_host.tolist()
-        rec.append(running, [[new[b]] for b in running])
-        counts = [0] * rows
-        for b in running:
-            counts[b] = 1
-        backend.finish_commit(counts)
-        stats.target_forwards += 1
-        stats.plain_steps += 1
-        stats.verify_seconds += time.perf_counter() - t0
-        for b in running:
-            for s in (stats, row_stats[b]):
-                s.accepted_lengths.append(1)
-                s.drafted_tokens.append(0)
-            row_stats[b].target_forwards += 1
-        keep = rec.still_running(running, max_length)
-        if len(keep) < len(running):
-            if keep:
-                backend.select_rows(keep)
-            running = [running[j] for j in keep]
-            on = None
+    pending = None  # the step in flight: (buffer, event, the rows it ran)
+    step = 0
+    since = time.perf_counter()  # when the last step was recorded: a step's time is the wall time between records
+    while running or pending is not None:
+        launched = None
+        if running and _room(rec, running, max_length, ahead=pending is not None):
+            if on is None:  # the running rows changed: each running row commits its root (leaf 0), the rest nothing
+                flags = torch.zeros(rows, dtype=torch.long)
+                flags[running] = 1
+                on = flags.to(device)
+                leaves = on - 1
+            try:
+                logits = backend.forward_device(roots.unsqueeze(1), parent)
+                best = logits[:, 0].argmax(dim=-1)
+                backend.commit_device(leaves)
+            except BaseException:
+                backend.abort()
+                raise
+            counts = [0] * rows
+            for b in running:
+                counts[b] = 1
+            backend.finish_commit(counts)  # host bookkeeping only: the device's commit is queued
+            roots = torch.where(on.bool(), best, roots)
+            buffer = new_host[step % 2]
+            buffer.copy_(roots, non_blocking=True)
+            event = torch.cuda.Event() if pinned else None
+            if event is not None:
+                event.record()
+            launched = (buffer, event, list(running))
+            step += 1
+        if pending is None and launched is None:
+            break  # nothing in flight and nothing worth queueing (cannot happen while a row runs; a guard)
+        if pending is not None:
+            before = len(running)
+            running = _record(pending, rec, running, max_length, backend, stats, row_stats, since)
+            since = time.perf_counter()
+            if len(running) < before:
+                on = None
+        pending = launched
+
+
+def _room(rec: BatchRecorder, running: list[int], max_length: int, ahead: bool) -> bool:
+    """Whether a step is worth queueing: some running row is below the length limit even after the step in flight
+    (`ahead`) commits its token. (A row may still stop on a criterion; then the queued step is simply not recorded.)"""
+    limit = rec.limit(max_length)
+    return any(rec.lengths[b] + int(ahead) < limit for b in running)
+
+
+def _record(pending, rec: BatchRecorder, running: list[int], max_length: int, backend, stats: SpecStats,
+            row_stats: list[SpecStats], since: float) -> list[int]:
+    """Read a finished step's tokens and record them for the rows that were running when it was queued and still
+    are; return the rows that go on. `since`: when the step before it was recorded."""
+    buffer, event, ran = pending
+    if event is not None:
+        event.synchronize()
+    new = buffer.tolist()
+    recorded = [b for b in ran if b in set(running)]
+    rec.append(recorded, [[new[b]] for b in recorded])
+    stats.target_forwards += 1
+    stats.plain_steps += 1
+    stats.verify_seconds += time.perf_counter() - since
+    for b in recorded:
+        for s in (stats, row_stats[b]):
+            s.accepted_lengths.append(1)
+            s.drafted_tokens.append(0)
+        row_stats[b].target_forwards += 1
+    keep = rec.still_running(running, max_length)
+    if len(keep) < len(running):
+        if keep:
+            backend.select_rows(keep)
+        running = [running[j] for j in keep]
+    return running

@@ -376,3 +376,26 @@ def test_a_batch_drafter_at_batch_size_one_is_refused_and_the_model_still_decode
     with pytest.raises(ValueError, match="BatchDrafter, which drafts for the rows of a batch"):
         greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=ReferenceDrafter([ref]), **kw)
     assert torch.equal(greedy(model, ids, mask, custom_generate=H.speculative_generate, **kw), ref)
+
+
+@pytest.mark.parametrize("eos_rows", [(1,), (0, 2)])
+def test_plain_steps_stop_rows_at_eos_as_stock_does(monkeypatch, eos_rows):
+    """Plain steps queue each step before reading the last: rows that stop on EOS mid-batch (one, or all but one) are
+    padded exactly as stock pads them, and the token computed for them after their stop is not recorded."""
+    import hf_hybrid_spec.engine.batch as B
+
+    linear = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 2.0, 4.0, 8.0, 16.0])  # no draft can pay: plain steps
+    monkeypatch.setattr(B, "_cost_model", lambda *args: linear)
+    model = tiny_model("falcon_h1")
+    ids, mask = padded_batch([10, 6, 13], seed=21)
+    plain = greedy(model, ids, mask, max_new_tokens=14, eos_token_id=None)
+    # Each chosen row's 4th new token as the EOS: those rows stop there (others may stop on it too, as in stock).
+    eos = [int(plain[b, ids.shape[1] + 3]) for b in eos_rows]
+    ref = greedy(model, ids, mask, max_new_tokens=14, eos_token_id=eos)
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, return_dict_in_generate=True,
+                 drafter=ReferenceDrafter(row_references(plain, mask)), max_new_tokens=14, eos_token_id=eos,
+                 assistant_config=H.AssistantConfig(compile=True, max_draft_tokens=10, max_depth=4))
+    assert torch.equal(out.sequences, ref)
+    assert out.spec_stats.plain_steps == out.spec_stats.target_forwards
+    for b in eos_rows:
+        assert (out.sequences[b, ids.shape[1] + 4 :] == PAD).all()
