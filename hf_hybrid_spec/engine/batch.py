@@ -36,7 +36,7 @@ from .backend import BatchEagerBackend
 from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, SpecStats, SpeculativeDecoderOnlyOutput
 from .pipeline import PipelineInputs, pipelines, run_pipelined
-from .plain import plain_steps, runs_plain
+from .plain import plain_step, plain_steps, runs_plain
 from .request import Request
 from .rows import BatchRecorder
 
@@ -114,6 +114,9 @@ def decode_batch(request: Request):
             running = []
 
         # ---- draft, budget, verify, commit, record
+        # Steps where no row drafts run as plain steps on the static path, unless the drafter reads the verify
+        # forward's hidden states (a plain step returns none).
+        fast_plain = runs_plain(backend, raw_greedy) and not layers
         while running:
             limit = rec.limit(gen.max_length)
             t0 = time.perf_counter()
@@ -125,17 +128,24 @@ def decode_batch(request: Request):
                 drafts = DraftBatch.from_drafts([empty_draft(1)] * len(running))
             drafts = apply_budget(drafts, cost, config, stats, backend.widths)
             t1 = time.perf_counter()
-            tree = batch_tree([rec.host[b][-1] for b in running], drafts, backend.tree_device)
-            verified = backend.forward(tree)
-            try:
-                drafter.overlap()
-                results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
-                                      [per_row[b] for b in running], raw_greedy)
-                del verified
-            except BaseException:
-                backend.abort()
-                raise
-            hidden = backend.commit([r.path for r in results])
+            if fast_plain and not any(drafts.counts):
+                # No row drafts: a plain step without the tree machinery (`engine.plain`).
+                news, on_device = plain_step(backend, [rec.host[b][-1] for b in running], drafter.overlap)
+                results = [VerifyResult(path=[0], tokens=on_device[i : i + 1], score_nodes=[0], token_list=[t])
+                           for i, t in enumerate(news)]
+                hidden = None
+            else:
+                tree = batch_tree([rec.host[b][-1] for b in running], drafts, backend.tree_device)
+                verified = backend.forward(tree)
+                try:
+                    drafter.overlap()
+                    results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
+                                          [per_row[b] for b in running], raw_greedy)
+                    del verified
+                except BaseException:
+                    backend.abort()
+                    raise
+                hidden = backend.commit([r.path for r in results])
             rec.append(running, [r.token_list for r in results])
             t2 = time.perf_counter()
             stats.target_forwards += 1

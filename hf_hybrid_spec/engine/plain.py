@@ -25,7 +25,7 @@ import torch
 from .outputs import SpecStats
 from .rows import BatchRecorder
 
-__all__ = ["plain_steps", "runs_plain"]
+__all__ = ["plain_step", "plain_steps", "runs_plain"]
 
 
 def runs_plain(backend, raw_greedy: bool) -> bool:
@@ -33,6 +33,36 @@ def runs_plain(backend, raw_greedy: bool) -> bool:
     from .batch_static import BatchStaticBackend
 
     return isinstance(backend, BatchStaticBackend) and raw_greedy
+
+
+def plain_step(backend, roots: list[int], overlap=None) -> tuple[list[int], torch.Tensor]:
+    """One plain step of the backend's running rows (`backend.running_slots`) whose roots are `roots` (in running
+    order), for the general batch step when the budget kept no draft: returns each running row's new token, as a list
+    and as a device tensor [rows running]. `overlap()` (optional) runs on the host while the device computes."""
+    runner = backend.runner
+    rows, device = runner.rows, runner.device
+    slots = backend.running_slots
+    staged = torch.zeros(2, rows, dtype=torch.long)  # the roots, then the leaves (0: commit the root; -1: not running)
+    staged[1].fill_(-1)
+    staged[0, slots] = torch.tensor(roots, dtype=torch.long)
+    staged[1, slots] = 0
+    staged = staged.to(device, non_blocking=True)
+    try:
+        logits = backend.forward_device(staged[0].unsqueeze(1), torch.full((rows, 1), -1, dtype=torch.long,
+                                                                              device=device))
+        best = logits[:, 0].argmax(dim=-1)
+        backend.commit_device(staged[1])
+    except BaseException:
+        backend.abort()
+        raise
+    counts = [0] * rows
+    for slot in slots:
+        counts[slot] = 1
+    backend.finish_commit(counts)
+    if overlap is not None:
+        overlap()
+    new = best[torch.tensor(slots, dtype=torch.long, device=device)]
+    return new.tolist(), new
 
 
 def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,

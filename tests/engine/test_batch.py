@@ -17,7 +17,7 @@ from verification.test_sampling import RandomSampledDrafter, V, chi2_pvalue, tar
 import hf_hybrid_spec as H
 from hf_hybrid_spec.engine.budget import VerifyCost, choose_nodes, node_values
 from hf_hybrid_spec.testing import TINY_FAMILIES, tiny_model
-from hf_hybrid_spec.tree import DraftTree
+from hf_hybrid_spec.tree import DraftTree, empty_draft
 
 PAD = 1
 
@@ -318,3 +318,38 @@ def test_what_a_batch_does_not_support_is_named(ask, match):
     with pytest.raises((NotImplementedError, ValueError), match=match):
         model.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=None, pad_token_id=PAD,
                        custom_generate=H.speculative_generate, **ask)
+
+
+class Intermittent(RandomTreeDrafter):
+    """Drafts on some steps only (a cache drafter with no match): steps where no row drafts."""
+
+    def __init__(self, *args, every=3, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.every, self.calls = every, 0
+
+    def propose(self, input_ids, budget):
+        self.calls += 1
+        if self.calls % self.every:
+            return empty_draft(1, input_ids.device)
+        return super().propose(input_ids, budget)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_steps_where_no_row_drafts_run_as_plain_steps(family, monkeypatch):
+    """On the static path a step where no row drafts is a plain step (`engine.plain.plain_step`), not a tree of
+    width 1; rows that stop early and rows of different lengths, the output stock's."""
+    import hf_hybrid_spec.engine.batch as B
+
+    used = []
+    original = B.plain_step
+    monkeypatch.setattr(B, "plain_step", lambda *a, **k: used.append(1) or original(*a, **k))
+    model = tiny_model(family)
+    ids, mask = padded_batch([7, 12, 4], seed=3)
+    plain = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=None)
+    eos = int(plain[2, ids.shape[1] + 5])
+    ref = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=eos)
+    drafters = [Intermittent(96, reference=r, seed=b, every=2 + b) for b, r in enumerate(row_references(plain, mask))]
+    out = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=eos, custom_generate=H.speculative_generate,
+                 drafter=drafters, assistant_config=H.AssistantConfig(compile=True), return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert used and out.spec_stats.plain_steps == len(used)
