@@ -12,6 +12,9 @@ When no W > 1 beats a plain decode step by the `slack` factor (a large, compute-
 hold), nothing is drafted: the step is a plain decode step, so speculation never loses to autoregressive decoding by
 more than the cost model's error. `measure_verify_cost` (engine.batch) times T on the machine (a few verify forwards
 on the request's own cache, aborted); a fixed per-row budget stays available (`AssistantConfig(batch_budget="fixed")`).
+
+The pipelined step (`engine.pipeline`) ranks the nodes by value the same way but counts the expected tokens from
+its own steps (`AcceptanceByWidth`): drafters' values can be far off as counts while ranking well.
 """
 
 from __future__ import annotations
@@ -160,8 +163,9 @@ def choose_nodes(values: list[list[float]], cost: VerifyCost | None, slack: floa
 def choose_width(prefix: list[float], rows: int, cost: VerifyCost, slack: float = 0.05,
                  max_nodes: int | None = None, widths: list[int] | None = None,
                  draft_seconds: float = 0.0) -> tuple[int, bool]:
-    """The pipelined step's width (root included) for `rows` running rows whose drafts are worth `prefix[k]` (the
-    batch's sum of each row's best k node values, k = 0 .. M), and whether drafting pays at all.
+    """The pipelined step's width (root included) for `rows` running rows whose drafts are worth `prefix[k]`
+    accepted tokens in all when each row verifies its best k nodes (k = 0 .. M; `AcceptanceByWidth.prefix`, or the
+    sum of each row's best k node values), and whether drafting pays at all.
 
     A step that drafts costs `cost(w) + draft_seconds` whatever width it verifies (the drafts are made before the
     width is applied), so the width is the one above 1 of most expected tokens per second; drafting pays when that
@@ -239,8 +243,6 @@ class DeviceSelection:
         tokens, parent: [R, W] each row's root then its kept draft nodes (root first; unused nodes are leaves under
             the root with its token, which nobody commits).
         count: [R] kept draft nodes per row.
-        prefix: [M + 1] float32, the batch's sum of each row's best k node values for k = 0 .. M (the next width
-            choice's input, `choose_width`).
         rank: [R, W] each verify node's rank among its row's drafts by value (0 the likeliest; -1 the root and the
             unused nodes): a path's ranks say at which narrower widths it would still have been verified
             (`AcceptanceByWidth`).
@@ -249,7 +251,6 @@ class DeviceSelection:
     tokens: torch.Tensor
     parent: torch.Tensor
     count: torch.Tensor
-    prefix: torch.Tensor
     rank: torch.Tensor
 
 
@@ -265,8 +266,6 @@ def select_device(drafts: DeviceDrafts, width: int, caps: torch.Tensor, roots: t
     values = torch.where(allowed, drafts.values, -1.0)
     # Highest value first, ties in index order: every prefix of a row's ranking is closed under parents.
     order = torch.sort(values, dim=1, descending=True, stable=True).indices
-    ranked = values.gather(1, order).clamp(min=0.0)
-    prefix = torch.cat([torch.zeros(rows, 1, device=device), ranked.cumsum(1)], dim=1).sum(0)
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(m, device=device).expand(rows, m))
     keep = (rank < width - 1) & allowed
     if max_nodes is not None and rows * (width - 1) > max_nodes:
@@ -283,7 +282,7 @@ def select_device(drafts: DeviceDrafts, width: int, caps: torch.Tensor, roots: t
     parent = torch.zeros(rows, width + 1, dtype=torch.long, device=device).scatter_(1, target, parent_index)
     parent = torch.cat([torch.full((rows, 1), -1, dtype=torch.long, device=device), parent[:, 1:width]], dim=1)
     ranks = torch.full((rows, width + 1), -1, dtype=torch.long, device=device).scatter_(1, target, rank)[:, :width]
-    return DeviceSelection(tokens=tokens, parent=parent, count=keep.sum(1), prefix=prefix, rank=ranks)
+    return DeviceSelection(tokens=tokens, parent=parent, count=keep.sum(1), rank=ranks)
 
 
 # Measured cost models, per (model, device, batch size, context bucket): measured once per process.
