@@ -12,7 +12,8 @@
 The drafter is a `drafters.BatchDrafter`: one drafter per row behind `PerRowDrafters` (suffix tries, n-gram indexes,
 assistant caches, a list of the caller's own), or a drafter with a batched form (EAGLE: one tree expansion for all
 rows per step; with it, greedy decoding runs the pipelined step of `engine.pipeline`, which keeps all of the above
-on the device and reads each step once).
+on the device and reads each step once). On the static path with greedy decoding, a step where no row drafts, and a
+batch where no draft could pay, run plain decode steps without the tree machinery (`engine.plain`).
 
 Rows follow stock `generate`'s batch semantics: each row's tokens are what it would generate alone from its
 (left-padded) prompt; with an EOS criterion, a row that stops is padded with `pad_token_id` until the longest row

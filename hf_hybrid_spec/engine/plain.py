@@ -139,7 +139,8 @@ def _record(pending, rec: BatchRecorder, running: list[int], max_length: int, ba
     if event is not None:
         event.synchronize()
     new = buffer.tolist()
-    recorded = [b for b in ran if b in set(running)]
+    alive = set(running)
+    recorded = [b for b in ran if b in alive]
     rec.append(recorded, [[new[b]] for b in recorded])
     stats.target_forwards += 1
     stats.plain_steps += 1
