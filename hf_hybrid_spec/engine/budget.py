@@ -29,7 +29,7 @@ import torch
 
 from ..tree import DeviceDrafts, DraftBatch, DraftTree
 
-__all__ = ["VerifyCost", "BudgetChoice", "AcceptanceByWidth", "DeviceSelection", "node_values", "choose_batch",
+__all__ = ["VerifyCost", "BudgetChoice", "AcceptanceByWidth", "accepted_by_width", "DeviceSelection", "node_values", "choose_batch",
            "choose_nodes", "choose_width", "select_device", "paying_width", "cached_cost", "time_forward", "DEFAULT_PRIOR"]
 
 # The acceptance estimate of a draft node whose drafter gives no scores: DEFAULT_PRIOR ** depth.
@@ -195,8 +195,8 @@ class AcceptanceByWidth:
     The drafters' path probabilities rank the nodes well but can be far off as counts: the fixture's EAGLE-3 drafter
     valued its best 7 nodes per row at about one accepted token where its full 60-node trees accepted 3.2. Greedy
     acceptance gives more than the count of one step: a row whose accepted path has draft ranks r_1 .. r_d (each
-    node's rank among the row's drafts by value) would have accepted exactly the path's prefix whose running maximum
-    rank is below W - 1 at any narrower width W, since a narrower tree keeps the likeliest W - 1 nodes and the target's
+    node's rank among the row's drafts by value) would have accepted the path's prefix whose running maximum rank is
+    below W - 1 at any narrower width W, since a narrower tree keeps the likeliest W - 1 nodes and the target's
     argmax does not depend on the tree. So one step at width W measures every width up to W at once.
 
     Args:
@@ -208,21 +208,15 @@ class AcceptanceByWidth:
         self.weight = weight
         self.mean: dict[int, float] = {}  # width -> accepted draft tokens per row and step
 
-    def seed(self, prefix: list[float], rows: int) -> None:
-        """Start each width not yet measured at what the values promise (`prefix` as `choose_width` takes it)."""
-        m = len(prefix) - 1
-        for w in self.widths:
-            self.mean.setdefault(w, prefix[min(w - 1, m)] / max(rows, 1) if m > 0 else 0.0)
-
-    def observe(self, path_ranks: list[list[int]], width: int) -> None:
-        """One step verified at `width`: each running row's running maximum of its accepted path's draft ranks
-        (depth 1 on; anything past the accepted path at or above every width)."""
-        if not path_ranks:
+    def observe(self, totals: list[int], rows: int, width: int) -> None:
+        """One step of `rows` running rows verified at `width`: `totals[i]` the accepted draft tokens over those rows
+        at `widths[i]` (`accepted_by_width`); the widths above `width` were not measured by it."""
+        if rows == 0:
             return
-        for w in self.widths:
+        for w, total in zip(self.widths, totals):
             if w > width:
                 break
-            got = sum(sum(1 for r in row if r < w - 1) for row in path_ranks) / len(path_ranks)
+            got = total / rows
             old = self.mean.get(w)
             self.mean[w] = got if old is None else (1.0 - self.weight) * old + self.weight * got
 
@@ -233,6 +227,18 @@ class AcceptanceByWidth:
         for w in self.widths:
             out[w - 1] = rows * self.mean.get(w, 0.0)
         return out
+
+
+def accepted_by_width(ranks: torch.Tensor, running: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
+    """On the device, for `AcceptanceByWidth.observe`: the accepted draft tokens over the running rows at each width.
+
+    Args:
+        ranks: [R, D] the running maximum of each row's accepted path's draft ranks (depth 1 on; past the path a rank
+            at or above every width). running: [R] bool. limits: [K] each width minus one (its draft nodes per row).
+    Returns [K] int64.
+    """
+    hit = (ranks.unsqueeze(-1) < limits) & running.view(-1, 1, 1)
+    return hit.sum(dim=(0, 1))
 
 
 @dataclass

@@ -34,7 +34,7 @@ from transformers.utils import logging
 from ..config import AssistantConfig
 from ..drafters import BatchDrafter
 from ..verification import greedy_device
-from .budget import AcceptanceByWidth, VerifyCost, choose_width, select_device, time_forward
+from .budget import AcceptanceByWidth, VerifyCost, accepted_by_width, choose_width, select_device, time_forward
 from .outputs import SpecStats
 from .plain import plain_steps
 from .rows import BatchRecorder
@@ -93,9 +93,9 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     path = drafter.max_depth + 1  # the longest accepted path (root included): the accept pass's width
     widest = min(nodes + 1, max(backend.widths))
     pinned = device.type == "cuda"
-    # What the host reads each step, in one pinned buffer: each row's committed count, its kept draft nodes, its
-    # committed tokens, and the running maximum of its accepted path's draft ranks (`AcceptanceByWidth`).
-    results = torch.zeros(rows, 2 + path + (path - 1), dtype=torch.long, pin_memory=pinned)
+    # What the host reads each step, in one pinned buffer: each row's committed count, its kept draft nodes and its
+    # committed tokens.
+    results = torch.zeros(rows, 2 + path, dtype=torch.long, pin_memory=pinned)
     roots = torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long).to(device)
     drafts = drafter.propose_device(nodes)
     draft_seconds = 0.0
@@ -112,6 +112,8 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     # the latest drafting steps' wall times (a median: one slow step, a first call's warm-up or the host preempted,
     # must not stop drafting). Drafting stops once `PATIENCE` steps in a row find that it does not beat plain steps.
     measured = AcceptanceByWidth(widths)
+    limits = torch.tensor([w - 1 for w in measured.widths], dtype=torch.long).to(device)
+    totals_host = torch.zeros(len(measured.widths), dtype=torch.long, pin_memory=pinned)  # and the step's totals
     extras = [draft_seconds]  # seconds beyond the verify forward, per drafting step (the timed draft first)
     extra = draft_seconds
     refusals = steps = 0
@@ -156,16 +158,14 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
             raise
         news = accepted.tokens[:, :path]  # a narrow tree's paths are shorter still: its width is all there is
         # Each row's accepted path's draft ranks (depth 1 on), their running maximum, and past the path a rank no
-        # width reaches.
+        # width reaches: what every narrower width would have accepted, summed over the rows on the device.
         ranks = chosen.rank.gather(1, accepted.order[:, 1:path])
         beyond = torch.arange(ranks.shape[1], device=device) >= (accepted.length - 1).unsqueeze(1)
         ranks = torch.where(beyond, NO_RANK, ranks).cummax(dim=1).values
-        # Padded to the buffer's widths on the device: one contiguous copy, which stays asynchronous.
-        pad = torch.nn.functional.pad
-        packed = torch.cat([accepted.length.unsqueeze(1), chosen.count.unsqueeze(1),
-                            pad(news, (0, path - news.shape[1])),
-                            pad(ranks, (0, path - 1 - ranks.shape[1]), value=NO_RANK)], dim=1)
-        results.copy_(packed, non_blocking=True)
+        totals_host.copy_(accepted_by_width(ranks, running_device, limits), non_blocking=True)
+        # Padded to the buffer's width on the device: one contiguous copy, which stays asynchronous.
+        packed = torch.cat([accepted.length.unsqueeze(1), chosen.count.unsqueeze(1), news], dim=1)
+        results.copy_(torch.nn.functional.pad(packed, (0, results.shape[1] - packed.shape[1])), non_blocking=True)
         done = torch.cuda.Event() if pinned else None
         if done is not None:
             done.record()
@@ -177,10 +177,8 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         if done is not None:
             done.synchronize()
         counts, drafted = results[:, 0].tolist(), results[:, 1].tolist()
-        table = results[:, 2 : 2 + path].tolist()
-        if width > 1:
-            path_ranks = results[:, 2 + path :].tolist()
-            measured.observe([path_ranks[b] for b in running], width)
+        table = results[:, 2:].tolist()
+        measured.observe(totals_host.tolist(), len(running), width)
         rec.append(running, [table[b][: counts[b]] for b in running])
         backend.finish_commit(counts)
         drafter.advance_host(counts)
@@ -194,7 +192,6 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         stats.target_forwards += 1
         stats.draft_seconds += over  # the drafter's and the step's own work beyond the verify forward's
         stats.verify_seconds += seconds - over
-        stats.plain_steps += int(width == 1)
         for b in running:
             for s in (stats, inputs.row_stats[b]):
                 s.accepted_lengths.append(counts[b])

@@ -262,18 +262,23 @@ def test_the_width_counts_the_drafters_cost_and_drafting_stops_where_it_does_not
 def test_one_step_measures_the_acceptance_of_every_narrower_width():
     """A row whose accepted path has draft ranks r_1 .. r_d would have accepted the prefix whose running maximum rank
     is below W - 1 at width W: one step at its width measures every narrower width, and none wider."""
-    from hf_hybrid_spec.engine.budget import AcceptanceByWidth
+    from hf_hybrid_spec.engine.budget import AcceptanceByWidth, accepted_by_width
 
     measured = AcceptanceByWidth([1, 2, 4, 8, 16], weight=0.5)
+    limits = torch.tensor([w - 1 for w in measured.widths])
     never = 1 << 30
-    # Row 0 accepted 3 drafts of ranks 0, 2, 5; row 1 accepted one of rank 0; row 2 none.
-    measured.observe([[0, 2, 5, never], [0, never, never, never], [never] * 4], width=8)
+
+    def observe(ranks, width, running=None):
+        ranks = torch.tensor(ranks)
+        running = torch.ones(ranks.shape[0], dtype=torch.bool) if running is None else torch.tensor(running)
+        measured.observe(accepted_by_width(ranks, running, limits).tolist(), int(running.sum()), width)
+
+    # Row 0 accepted 3 drafts of ranks 0, 2, 5; row 1 accepted one of rank 0; row 2 none; row 3 does not run.
+    observe([[0, 2, 5, never], [0, never, never, never], [never] * 4, [0, 1, 2, 3]], 8, [True, True, True, False])
     assert measured.mean == {2: 2 / 3, 4: 3 / 3, 8: 4 / 3}  # width 16 was not verified: no number yet
     assert measured.prefix(3) == [0.0, 2.0, 0.0, 3.0, 0.0, 0.0, 0.0, 4.0] + [0.0] * 8
-    measured.observe([[0, 1, 2, 3]] * 3, width=16)  # averages move halfway; 16 takes its first number
+    observe([[0, 1, 2, 3]] * 3, 16)  # averages move halfway; 16 takes its first number
     assert measured.mean == {2: (2 / 3 + 1) / 2, 4: (1 + 3) / 2, 8: (4 / 3 + 4) / 2, 16: 4.0}
-    measured.seed([0.0, 9.0, 9.0, 9.0], rows=3)  # values seed nothing that was measured
-    assert measured.mean[16] == 4.0
 
 
 def test_the_pipelined_width_follows_measured_acceptance_not_the_values(monkeypatch):
