@@ -47,18 +47,8 @@ def plain_step(backend, roots: list[int], overlap=None) -> tuple[list[int], torc
     staged[0, slots] = torch.tensor(roots, dtype=torch.long)
     staged[1, slots] = 0
     staged = staged.to(device, non_blocking=True)
-    try:
-        logits = backend.forward_device(staged[0].unsqueeze(1), torch.full((rows, 1), -1, dtype=torch.long,
-                                                                              device=device))
-        best = logits[:, 0].argmax(dim=-1)
-        backend.commit_device(staged[1])
-    except BaseException:
-        backend.abort()
-        raise
-    counts = [0] * rows
-    for slot in slots:
-        counts[slot] = 1
-    backend.finish_commit(counts)
+    parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
+    best = _queue(backend, staged[0], parent, staged[1], slots)
     if overlap is not None:
         overlap()
     new = best[torch.tensor(slots, dtype=torch.long, device=device)]
@@ -94,17 +84,7 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
                 flags[running] = 1
                 on = flags.to(device)
                 leaves = on - 1
-            try:
-                logits = backend.forward_device(roots.unsqueeze(1), parent)
-                best = logits[:, 0].argmax(dim=-1)
-                backend.commit_device(leaves)
-            except BaseException:
-                backend.abort()
-                raise
-            counts = [0] * rows
-            for b in running:
-                counts[b] = 1
-            backend.finish_commit(counts)  # host bookkeeping only: the device's commit is queued
+            best = _queue(backend, roots, parent, leaves, running)
             roots = torch.where(on.bool(), best, roots)
             buffer = new_host[step % 2]
             buffer.copy_(roots, non_blocking=True)
@@ -122,6 +102,24 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
             if len(running) < before:
                 on = None
         pending = launched
+
+
+def _queue(backend, roots: torch.Tensor, parent: torch.Tensor, leaves: torch.Tensor, slots: list[int]) -> torch.Tensor:
+    """Queue one plain step on the device: the width-1 forward of `roots` [R] (`parent` [R, 1] all -1), its argmax,
+    and the commit of each row whose leaf (`leaves` [R]) is 0 (-1: nothing); the host's lengths advance by one for
+    the runner rows `slots` (those with leaf 0) without reading anything. Returns the argmax [R], not yet read."""
+    try:
+        logits = backend.forward_device(roots.unsqueeze(1), parent)
+        best = logits[:, 0].argmax(dim=-1)
+        backend.commit_device(leaves)
+    except BaseException:
+        backend.abort()
+        raise
+    counts = [0] * roots.shape[0]
+    for slot in slots:
+        counts[slot] = 1
+    backend.finish_commit(counts)  # host bookkeeping only: the device's commit is queued
+    return best
 
 
 def _room(rec: BatchRecorder, running: list[int], max_length: int, ahead: bool) -> bool:
