@@ -30,8 +30,8 @@ import torch
 from ..tree import DeviceDrafts, DraftBatch, DraftTree
 
 __all__ = ["VerifyCost", "BudgetChoice", "AcceptanceByWidth", "accepted_by_width", "DeviceSelection", "node_values",
-           "choose_batch", "choose_nodes", "choose_width", "select_device", "paying_width", "cached_cost", "time_forward",
-           "DEFAULT_PRIOR"]
+           "choose_batch", "choose_nodes", "choose_width", "select_device", "paying_width", "cached_cost",
+           "time_forward", "DEFAULT_PRIOR"]
 
 # The acceptance estimate of a draft node whose drafter gives no scores: DEFAULT_PRIOR ** depth.
 DEFAULT_PRIOR = 0.6
