@@ -57,7 +57,9 @@ class AssistantConfig:
             (max_depth + 1 with the bonus token).
         max_verify_nodes: a hard cap on the draft nodes of one verify forward, whatever `max_draft_tokens` asks
             (verification memory and time grow with the tree: a 1,000-node tree takes seconds per step on a CPU);
-            a budget above it is capped, and `spec_stats.budget_capped` says so.
+            a budget above it is capped, and `spec_stats.budget_capped` says so. In a batch the general step caps
+            the whole forward (the likeliest nodes across rows); the pipelined step on the captured batched graphs
+            caps each row (its rows are padded to one width, whose forward costs the same however few nodes fill it).
 
     Suffix drafter (SuffixDecoding; `drafter="suffix"`):
         max_spec_factor, max_spec_offset: a match of length m drafts at most m * factor + offset tokens.

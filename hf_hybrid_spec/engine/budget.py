@@ -261,12 +261,12 @@ class DeviceSelection:
     rank: torch.Tensor
 
 
-def select_device(drafts: DeviceDrafts, width: int, caps: torch.Tensor, roots: torch.Tensor,
-                  max_nodes: int | None = None) -> DeviceSelection:
+def select_device(drafts: DeviceDrafts, width: int, caps: torch.Tensor, roots: torch.Tensor) -> DeviceSelection:
     """The budget's pick within `width` on the device, with fixed shapes and no host read: each row's likeliest
-    `width - 1` nodes no deeper than its cap (`caps` [R]; 0 for a row that drafts nothing), at most `max_nodes` over
-    the batch (the likeliest across rows, ties to the lower node index, then the lower row), laid out after each row's
-    root (`roots` [R]) in index order, which keeps parents before children."""
+    `width - 1` nodes no deeper than its cap (`caps` [R]; 0 for a row that drafts nothing), laid out after each row's
+    root (`roots` [R]) in index order, which keeps parents before children. No cap over the batch: every row is padded
+    to `width` in the forward, which costs T(width) however few nodes fill it, so a batch-wide cap would only take
+    nodes away from rows at no saving (`max_verify_nodes` caps each row's tree, through the caller's widths)."""
     rows, m = drafts.tokens.shape
     device = drafts.tokens.device
     allowed = drafts.depth <= caps.unsqueeze(1)
@@ -275,13 +275,6 @@ def select_device(drafts: DeviceDrafts, width: int, caps: torch.Tensor, roots: t
     order = torch.sort(values, dim=1, descending=True, stable=True).indices
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(m, device=device).expand(rows, m))
     keep = (rank < width - 1) & allowed
-    if max_nodes is not None and rows * (width - 1) > max_nodes:
-        flat = torch.where(keep, drafts.values, -1.0).flatten()
-        by_index = torch.sort(torch.arange(m, device=device).repeat(rows), stable=True).indices
-        by_value = torch.sort(flat[by_index], descending=True, stable=True).indices
-        chosen = torch.zeros(rows * m, dtype=torch.bool, device=device)
-        chosen.scatter_(0, by_index[by_value[:max_nodes]], True)
-        keep = keep & chosen.view(rows, m)
     position = keep.long().cumsum(1)  # verify-tree index of each kept node (root at 0)
     target = torch.where(keep, position, width)  # the rest lands in a spare column, cut below
     tokens = roots.unsqueeze(1).expand(rows, width + 1).clone().scatter_(1, target, drafts.tokens)[:, :width]

@@ -126,7 +126,6 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         flags = torch.tensor(caps + [int(b in on) for b in range(rows)], dtype=torch.long).to(device, non_blocking=True)
         caps_device, running_device = flags[:rows], flags[rows:].bool()
         if inputs.cost is not None and steps > 0:
-            # The node cap is in the measurements already (a capped step accepted what its capped trees held).
             choice, pays = choose_width(measured.prefix(len(running)), len(running), inputs.cost, config.budget_slack,
                                         None, widths, extra)
             refusals = 0 if pays else refusals + 1
@@ -142,7 +141,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
                 return
             width = widest if steps % PROBE_EVERY == 0 else choice
         try:
-            chosen = select_device(drafts, width, caps_device, roots, config.max_verify_nodes)
+            chosen = select_device(drafts, width, caps_device, roots)
             logits = backend.forward_device(chosen.tokens, chosen.parent)
             tokens, parent, ancestors, depth = runner.tree_masks()
             n = tokens.shape[1]

@@ -10,7 +10,7 @@ from transformers import StoppingCriteriaList
 import hf_hybrid_spec as H
 from hf_hybrid_spec.drafters import BatchDrafter
 from hf_hybrid_spec.engine.batch import greedy_rows
-from hf_hybrid_spec.engine.budget import VerifyCost, choose_batch, choose_width, select_device
+from hf_hybrid_spec.engine.budget import VerifyCost, choose_width, select_device
 from hf_hybrid_spec.testing import tiny_model
 from hf_hybrid_spec.tree import DeviceDrafts, DraftBatch
 from hf_hybrid_spec.verification import greedy_device
@@ -210,15 +210,15 @@ def test_greedy_on_the_device_accepts_what_the_host_walk_accepts(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_device_selection_keeps_what_the_host_budget_keeps(seed):
-    """`select_device` at the width the host budget chose keeps the same nodes in each row (`choose_batch`), laid out
-    as the general step lays them out, with and without the batch-wide node cap."""
+    """`select_device` at each width keeps the same nodes in each row as the host ranking (values, then index), laid out
+    as the general step lays them out."""
     g = torch.Generator().manual_seed(seed)
     rows, nodes = 6, 12
     drafts = random_trees(rows, nodes, 5, seed)
     caps = torch.randint(0, 6, (rows,), generator=g)
     roots = torch.randint(3, VOCAB, (rows,), generator=g)
-    for width, cap in ((4, None), (6, 13), (9, None)):
-        chosen = select_device(drafts, width, caps, roots, cap)
+    for width in (1, 4, 6, 9, nodes + 1):
+        chosen = select_device(drafts, width, caps, roots)
         allowed = drafts.depth <= caps.unsqueeze(1)
         full = DraftBatch(tokens=drafts.tokens, parents=drafts.parents,
                           values=torch.where(allowed, drafts.values, -1.0), depth=drafts.depth,
@@ -227,11 +227,6 @@ def test_device_selection_keeps_what_the_host_budget_keeps(seed):
         rank = torch.sort(full.values, dim=1, descending=True, stable=True).indices
         position = torch.empty_like(rank).scatter_(1, rank, torch.arange(nodes).expand(rows, nodes))
         keep = (position < width - 1) & allowed
-        if cap is not None and int(keep.sum()) > cap:
-            keep_cap, _ = choose_batch(DraftBatch(tokens=drafts.tokens, parents=drafts.parents,
-                                                  values=torch.where(keep, drafts.values, 0.0), depth=drafts.depth,
-                                                  count=torch.full((rows,), nodes)), None, max_nodes=cap)
-            keep = keep & keep_cap
         expect_tokens, expect_parent = full.select(keep).verify_inputs(roots.tolist())
         k = expect_tokens.shape[1]
         assert chosen.count.tolist() == keep.sum(1).tolist()
