@@ -18,9 +18,10 @@ included) is chosen on the host before each step (`budget.choose_width`) from wh
 the tokens accepted at each width (`budget.AcceptanceByWidth`: one step at width W measures every narrower width) and
 what a drafting step costs beyond its verify forward (its wall time). The drafts are made before the width is known,
 so a drafting step verifies the width of most expected tokens per second with that cost counted at every width; once
-drafting does not beat plain steps for a few steps in a row, the batch runs plain steps to its end without the
-drafter (`engine.plain`). Rows that stop keep their runner row and commit nothing. Every committed token is the
-target's greedy choice (`verification.greedy_device`), as in the general step.
+drafting does not beat plain steps for a few steps in a row, the batch runs a bounded run of plain steps without the
+drafter (`engine.plain`), the drafter catches up on their tokens from the hidden states they kept, and the widest
+trees are verified again (runs double while the probes do not pay). Rows that stop keep their runner row and commit
+nothing. Every committed token is the target's greedy choice (`verification.greedy_device`), as in the general step.
 """
 
 from __future__ import annotations
@@ -43,9 +44,14 @@ logger = logging.get_logger(__name__)
 
 __all__ = ["PipelineInputs", "run_pipelined", "pipelines"]
 
-# Steps in a row that must find drafting not paying before the batch stops drafting for good (one step's estimate
-# is noisy; the drafter cannot resume, as it would have to catch up on every token committed without it).
+# Steps in a row that must find drafting not paying before the batch runs plain steps (one step's estimate is noisy).
 PATIENCE = 3
+# Plain steps in the first run of plain steps, rounded up to a multiple of the accept pass's width; each run after a
+# probe that did not pay is twice the one before, up to the longest. The drafter then catches up on the run's tokens
+# and the widest trees are verified again: a batch's acceptance changes as it decodes (on the fixtures it is low for
+# the first few steps and rises), so a decision made early must not hold for the rest of the batch.
+PLAIN_RUN = 16
+LONGEST_PLAIN_RUN = 128
 # Every this many steps a drafting batch verifies its widest trees, which measures every width (`AcceptanceByWidth`).
 PROBE_EVERY = 16
 # A draft rank past a row's accepted path: beyond every width.
@@ -110,36 +116,51 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     # verifies the widest tree so that the wide widths' numbers stay current. A drafting step's cost beyond the verify
     # forward (the drafter, the selection and the acceptance on the device, the host's bookkeeping) is the median over
     # the latest drafting steps' wall times (a median: one slow step, a first call's warm-up or the host preempted,
-    # must not stop drafting). Drafting stops once `PATIENCE` steps in a row find that it does not beat plain steps.
+    # must not stop drafting). Once `PATIENCE` steps in a row find that drafting does not beat plain steps, the batch
+    # runs `PLAIN_RUN` plain steps, the drafter catches up on them, and the next step verifies the widest trees again
+    # with fresh measurements; a probe that does not pay sends the batch back at once, for a run twice as long.
     measured = AcceptanceByWidth(widths)
     limits = torch.tensor([w - 1 for w in measured.widths], dtype=torch.long).to(device)
     totals_host = torch.zeros(len(measured.widths), dtype=torch.long, pin_memory=pinned)  # and the step's totals
     extras = [draft_seconds]  # seconds beyond the verify forward, per drafting step (the timed draft first)
     extra = draft_seconds
     refusals = steps = 0
-    width = widest
+    patience, run_length = PATIENCE, -(-PLAIN_RUN // path) * path
+    width, probe = widest, True
     while running:
+        if inputs.cost is not None and not probe:
+            choice, pays = choose_width(measured.prefix(len(running)), len(running), inputs.cost, config.budget_slack,
+                                        None, widths, extra)
+            refusals = 0 if pays else refusals + 1
+            if pays:
+                patience, run_length = PATIENCE, -(-PLAIN_RUN // path) * path
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("batch step %d: %d rows, accepted per row by width %s, drafting step %.3f ms beyond T, "
+                             "T(1) %.3f ms -> width %d, %s", steps, len(running),
+                             {w: round(v, 2) for w, v in measured.mean.items()}, extra * 1e3, inputs.cost(1) * 1e3,
+                             choice, "pays" if pays else "does not pay")
+            if refusals >= patience:
+                logger.debug("batch of %d: drafting does not pay (verify and drafter cost against the accepted "
+                             "tokens): %d plain steps", len(running), run_length)
+                running = _plain_run(drafter, backend, rec, running, inputs, run_length, path)
+                if not running:
+                    return
+                roots = torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long).to(device)
+                drafts = drafter.propose_device(nodes)
+                measured = AcceptanceByWidth(widths)  # what the batch accepted before the run is out of date
+                patience, refusals, probe = 1, 0, True
+                run_length = min(2 * run_length, max(LONGEST_PLAIN_RUN, run_length))
+                continue
+            width = widest if steps % PROBE_EVERY == 0 else choice
+        elif probe:
+            width = widest
+        probe = False
         t0 = time.perf_counter()
         limit = rec.limit(inputs.max_length)
         on = set(running)
         caps = [min(config.max_depth, limit - rec.lengths[b] - 1) if b in on else 0 for b in range(rows)]
         flags = torch.tensor(caps + [int(b in on) for b in range(rows)], dtype=torch.long).to(device, non_blocking=True)
         caps_device, running_device = flags[:rows], flags[rows:].bool()
-        if inputs.cost is not None and steps > 0:
-            choice, pays = choose_width(measured.prefix(len(running)), len(running), inputs.cost, config.budget_slack,
-                                        None, widths, extra)
-            refusals = 0 if pays else refusals + 1
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("batch step %d: %d rows, accepted per row by width %s, drafting step %.3f ms beyond T, "
-                             "T(1) %.3f ms -> width %d, %s", steps, len(running),
-                             {w: round(v, 2) for w, v in measured.mean.items()}, extra * 1e3, inputs.cost(1) * 1e3,
-                             choice, "pays" if pays else "does not pay")
-            if refusals >= PATIENCE:
-                logger.info("batch of %d: drafting no longer pays (verify cost and drafter cost against the accepted "
-                            "tokens); plain steps from here on", len(running))
-                plain_steps(backend, rec, running, inputs.max_length, stats, inputs.row_stats)
-                return
-            width = widest if steps % PROBE_EVERY == 0 else choice
         try:
             chosen = select_device(drafts, width, caps_device, roots)
             logits = backend.forward_device(chosen.tokens, chosen.parent)
@@ -200,3 +221,25 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         if len(keep) < len(running) and keep:
             backend.select_rows(keep)
         running = [running[j] for j in keep]
+
+
+def _plain_run(drafter: BatchDrafter, backend, rec: BatchRecorder, running: list[int], inputs: PipelineInputs,
+               length: int, path: int) -> list[int]:
+    """`length` plain steps (`engine.plain`, no drafter), then the drafter's catch-up on what they committed: its
+    accept pass over the run's tokens and the hidden states of their inputs, `path` columns at a time (the width the
+    drafting steps' pass has, so no new pass is captured). Returns the rows that still run."""
+    run = plain_steps(backend, rec, running, inputs.max_length, inputs.stats, inputs.row_stats, max_steps=length,
+                      columns=length)
+    if not run.running:
+        return []
+    t0 = time.perf_counter()
+    counts = torch.tensor(run.counts, dtype=torch.long)
+    device = run.tokens.device
+    for start in range(0, max(run.counts), path):
+        chunk = (counts - start).clamp(min=0, max=path)
+        hidden = tuple(h[:, start : start + path] for h in run.hidden) if drafter.target_hidden_layers else None
+        drafter.accept_device(chunk.to(device, non_blocking=True), run.tokens[:, start : start + path], hidden)
+        drafter.advance_host(chunk.tolist())
+    inputs.stats.draft_seconds += time.perf_counter() - t0
+    return run.running
+

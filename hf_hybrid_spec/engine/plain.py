@@ -19,13 +19,34 @@ token is the argmax of the target's own logits, as stock greedy takes it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from .outputs import SpecStats
 from .rows import BatchRecorder
 
-__all__ = ["plain_step", "plain_steps", "runs_plain"]
+__all__ = ["PlainRun", "plain_step", "plain_steps", "runs_plain"]
+
+
+@dataclass
+class PlainRun:
+    """What a bounded run of plain steps (`plain_steps(max_steps=...)`) leaves for a drafter to catch up on.
+
+    Attributes:
+        running: the rows that still run after it.
+        counts: [R] host ints, the tokens each row committed in the run (a row that stopped: up to its stop).
+        tokens: [R, C] on the device, C >= every count: column i holds the token step i committed (each row's
+            first `counts[r]` are its own; the rest is padding).
+        hidden: per layer of `hidden_layers`, [R, C, H] on the device: column i the hidden state of the token
+            step i took as its input (each row's last committed token before it), which a hidden-state drafter
+            pairs with `tokens[:, i]`, as it pairs a verified path's states with its committed tokens.
+    """
+
+    running: list[int]
+    counts: list[int]
+    tokens: torch.Tensor
+    hidden: tuple[torch.Tensor, ...]
 
 
 def runs_plain(backend, raw_greedy: bool) -> bool:
@@ -56,10 +77,12 @@ def plain_step(backend, roots: list[int], overlap=None) -> tuple[list[int], torc
 
 
 def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
-                row_stats: list[SpecStats]) -> None:
-    """Step the batch without drafts until no row runs. `running` are the running rows, which index the runner's rows
-    (a `generate` batch: row b is runner row b); the cache holds every row's committed tokens but its last, which is
-    the next step's root (`rec.host[b][-1]`).
+                row_stats: list[SpecStats], max_steps: int | None = None, columns: int = 0) -> PlainRun:
+    """Step the batch without drafts until no row runs, or for `max_steps` steps at most. `running` are the running
+    rows, which index the runner's rows (a `generate` batch: row b is runner row b); the cache holds every row's
+    committed tokens but its last, which is the next step's root (`rec.host[b][-1]`). A bounded run also keeps what
+    each step committed and, where the runner keeps hidden states, the input token's states (`PlainRun`, `columns`
+    wide, at least `max_steps`), for the pipelined step's drafter to catch up on before it drafts again.
 
     Each step is queued before the host has read the one before it: a plain step commits exactly one token per
     running row, so the host knows every row's next length without reading anything, and the next step's roots are
@@ -72,20 +95,28 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
     new_host = [torch.zeros(rows, dtype=torch.long, pin_memory=pinned) for _ in range(2)]  # one per step in flight
     roots = torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long).to(device)
     parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
+    kept = None
+    if max_steps is not None:
+        width = max(columns, max_steps)
+        kept = PlainRun(running=running, counts=[0] * rows,
+                        tokens=torch.zeros(rows, width, dtype=torch.long, device=device), hidden=())
     leaves = on = None
-    pending = None  # the step in flight: (buffer, event, the rows it ran)
+    pending = None  # the step in flight: (buffer, event, the rows it ran, its index)
     step = 0
     since = time.perf_counter()  # when the last step was recorded: a step's time is the wall time between records
     while running or pending is not None:
         launched = None
-        if running and _room(rec, running, max_length, ahead=pending is not None):
+        if (running and (max_steps is None or step < max_steps)
+                and _room(rec, running, max_length, ahead=pending is not None)):
             if on is None:  # the running rows changed: each running row commits its root (leaf 0), the rest nothing
                 flags = torch.zeros(rows, dtype=torch.long)
                 flags[running] = 1
                 on = flags.to(device)
                 leaves = on - 1
-            best = _queue(backend, roots, parent, leaves, running)
+            best = _queue(backend, roots, parent, leaves, running, kept, step)
             roots = torch.where(on.bool(), best, roots)
+            if kept is not None:
+                kept.tokens[:, step].copy_(roots)
             buffer = new_host[step % 2]
             buffer.copy_(roots, non_blocking=True)
             event = torch.cuda.Event() if pinned else None
@@ -94,23 +125,41 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
             launched = (buffer, event, list(running))
             step += 1
         if pending is None and launched is None:
-            break  # nothing in flight and nothing worth queueing (cannot happen while a row runs; a guard)
+            break  # nothing in flight and nothing worth queueing: a bounded run's last step is recorded
         if pending is not None:
             before = len(running)
-            running = _record(pending, rec, running, max_length, backend, stats, row_stats, since)
+            recorded, running = _record(pending, rec, running, max_length, backend, stats, row_stats, since)
             since = time.perf_counter()
+            if kept is not None:
+                for b in recorded:
+                    kept.counts[b] += 1
             if len(running) < before:
                 on = None
         pending = launched
+    if kept is None:
+        return PlainRun(running=running, counts=[], tokens=roots.new_zeros(rows, 0), hidden=())
+    kept.running = running
+    return kept
 
 
-def _queue(backend, roots: torch.Tensor, parent: torch.Tensor, leaves: torch.Tensor, slots: list[int]) -> torch.Tensor:
+
+def _queue(backend, roots: torch.Tensor, parent: torch.Tensor, leaves: torch.Tensor, slots: list[int],
+           kept: PlainRun | None = None, column: int = 0) -> torch.Tensor:
     """Queue one plain step on the device: the width-1 forward of `roots` [R] (`parent` [R, 1] all -1), its argmax,
     and the commit of each row whose leaf (`leaves` [R]) is 0 (-1: nothing); the host's lengths advance by one for
-    the runner rows `slots` (those with leaf 0) without reading anything. Returns the argmax [R], not yet read."""
+    the runner rows `slots` (those with leaf 0) without reading anything. With `kept` (a bounded run) and a runner
+    that keeps hidden states, the forward's states go to column `column` of `kept.hidden`. Returns the argmax [R], not
+    yet read."""
     try:
         logits = backend.forward_device(roots.unsqueeze(1), parent)
         best = logits[:, 0].argmax(dim=-1)
+        if kept is not None and backend.runner.hidden_layers:
+            states = backend.runner.hidden()
+            if not kept.hidden:  # allocated at the first step, when the states' sizes are known
+                width = kept.tokens.shape[1]
+                kept.hidden = tuple(h.new_zeros(h.shape[0], width, h.shape[-1]) for h in states)
+            for buffer, h in zip(kept.hidden, states):
+                buffer[:, column].copy_(h[:, 0])
         backend.commit_device(leaves)
     except BaseException:
         backend.abort()
@@ -130,9 +179,9 @@ def _room(rec: BatchRecorder, running: list[int], max_length: int, ahead: bool) 
 
 
 def _record(pending, rec: BatchRecorder, running: list[int], max_length: int, backend, stats: SpecStats,
-            row_stats: list[SpecStats], since: float) -> list[int]:
+            row_stats: list[SpecStats], since: float) -> tuple[list[int], list[int]]:
     """Read a finished step's tokens and record them for the rows that were running when it was queued and still
-    are; return the rows that go on. `since`: when the step before it was recorded."""
+    are; return those rows, and the rows that go on. `since`: when the step before it was recorded."""
     buffer, event, ran = pending
     if event is not None:
         event.synchronize()
@@ -153,4 +202,4 @@ def _record(pending, rec: BatchRecorder, running: list[int], max_length: int, ba
         if keep:
             backend.select_rows(keep)
         running = [running[j] for j in keep]
-    return running
+    return recorded, running

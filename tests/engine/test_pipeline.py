@@ -325,6 +325,88 @@ def test_a_batch_whose_drafting_does_not_pay_runs_plain_steps_without_the_drafte
     assert drafter.calls == 1 + 4 + PATIENCE  # the first drafts, the cost timing's, one per drafting step
 
 
+class LateStarter(ReferenceDrafter):
+    """Drafts that cannot hold (every node the token after the row's next one) until every row has committed `start`
+    tokens past its prompt, then `ReferenceDrafter`'s drafts that follow the rows' stock output. It knows where each
+    row is only from the counts its accept pass gets, so a drafter that caught up wrongly on plain steps drafts the
+    wrong place and accepts nothing."""
+
+    def __init__(self, refs, start, **kwargs):
+        super().__init__(refs, **kwargs)
+        self.start = start
+        self.prompts = []
+        self.wrong_steps = 0
+
+    def begin(self, prompts, context, hidden):
+        super().begin(prompts, context, hidden)
+        self.prompts = list(self.lengths)
+
+    def propose_device(self, max_nodes):
+        drafts = super().propose_device(max_nodes)
+        if all(n >= p + self.start for n, p in zip(self.lengths, self.prompts)):
+            return drafts
+        self.wrong_steps += 1
+        after = [int(ref[0, min(n, ref.shape[1] - 1)]) for ref, n in zip(self.refs, self.lengths)]
+        wrong = torch.tensor([(t + 1) % VOCAB for t in after]).unsqueeze(1).expand_as(drafts.tokens)
+        return DeviceDrafts(tokens=wrong.clone(), parents=drafts.parents, values=drafts.values, depth=drafts.depth)
+
+
+def test_a_batch_that_stopped_drafting_probes_again_and_resumes(monkeypatch):
+    """Drafts that hold only later in the batch: after `PATIENCE` refusals the batch runs a plain run, the drafter
+    catches up on its tokens, the widest trees are verified again, and drafting resumes and accepts; stock's output."""
+    import hf_hybrid_spec.engine.batch as B
+    from hf_hybrid_spec.engine.pipeline import PATIENCE, PLAIN_RUN
+
+    flat = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.0, 1.01, 1.02, 1.04])
+    monkeypatch.setattr(B, "_cost_model", lambda *args: flat)
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([9, 13, 7], seed=14)
+    kw = dict(max_new_tokens=48, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    drafter = LateStarter(row_references(ref, mask), start=8, seed=5)
+    out = generate_with(model, ids, mask, drafter, **kw)
+    assert torch.equal(out.sequences, ref)
+    stats = out.spec_stats
+    path = drafter.max_depth + 1
+    run = -(-PLAIN_RUN // path) * path
+    assert stats.plain_steps == run  # one run: the probe after it found drafts that hold
+    drafting = stats.target_forwards - stats.plain_steps
+    assert drafter.wrong_steps >= PATIENCE
+    # The drafting steps after the run accept (the first PATIENCE accepted one token per row each).
+    late = [n for n in stats.accepted_lengths[PATIENCE * 3 :] if n > 1]
+    assert drafting > PATIENCE and len(late) >= 3 * (drafting - PATIENCE) // 2
+
+
+def test_drafts_that_never_hold_probe_at_runs_that_double(monkeypatch):
+    """Drafts that never hold: `PATIENCE` drafting steps, then plain runs of `PLAIN_RUN`, twice that, ... steps, each
+    followed by one probe at the widest trees that sends the batch back at once; stock's output."""
+    import hf_hybrid_spec.engine.batch as B
+    from hf_hybrid_spec.engine.pipeline import LONGEST_PLAIN_RUN, PATIENCE, PLAIN_RUN
+
+    flat = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.0, 1.01, 1.02, 1.04])
+    monkeypatch.setattr(B, "_cost_model", lambda *args: flat)
+    model = tiny_model("falcon_h1")
+    ids, mask = padded_batch([8, 11, 6], seed=10)
+    kw = dict(max_new_tokens=80, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    drafter = LateStarter(row_references(ref, mask), start=10**6, seed=6)
+    out = generate_with(model, ids, mask, drafter, **kw)
+    assert torch.equal(out.sequences, ref)
+    # The rule, step by step: 79 forwards after the prompt's.
+    path = drafter.max_depth + 1
+    left, drafting, run = kw["max_new_tokens"] - 1, PATIENCE, -(-PLAIN_RUN // path) * path
+    left -= PATIENCE
+    while left > 0:
+        left -= min(run, left)
+        run = min(2 * run, max(LONGEST_PLAIN_RUN, run))
+        if left > 0:
+            left, drafting = left - 1, drafting + 1
+    stats = out.spec_stats
+    assert stats.target_forwards == kw["max_new_tokens"] - 1
+    assert stats.target_forwards - stats.plain_steps == drafting == PATIENCE + 2
+    assert max(stats.accepted_lengths) == 1
+
+
 def test_a_batch_where_no_draft_can_pay_decodes_plain_from_the_start(monkeypatch):
     """A verify cost under which no width could pay even if every node held (a compute-bound batch): the batch never
     drafts, its steps are the plain steps of `engine.plain`, and the output is stock's, rows of every length."""
@@ -399,3 +481,82 @@ def test_plain_steps_stop_rows_at_eos_as_stock_does(monkeypatch, eos_rows):
     assert out.spec_stats.plain_steps == out.spec_stats.target_forwards
     for b in eos_rows:
         assert (out.sequences[b, ids.shape[1] + 4 :] == PAD).all()
+
+
+@pytest.mark.slow
+@pytest.mark.fixture
+def test_eagle_catches_up_on_plain_steps_from_their_hidden_states(monkeypatch):
+    """The committed EAGLE-3 drafter on the fixture at B = 4, with drafting refused for its first `PATIENCE` steps:
+    the catch-up after the plain run hands the drafter, for each row, the committed tokens and the target's hidden
+    states of the tokens before them (checked against one forward of the finished rows), and drafting after it
+    accepts as before; every row stock's."""
+    from pathlib import Path
+
+    from helpers import load_fixture
+
+    import hf_hybrid_spec.engine.batch as B
+    import hf_hybrid_spec.engine.pipeline as P
+    from hf_hybrid_spec.eagle import EagleDrafter
+    from hf_hybrid_spec.eagle.batch import BatchEagleDrafter
+
+    model, tok = load_fixture("qwen3_5-small")
+    eagle = EagleDrafter.from_pretrained(Path(__file__).resolve().parents[2] / "checkpoints" / "drafters"
+                                         / "qwen3_5-small-eagle3")
+    flat = VerifyCost(widths=[1, 2, 4, 8, 16, 32, 61], seconds=[1.0] * 7)
+    monkeypatch.setattr(B, "_cost_model", lambda *args: flat)
+    decisions = []
+    real_choice = P.choose_width
+
+    def refuse_first(*args, **kwargs):
+        width, pays = real_choice(*args, **kwargs)
+        decisions.append(pays)
+        return width, pays and len(decisions) > P.PATIENCE
+
+    monkeypatch.setattr(P, "choose_width", refuse_first)
+    catch_up, in_run = [], []
+    real_run, real_accept = P._plain_run, BatchEagleDrafter.accept_device
+
+    def plain_run(*args, **kwargs):
+        in_run.append(True)
+        try:
+            return real_run(*args, **kwargs)
+        finally:
+            in_run.pop()
+
+    def accept_device(self, counts, tokens, hidden):
+        if in_run:
+            catch_up.append((list(self.steps), counts.tolist(), tokens.clone(), tuple(h.clone() for h in hidden)))
+        return real_accept(self, counts, tokens, hidden)
+
+    monkeypatch.setattr(P, "_plain_run", plain_run)
+    monkeypatch.setattr(BatchEagleDrafter, "accept_device", accept_device)
+    texts = ["def fibonacci(n):\n", "import numpy as np\n\n\ndef softmax(x):\n",
+             "class Stack:\n    def __init__(self):\n        self.items = []\n", "def merge_sorted(a, b):\n"]
+    tok.padding_side = "left"
+    batch = tok(texts, return_tensors="pt", padding=True)
+    kw = dict(max_new_tokens=72, min_new_tokens=72, eos_token_id=None, do_sample=False, pad_token_id=PAD)
+    ref = model.generate(**batch, **kw)
+    out = model.generate(**batch, **kw, custom_generate=H.speculative_generate, draft_model=eagle,
+                         assistant_config=H.AssistantConfig(drafter="eagle", max_depth=6, compile=True),
+                         return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    stats, rows = out.spec_stats, len(texts)
+    path = 6 + 1  # the accept pass's width: the depth and the root
+    run = -(-P.PLAIN_RUN // path) * path
+    assert stats.plain_steps == run and len(catch_up) == run // path
+    # What the drafter was handed, against one forward of the finished rows: for row b at drafter step s (its
+    # committed tokens but the root), column i pairs the hidden state of the row's token s + i with token s + i + 1.
+    pads = (batch["attention_mask"] == 0).sum(-1).tolist()
+    mask = torch.cat([batch["attention_mask"], torch.ones(rows, kw["max_new_tokens"], dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        states = model(out.sequences, attention_mask=mask, output_hidden_states=True).hidden_states
+    layers = eagle.config.aux_layers
+    for steps, counts, tokens, hidden in catch_up:
+        for b in range(rows):
+            assert counts[b] == path
+            at = pads[b] + steps[b] + torch.arange(path)
+            assert torch.equal(tokens[b], out.sequences[b, at + 1])
+            for layer, h in zip(layers, hidden):
+                torch.testing.assert_close(h[b], states[layer][b, at], rtol=1e-4, atol=1e-4)
+    after = stats.accepted_lengths[(P.PATIENCE + run) * rows :]
+    assert len(after) >= 4 * rows and sum(after) / len(after) > 2.5
