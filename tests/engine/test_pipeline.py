@@ -377,6 +377,24 @@ def test_a_batch_that_stopped_drafting_probes_again_and_resumes(monkeypatch):
     assert drafting > PATIENCE and len(late) >= 3 * (drafting - PATIENCE) // 2
 
 
+def test_rows_that_stop_in_a_plain_run_stay_stopped_when_drafting_resumes(monkeypatch):
+    """A row reaches EOS inside the plain run; the others resume drafting after it: the stopped row is padded as stock
+    pads it and the rest are stock's."""
+    import hf_hybrid_spec.engine.batch as B
+
+    flat = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.0, 1.01, 1.02, 1.04])
+    monkeypatch.setattr(B, "_cost_model", lambda *args: flat)
+    model = tiny_model("falcon_h1")
+    ids, mask = padded_batch([10, 6, 13], seed=21)
+    plain = greedy(model, ids, mask, max_new_tokens=40, eos_token_id=None)
+    eos = [int(plain[1, ids.shape[1] + 11])]  # row 1's 12th new token: inside the plain run (new tokens 5-24)
+    ref = greedy(model, ids, mask, max_new_tokens=40, eos_token_id=eos)
+    drafter = LateStarter(row_references(plain, mask), start=8, seed=2)
+    out = generate_with(model, ids, mask, drafter, max_new_tokens=40, eos_token_id=eos)
+    assert torch.equal(out.sequences, ref)
+    assert out.spec_stats.plain_steps > 0 and max(out.spec_stats.accepted_lengths) > 1
+
+
 def test_drafts_that_never_hold_probe_at_runs_that_double(monkeypatch):
     """Drafts that never hold: `PATIENCE` drafting steps, then plain runs of `PLAIN_RUN`, twice that, ... steps, each
     followed by one probe at the widest trees that sends the batch back at once; stock's output."""
