@@ -119,7 +119,8 @@ register_drafter("ngram", "hf_hybrid_spec.drafters.ngram:from_config")
 register_drafter("model", "hf_hybrid_spec.drafters.model:from_config", takes_draft_model=True)
 register_drafter("eagle", "hf_hybrid_spec.eagle.drafter:from_config", takes_draft_model=True,
                  batch_factory="hf_hybrid_spec.eagle.batch:from_config")
-register_drafter("mtp", "hf_hybrid_spec.mtp.drafter:from_config", takes_draft_model=True)
+register_drafter("mtp", "hf_hybrid_spec.mtp.drafter:from_config", takes_draft_model=True,
+                 batch_factory="hf_hybrid_spec.mtp.batch:from_config")
 register_drafter("self_ssm", "hf_hybrid_spec.drafters.self_spec:self_ssm_from_config")
 register_drafter("layerskip", "hf_hybrid_spec.drafters.self_spec:layerskip_from_config")
 register_drafter("hvd", "hf_hybrid_spec.hvd.factory:from_config", takes_draft_model=True)

@@ -20,7 +20,7 @@ from ..tree import DraftTree, empty_draft
 from .modeling import MtpHead, MtpStore
 from .static import StaticMtp, additive, static_mtp
 
-__all__ = ["MtpDrafter", "from_config"]
+__all__ = ["MtpDrafter", "from_config", "resolve_head"]
 
 
 class MtpDrafter(HiddenStepDrafter):
@@ -117,9 +117,9 @@ class MtpDrafter(HiddenStepDrafter):
         return host_draft(cands, "mtp")
 
 
-def from_config(config, target: nn.Module, draft_model: nn.Module | None) -> MtpDrafter:
-    """The drafter `AssistantConfig(drafter="mtp")` names: `draft_model` an `MtpHead`, or None to load the target
-    checkpoint's own `mtp.*` weights (once per target: the head is kept on the target)."""
+def resolve_head(target: nn.Module, draft_model: nn.Module | None) -> MtpHead:
+    """`draft_model` (an `MtpHead`), or with None the target checkpoint's own `mtp.*` weights, loaded once per target
+    and device (the head is kept on the target)."""
     head = draft_model
     if head is None:
         head = getattr(target, "_hf_hybrid_spec_mtp_head", None)
@@ -129,6 +129,12 @@ def from_config(config, target: nn.Module, draft_model: nn.Module | None) -> Mtp
             head = MtpHead.from_target(target, load=True)
             # Not a submodule (object.__setattr__): the target's state dict and .to() stay as they were.
             object.__setattr__(target, "_hf_hybrid_spec_mtp_head", head)
+    return head
+
+
+def from_config(config, target: nn.Module, draft_model: nn.Module | None) -> MtpDrafter:
+    """The drafter `AssistantConfig(drafter="mtp")` names: `draft_model` an `MtpHead`, or None to load the target
+    checkpoint's own `mtp.*` weights (`resolve_head`)."""
     static = config.compile is True  # speculative_generate resolves "auto" before it builds the drafter
-    return MtpDrafter(head, target, top_k=config.draft_top_k, static=static, max_depth=config.max_depth,
-                      fuse=static and config.compile_drafter)
+    return MtpDrafter(resolve_head(target, draft_model), target, top_k=config.draft_top_k, static=static,
+                      max_depth=config.max_depth, fuse=static and config.compile_drafter)

@@ -296,6 +296,33 @@ def test_committed_head_on_the_fixture():
 
 
 @pytest.mark.slow
+@pytest.mark.fixture
+def test_committed_head_drafts_a_batch_on_the_fixture():
+    """The trained head at B = 4 (left-padded prompts of different lengths), one batched drafter for every row, through
+    the general step (eager) and the pipelined step (compile=True): every row stock's, and the rows accept about
+    what one request accepts."""
+    from pathlib import Path
+
+    from helpers import load_fixture
+
+    model, tok = load_fixture("qwen3_5-small")
+    shard = Path(__file__).resolve().parents[2] / "checkpoints" / "mtp" / "qwen3_5-small" / "mtp.safetensors"
+    head = MtpHead.from_target(model, load=True, checkpoint=shard, layers=1)
+    texts = ["def fibonacci(n):\n", "import numpy as np\n\n\ndef softmax(x):\n",
+             "class Stack:\n    def __init__(self):\n        self.items = []\n", "def merge_sorted(a, b):\n"]
+    tok.padding_side = "left"
+    batch = tok(texts, return_tensors="pt", padding=True)
+    kw = dict(max_new_tokens=32, min_new_tokens=32, eos_token_id=None, do_sample=False, pad_token_id=1)
+    ref = model.generate(**batch, **kw)
+    for compile_ in (False, True):
+        out = model.generate(**batch, **kw, custom_generate=H.speculative_generate, draft_model=head,
+                             return_dict_in_generate=True,
+                             assistant_config=mtp_config(max_depth=3, max_draft_tokens=3, compile=compile_))
+        assert torch.equal(out.sequences, ref), compile_
+        assert out.spec_stats.mean_accepted_length > 1.5
+
+
+@pytest.mark.slow
 def test_compile_drafter_fuses_the_mtp_passes(tmp_path):
     """compile_drafter=True: both MTP passes compile whole with Inductor (fullgraph: a graph break fails here; on
     CPU they run without graphs) and draft what the plain static passes draft, step for step."""
@@ -327,3 +354,66 @@ def test_drafters_example_runs():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.main(["--max-new-tokens", "12"]) == 0
+
+
+def _record_mtp(monkeypatch, log):
+    """Log every draft of `BatchMtpDrafter` (per batch row) and `MtpDrafter` (row 0) as (tokens, parents, values)."""
+    from hf_hybrid_spec.mtp.batch import BatchMtpDrafter
+    from hf_hybrid_spec.tree import DraftBatch
+
+    def keep(b, tokens, parents, values):
+        log.setdefault(b, []).append((tokens.tolist(), parents.tolist(), values.float()))
+
+    def wrap(cls, name):
+        original = getattr(cls, name)
+
+        def method(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            if name == "propose_device":
+                for b in range(out.tokens.shape[0]):
+                    keep(b, out.tokens[b], out.parents[b], out.values[b])
+            elif isinstance(out, DraftBatch):
+                for i, b in enumerate(args[0]):
+                    n = int(out.count[i])
+                    keep(b, out.tokens[i, :n], out.parents[i, :n], out.values[i, :n])
+            else:
+                keep(0, out.tokens[0], out.parents[0], out.scores[0])
+            return out
+
+        monkeypatch.setattr(cls, name, method)
+
+    wrap(BatchMtpDrafter, "propose")
+    wrap(BatchMtpDrafter, "propose_device")
+    wrap(MtpDrafter, "propose")
+
+
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])
+def test_batched_mtp_drafts_what_each_row_drafts_alone(family_checkpoint, compile_, monkeypatch):
+    """At B = 3 (left-padded rows of different lengths) one `BatchMtpDrafter` drafts for every row (the pipelined step
+    with compile=True): the output is stock's, and each row's drafts (tokens, tree and path probabilities) are what
+    one `MtpDrafter` drafts for that row alone (trees of top-k 2), step by step."""
+    from engine.test_batch import greedy, padded_batch
+
+    family, _, target, _ = family_checkpoint
+    ids, mask = padded_batch([9, 14, 5], seed=4)
+    kw = dict(max_new_tokens=16, eos_token_id=None, custom_generate=H.speculative_generate,
+              assistant_config=mtp_config(draft_top_k=2, max_draft_tokens=6, max_depth=3, compile=compile_))
+    batch_log: dict = {}
+    _record_mtp(monkeypatch, batch_log)
+    out = greedy(target, ids, mask, **kw)
+    monkeypatch.undo()
+    assert torch.equal(out, greedy(target, ids, mask, max_new_tokens=16, eos_token_id=None))
+    assert batch_log, "the batched MTP drafter did not draft"
+    pads = (mask == 0).sum(-1).tolist()
+    for b in range(ids.shape[0]):
+        row_log: dict = {}
+        _record_mtp(monkeypatch, row_log)
+        alone = greedy(target, ids[b : b + 1, pads[b] :], None, **kw)
+        monkeypatch.undo()
+        assert torch.equal(alone[0], out[b, pads[b] :])
+        steps = [i for i in range(len(row_log[0])) if i < len(batch_log[b])]
+        assert len(steps) >= 3
+        for i in steps[:-2]:  # the batch cuts its last trees on the host where a row's budget is smaller
+            (bt, bp, bv), (rt, rp, rv) = batch_log[b][i], row_log[0][i]
+            assert (bt, bp) == (rt, rp), f"{family} row {b} step {i}"
+            torch.testing.assert_close(bv, rv, rtol=1e-4, atol=1e-5)
