@@ -16,7 +16,9 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
    `suffix:fused` (the verify forward's pure regions Inductor-compiled before capture, `compile_verify=True`),
    `eagle` (the EAGLE-3 drafter of `--eagle`, its default 60-node trees, one expansion for every row per step; a
    random-weight drafter for tiny: / random: models), `eagle:fused` (its passes Inductor-compiled before capture,
-   `compile_drafter=True`), `eagle:eager` (compile=False) and
+   `compile_drafter=True`), `eagle:eager` (compile=False), `mtp` (the checkpoint's MTP head of `--mtp`, its default
+   chain of 3, one expansion for every row per step; `mtp:tree`: trees of 12 nodes, depth 3, top-k 4; a random head
+   for tiny: / random: models) and
    `acceptance:P` (the target's own continuation with each token corrupted with probability 1 - P: a known
    acceptance on random weights; at B > 1 one drafter for the batch drafting on the device, so the greedy batch runs
    the pipelined step as EAGLE does). `random:` models get `testing.decisive_head` (the argmax is the current token
@@ -58,9 +60,9 @@ def timed(fn, device) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, eagle=None) -> dict:
+def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, eagle=None, mtp=None) -> dict:
     """generate kwargs of method `name` (see the module docstring) for a batch whose stock output is `reference`;
-    `eagle` the EagleDrafter of the eagle methods."""
+    `eagle` the EagleDrafter of the eagle methods, `mtp` the MtpHead of the mtp methods."""
     if name == "suffix":
         return dict(assistant_config=AssistantConfig(global_cache=False))
     if name == "suffix:fixed":
@@ -72,6 +74,11 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
     if name in ("eagle", "eagle:fused", "eagle:eager"):
         extra = {"eagle:fused": dict(compile=True, compile_drafter=True), "eagle:eager": dict(compile=False)}
         return dict(draft_model=eagle, assistant_config=AssistantConfig(drafter="eagle", **extra.get(name, {})))
+    if name == "mtp":
+        return dict(draft_model=mtp, assistant_config=AssistantConfig(drafter="mtp"))
+    if name == "mtp:tree":
+        return dict(draft_model=mtp, assistant_config=AssistantConfig(drafter="mtp", max_draft_tokens=12, max_depth=3,
+                                                                      draft_top_k=4))
     if name.startswith("acceptance:"):
         p = float(name.split(":", 1)[1])
         config = AssistantConfig(max_draft_tokens=8, max_depth=8)
@@ -81,7 +88,7 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
         rows = [reference[b].tolist() for b in range(reference.shape[0])]
         return dict(drafter=acceptance_batch_drafter(rows, p, depth=8, vocab_size=vocab), assistant_config=config)
     raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, suffix:fused, eagle, eagle:fused, "
-                     "eagle:eager, acceptance:P)")
+                     "eagle:eager, mtp, mtp:tree, acceptance:P)")
 
 
 def load_eagle(path: str | None, model, spec: str):
@@ -103,6 +110,23 @@ def load_eagle(path: str | None, model, spec: str):
     return drafter.to(device=model.device, dtype=model.dtype)
 
 
+def load_mtp(path: str | None, model, spec: str):
+    """The MtpHead of the checkpoint shard at `path`; by default the committed one of a fixture
+    (checkpoints/mtp/<name>/mtp.safetensors), or a random one shaped for `model` (tiny: / random: models)."""
+    import os
+
+    from hf_hybrid_spec.mtp import MtpHead
+
+    if path is None and not spec.startswith(("tiny:", "random:")):
+        guess = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "checkpoints", "mtp",
+                             os.path.basename(spec.rstrip("/")), "mtp.safetensors")
+        path = guess if os.path.isfile(guess) else None
+    if path is None:
+        torch.manual_seed(1)
+        return MtpHead.from_target(model, layers=1)
+    return MtpHead.from_target(model, load=True, checkpoint=path, layers=1)
+
+
 def run(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="checkpoint path, random:qwen3_5-2b / random:falcon_h1-1.5b, "
@@ -110,9 +134,11 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--drafters", nargs="+", default=["suffix"],
                         help="suffix, suffix:fixed, suffix:eager, suffix:fused, eagle, eagle:fused, eagle:eager, "
-                             "acceptance:P")
+                             "mtp, mtp:tree, acceptance:P")
     parser.add_argument("--eagle", default=None, help="EAGLE-3 drafter folder for the eagle methods (default: the "
                                                       "fixture's committed one, or a random one for tiny:/random:)")
+    parser.add_argument("--mtp", default=None, help="MTP checkpoint shard (mtp.safetensors) for the mtp methods "
+                                                    "(default: the fixture's committed one, or a random head)")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -145,6 +171,7 @@ def run(argv: list[str] | None = None) -> dict:
     vocab = model.config.get_text_config().vocab_size
     prompts = encode_prompts(tokenizer, max(args.batch_sizes), args.device, vocab, args.prompt_tokens)
     eagle = load_eagle(args.eagle, model, args.model) if any(n.startswith("eagle") for n in args.drafters) else None
+    mtp = load_mtp(args.mtp, model, args.model) if any(n.startswith("mtp") for n in args.drafters) else None
     gen = dict(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens, do_sample=False,
                eos_token_id=None, pad_token_id=model.config.get_text_config().pad_token_id or 0)
     quiet_gc()
@@ -169,10 +196,10 @@ def run(argv: list[str] | None = None) -> dict:
                                  **method_kwargs("acceptance:1.0", reference, vocab, args.max_new_tokens))
         for name in args.drafters:
             kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
-                                   args.max_new_tokens, eagle)
+                                   args.max_new_tokens, eagle, mtp)
             model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs)  # warm-up, calibration
             kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
-                                   args.max_new_tokens, eagle)  # fresh drafters
+                                   args.max_new_tokens, eagle, mtp)  # fresh drafters
             seconds, out = timed(lambda: model.generate(ids, custom_generate=speculative_generate,
                                                         return_dict_in_generate=True, **gen, **kwargs), args.device)
             same = (out.sequences == reference).all(-1).float().mean().item()
@@ -190,12 +217,12 @@ def run(argv: list[str] | None = None) -> dict:
             entry[f"{name}.steps"] = stats.target_forwards
             if rows in args.kernel_profile and args.device.startswith("cuda"):
                 kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
-                                       args.max_new_tokens, eagle)
+                                       args.max_new_tokens, eagle, mtp)
                 kernel_profile(lambda: model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs),
                                f"B={rows} {name}")
             if rows in args.profile:
                 kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
-                                       args.max_new_tokens, eagle)
+                                       args.max_new_tokens, eagle, mtp)
                 profile_call(lambda: model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs),
                              args.device, f"B={rows} {name}", args.out, f"profile_B{rows}_{name.replace(':', '_')}.txt")
         rows_out.append(entry)
