@@ -121,8 +121,10 @@ register_drafter("eagle", "hf_hybrid_spec.eagle.drafter:from_config", takes_draf
                  batch_factory="hf_hybrid_spec.eagle.batch:from_config")
 register_drafter("mtp", "hf_hybrid_spec.mtp.drafter:from_config", takes_draft_model=True,
                  batch_factory="hf_hybrid_spec.mtp.batch:from_config")
-register_drafter("self_ssm", "hf_hybrid_spec.drafters.self_spec:self_ssm_from_config")
-register_drafter("layerskip", "hf_hybrid_spec.drafters.self_spec:layerskip_from_config")
+register_drafter("self_ssm", "hf_hybrid_spec.drafters.self_spec:self_ssm_from_config",
+                 batch_factory="hf_hybrid_spec.drafters.self_spec:self_ssm_batch_from_config")
+register_drafter("layerskip", "hf_hybrid_spec.drafters.self_spec:layerskip_from_config",
+                 batch_factory="hf_hybrid_spec.drafters.self_spec:layerskip_batch_from_config")
 register_drafter("hvd", "hf_hybrid_spec.hvd.factory:from_config", takes_draft_model=True)
 register_verification("lossless", "hf_hybrid_spec.verification.exact:from_config")
 for _rule in ("cospec", "fly", "typical"):

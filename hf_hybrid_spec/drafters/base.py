@@ -21,6 +21,7 @@ them: the committed state is the loop's.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,9 @@ class DraftContext:
         generation_config: the request's generation config.
         position_offsets: [R, B] multimodal RoPE offsets of the request (`VerifyTree.position_ids`), None for text
             models: a drafter that runs the target's own forward passes them on.
+        draft_forward: in a batch on the eager backend, `(roots, drafts) -> logits [R, N, V]`: one tree forward of
+            the running rows (row i its root `roots[i]` and the draft nodes of `drafts` row i, node j at index j + 1)
+            on the committed cache, which is left as it was (`engine.batch`; for `BatchDrafter.drafts_on_target`).
     """
 
     target: nn.Module
@@ -57,6 +61,7 @@ class DraftContext:
     adapter: ModelAdapter
     generation_config: GenerationConfig
     position_offsets: torch.Tensor | None = None
+    draft_forward: Callable | None = None
 
 
 @dataclass

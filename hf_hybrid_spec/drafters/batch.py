@@ -87,6 +87,9 @@ class BatchDrafter(ABC):
     # [R, C, H] per layer, all device tensors) and `advance_host(counts)` (the same counts, read back later): greedy
     # batches on the static path then run the pipelined step (`engine.pipeline`), which never reads drafts back.
     supports_device: bool = False
+    # A drafter that drafts with the target's own forwards (`DraftContext.draft_forward`, under a restriction of the
+    # model that captured graphs would not see) sets this: its batches run on the eager backend.
+    drafts_on_target: bool = False
 
     def begin(self, prompts: list[torch.Tensor], context: DraftContext, hidden: BatchHidden | None) -> None:
         """The batch starts: `prompts[b]` is row b's prompt [1, P_b] without its padding."""

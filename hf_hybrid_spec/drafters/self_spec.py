@@ -30,10 +30,12 @@ from torch import nn
 
 from ..forward import forward_tree
 from ..models import get_adapter
-from ..tree import DraftTree, VerifyTree, empty_draft
+from ..tree import DraftBatch, DraftTree, VerifyTree, empty_draft
 from .base import DraftBudget, DraftContext, Drafter, TargetHidden, check_top_k
+from .batch import BatchDrafter
 
-__all__ = ["SelfSpecDrafter", "SelfSSMDrafter", "LayerSkipDrafter", "self_ssm_from_config", "layerskip_from_config"]
+__all__ = ["SelfSpecDrafter", "SelfSSMDrafter", "LayerSkipDrafter", "BatchSelfSpecDrafter", "self_ssm_from_config",
+           "layerskip_from_config", "self_ssm_batch_from_config", "layerskip_batch_from_config"]
 
 
 class SelfSpecDrafter(Drafter):
@@ -74,43 +76,12 @@ class SelfSpecDrafter(Drafter):
             return empty_draft(1, device)
         length = input_ids.shape[1]
         root = input_ids[:, -1:]
-        k = self.top_k
-        tokens: list[int] = []
-        parents: list[int] = []
-        scores: list[float] = []  # log-probability of each node's root path under the drafter
-        frontier = [-1]  # draft-node indices to expand next; -1 is the root
+        growth = _Growth(self.top_k, budget.max_nodes)
         for _ in range(budget.max_depth):
-            logp = self._frontier_log_probs(root, tokens, parents, frontier, length)  # [F, V]
-            base = torch.tensor([0.0 if f < 0 else scores[f] for f in frontier], device=logp.device)
-            top = logp.topk(k, dim=-1)
-            cand_scores = (base[:, None] + top.values).flatten().tolist()
-            cand_tokens = top.indices.flatten().tolist()
-            cand_parents = [f for f in frontier for _ in range(k)]
-            order = sorted(range(len(cand_tokens)), key=lambda i: -cand_scores[i])
-            new = []
-            for i in order:
-                if len(tokens) >= budget.max_nodes:
-                    break
-                tokens.append(cand_tokens[i])
-                parents.append(cand_parents[i])
-                scores.append(cand_scores[i])
-                new.append(len(tokens) - 1)
-            # Expand the k most probable of the new nodes (`order` is best first).
-            frontier = new[:k]
-            if not frontier:
+            growth.extend(self._frontier_log_probs(root, growth.tokens, growth.parents, growth.frontier, length))
+            if not growth.frontier:
                 break
-        # Nodes were added level by level, so parents precede children; a path score never rises along a
-        # path, so the best max_nodes nodes (ties by index) are closed under parents.
-        keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[: budget.max_nodes])
-        # On the host, where the lists already are (like a cache draft: trimming, layout and verification then read
-        # no device memory).
-        full = DraftTree(
-            tokens=torch.tensor([tokens], dtype=torch.long),
-            parents=torch.tensor([parents], dtype=torch.long),
-            scores=torch.tensor([scores], dtype=torch.float32).exp(),
-            info={"drafter": self.name},
-        )
-        return full.select(torch.tensor(keep, dtype=torch.long))
+        return growth.draft(self.name)
 
     def _frontier_log_probs(self, root: torch.Tensor, tokens: list[int], parents: list[int], frontier: list[int],
                             length: int) -> torch.Tensor:
@@ -133,6 +104,116 @@ class SelfSpecDrafter(Drafter):
         return torch.log_softmax(out.logits[0, rows].float(), dim=-1)
 
     def end(self, input_ids: torch.Tensor) -> None:
+        self.context = None
+
+
+class _Growth:
+    """One row's draft tree as it grows, depth by depth (`SelfSpecDrafter.propose`, `BatchSelfSpecDrafter`): the
+    frontier's top-k children are candidates, the best by path log-probability join the tree up to `max_nodes`, and
+    the k best new nodes are the next frontier."""
+
+    def __init__(self, k: int, max_nodes: int):
+        self.k, self.max_nodes = k, max_nodes
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.scores: list[float] = []  # log-probability of each node's root path under the drafter
+        self.frontier = [-1] if max_nodes > 0 else []  # draft-node indices to expand next; -1 is the root
+
+    def extend(self, logp: torch.Tensor) -> None:
+        """The frontier's log-probabilities [F, V] (fp32) -> its children join the tree; the frontier moves on."""
+        base = torch.tensor([0.0 if f < 0 else self.scores[f] for f in self.frontier], device=logp.device)
+        top = logp.topk(self.k, dim=-1)
+        cand_scores = (base[:, None] + top.values).flatten().tolist()
+        cand_tokens = top.indices.flatten().tolist()
+        cand_parents = [f for f in self.frontier for _ in range(self.k)]
+        order = sorted(range(len(cand_tokens)), key=lambda i: -cand_scores[i])
+        new = []
+        for i in order:
+            if len(self.tokens) >= self.max_nodes:
+                break
+            self.tokens.append(cand_tokens[i])
+            self.parents.append(cand_parents[i])
+            self.scores.append(cand_scores[i])
+            new.append(len(self.tokens) - 1)
+        self.frontier = new[: self.k]  # the k most probable of the new nodes (`order` is best first)
+
+    def whole(self) -> DraftTree:
+        """Every node so far in the order they joined (the indices the frontier holds), for the next depth's
+        forward."""
+        if not self.tokens:
+            return empty_draft(1)
+        return DraftTree(tokens=torch.tensor([self.tokens], dtype=torch.long),
+                         parents=torch.tensor([self.parents], dtype=torch.long))
+
+    def draft(self, name: str) -> DraftTree:
+        """The best `max_nodes` nodes as a draft, on the host."""
+        if not self.tokens:
+            return empty_draft(1)
+        # Nodes were added level by level, so parents precede children; a path score never rises along a path, so
+        # the best max_nodes nodes (ties by index) are closed under parents.
+        keep = sorted(sorted(range(len(self.tokens)), key=lambda i: (-self.scores[i], i))[: self.max_nodes])
+        # On the host, where the lists already are (like a cache draft: trimming, layout and verification then read
+        # no device memory).
+        full = DraftTree(
+            tokens=torch.tensor([self.tokens], dtype=torch.long),
+            parents=torch.tensor([self.parents], dtype=torch.long),
+            scores=torch.tensor([self.scores], dtype=torch.float32).exp(),
+            info={"drafter": name},
+        )
+        return full.select(torch.tensor(keep, dtype=torch.long))
+
+
+class BatchSelfSpecDrafter(BatchDrafter):
+    """A self-speculative drafter (`SelfSSMDrafter`, `LayerSkipDrafter`) for every row of a batch: each depth of
+    every running row's tree is one forward of the restricted target over all rows (`DraftContext.draft_forward`:
+    the rows' roots and nodes so far on the committed cache, which the engine leaves as it was), so a step drafts
+    with `max_depth` batched forwards, not `max_depth` per row. The batch runs on the eager backend
+    (`drafts_on_target`): the restriction changes the model's forward, which captured graphs would not see.
+
+    Args:
+        drafter: the one-request drafter whose restriction and top-k this uses.
+    """
+
+    drafts_on_target = True
+
+    def __init__(self, drafter: SelfSpecDrafter):
+        self.drafter = drafter
+        self.name = drafter.name
+        self.context: DraftContext | None = None
+
+    def begin(self, prompts: list[torch.Tensor], context: DraftContext, hidden=None) -> None:
+        if context is None or context.target is not self.drafter.target:
+            raise ValueError(f"the {self.name} drafter drafts with the target's own weights: it was built for a "
+                             "different model than the one generating")
+        if context.draft_forward is None:
+            raise RuntimeError(f"the {self.name} drafter drafts a batch through the engine's draft forward, which this "
+                               "batch backend does not offer")
+        self.context = context
+
+    @torch.no_grad()
+    def propose(self, rows: list[int], ids, budgets: list[DraftBudget]) -> DraftBatch:
+        if self.context is None:
+            raise RuntimeError("propose called before begin")
+        growths = [_Growth(self.drafter.top_k, budget.max_nodes if budget.max_depth > 0 else 0)
+                   for budget in budgets]
+        roots = [int(ids[i][0, -1]) for i in range(len(rows))]
+        for depth in range(max((budget.max_depth for budget in budgets), default=0)):
+            growing = [i for i, (g, budget) in enumerate(zip(growths, budgets)) if g.frontier and depth < budget.max_depth]
+            if not growing:
+                break
+            current = DraftBatch.from_drafts([g.whole() for g in growths])
+            with self.drafter.restricted():
+                logits = self.context.draft_forward(roots, current)  # [R, N, V]
+            for i in growing:
+                g = growths[i]
+                nodes = torch.tensor([f + 1 for f in g.frontier], device=logits.device)
+                g.extend(torch.log_softmax(logits[i, nodes].float(), dim=-1))
+        return DraftBatch.from_drafts([g.draft(self.name) for g in growths])
+
+    def end(self, ids: list[torch.Tensor]) -> None:
+        self.context = None
+
+    def release(self) -> None:
         self.context = None
 
 
@@ -197,3 +278,13 @@ def layerskip_from_config(config, target: nn.Module, draft_model=None) -> LayerS
     """`drafter="layerskip"`: the target's first `exit_layer` layers."""
     check_top_k(config.draft_top_k, target)
     return LayerSkipDrafter(target, exit_layer=config.exit_layer, top_k=config.draft_top_k)
+
+
+def self_ssm_batch_from_config(config, target: nn.Module, draft_model, rows: int) -> BatchSelfSpecDrafter:
+    """`drafter="self_ssm"` for a batch: one restricted forward of all rows per depth."""
+    return BatchSelfSpecDrafter(self_ssm_from_config(config, target))
+
+
+def layerskip_batch_from_config(config, target: nn.Module, draft_model, rows: int) -> BatchSelfSpecDrafter:
+    """`drafter="layerskip"` for a batch: one early-exit forward of all rows per depth."""
+    return BatchSelfSpecDrafter(layerskip_from_config(config, target))

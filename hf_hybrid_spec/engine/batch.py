@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from transformers.utils import logging
@@ -85,7 +86,8 @@ def decode_batch(request: Request):
         out = backend.prefill(input_ids, mask, positions)
         logits = out.logits[:, -1].to(dtype=torch.float32)
         scores = processors(input_ids, logits.clone()) if processors else logits
-        context = DraftContext(model, backend.cache, request.adapter, gen, None)
+        draft_forward = partial(_draft_forward, backend) if isinstance(backend, BatchEagerBackend) else None
+        context = DraftContext(model, backend.cache, request.adapter, gen, None, draft_forward)
         hidden = None
         if layers:
             hidden = BatchHidden(layers, tuple(out.hidden_states[i] for i in layers), pads,
@@ -179,7 +181,8 @@ def _backend(request: Request, layers: tuple[int, ...], node_budget: int):
     """The static batched runner (CUDA graphs) when the config compiles, else the eager batched backend; both return
     the hidden states of `layers` for drafters that read them (EAGLE)."""
     config, model = request.config, request.model
-    if not config.compile:
+    if not config.compile or request.batch_drafter.drafts_on_target:
+        # A drafter that restricts the target's own forward needs forwards the model runs as it is at the call.
         return BatchEagerBackend(model, layers)
     from .batch_static import BatchStaticBackend
 
@@ -187,6 +190,15 @@ def _backend(request: Request, layers: tuple[int, ...], node_budget: int):
     static_length = request.generation_config.max_length + max(buckets)
     return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request,
                               hidden_layers=layers, fuse=config.compile_verify)
+
+
+def _draft_forward(backend, roots: list[int], drafts: DraftBatch) -> torch.Tensor:
+    """`DraftContext.draft_forward` on the eager backend: the running rows' trees through the target as it is (a
+    drafter may have restricted it), then the cache back to its committed state. Returns the logits [R, N, V]."""
+    try:
+        return backend.forward(batch_tree(roots, drafts, backend.tree_device)).logits
+    finally:
+        backend.abort()
 
 
 def batch_buckets(compile_buckets: tuple[int, ...], node_budget: int) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ from hf_hybrid_spec.forward import forward_tokens
 from hf_hybrid_spec.models import get_adapter
 from hf_hybrid_spec.testing import fixture_path, tiny_model
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # family -> the self_ssm variants that apply to its layout
 FAMILIES = {
@@ -254,3 +254,68 @@ def test_early_exit_recipe_runs_and_keeps_the_tolerance(tmp_path, capsys):
     assert summary["after"]["full_agreement"] >= 0.9
     assert summary["before"]["full_agreement"] == 1.0
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "compile"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_batch_greedy_identity_tiny(family, compile_):
+    """A left-padded batch of three rows of different lengths with every self-speculative config of the family: one
+    restricted forward of all rows per depth (`BatchSelfSpecDrafter`; with compile=True the batch still runs on the
+    eager backend, whose forwards the restriction changes), every row stock's."""
+    from engine.test_batch import greedy, padded_batch
+
+    model = tiny_model(family)
+    ids, mask = padded_batch([9, 14, 5], seed=4)
+    ref = greedy(model, ids, mask, max_new_tokens=12, eos_token_id=None)
+    for cfg in _configs(family):
+        out = greedy(model, ids, mask, max_new_tokens=12, eos_token_id=None, custom_generate=H.speculative_generate,
+                     assistant_config=cfg.replace(compile=compile_), return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref), cfg
+        assert max(out.spec_stats.drafted_tokens) > 0
+
+
+@pytest.mark.parametrize("family", ["falcon_h1", "qwen3_5_text"])
+def test_batched_drafts_are_each_rows_drafts_alone(family, monkeypatch):
+    """Each row's drafts in the batch (left-padded, rows at different lengths in one forward per depth) are the ones
+    the one-request drafter makes for that row alone: tokens and tree exactly, path probabilities to fp32 rounding."""
+    from engine.test_batch import greedy, padded_batch
+
+    from hf_hybrid_spec.drafters.self_spec import BatchSelfSpecDrafter, SelfSpecDrafter
+
+    model = tiny_model(family)
+    ids, mask = padded_batch([9, 14, 5], seed=4)
+    cfg = H.AssistantConfig(drafter="layerskip", exit_layer=2, max_depth=3, draft_top_k=2, max_draft_tokens=6)
+    kw = dict(max_new_tokens=12, eos_token_id=None, custom_generate=H.speculative_generate, assistant_config=cfg)
+    batch_log: dict = {}
+    original = BatchSelfSpecDrafter.propose
+
+    def batch_propose(self, rows, row_ids, budgets):
+        out = original(self, rows, row_ids, budgets)
+        for i, b in enumerate(rows):
+            n = int(out.count[i])
+            batch_log.setdefault(b, []).append((out.tokens[i, :n].tolist(), out.parents[i, :n].tolist(),
+                                                out.values[i, :n]))
+        return out
+
+    monkeypatch.setattr(BatchSelfSpecDrafter, "propose", batch_propose)
+    out = greedy(model, ids, mask, **kw)
+    monkeypatch.undo()
+    pads = (mask == 0).sum(-1).tolist()
+    single = SelfSpecDrafter.propose
+    for b in range(ids.shape[0]):
+        alone_log = []
+
+        def row_propose(self, input_ids, budget):
+            draft = single(self, input_ids, budget)
+            alone_log.append((draft.tokens[0].tolist(), draft.parents[0].tolist(), draft.scores[0]))
+            return draft
+
+        monkeypatch.setattr(SelfSpecDrafter, "propose", row_propose)
+        alone = greedy(model, ids[b : b + 1, pads[b] :], None, **kw)
+        monkeypatch.undo()
+        assert torch.equal(alone[0], out[b, pads[b] :])
+        steps = min(len(alone_log), len(batch_log[b]))
+        assert steps >= 3
+        for i in range(steps - 1):  # the last: the batch may stop a row's tree short where its budget ends
+            assert batch_log[b][i][:2] == alone_log[i][:2], f"row {b} step {i}"
+            torch.testing.assert_close(batch_log[b][i][2], alone_log[i][2], rtol=1e-4, atol=1e-6)
