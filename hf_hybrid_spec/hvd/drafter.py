@@ -112,7 +112,9 @@ class HybridDrafter(Drafter):
 
     name = "hvd"
     respects_budget = True  # every tree it returns is trimmed to the step's budget in `propose`
-    per_row = False  # its cost profile and policy are those of one request at a time
+    # In a batch, one per row: each row chooses its own draft by its own history, with the cost profile of one request
+    # (the batch budget then caps what the whole batch verifies).
+    per_row = True
 
     def __init__(self, cache_drafter: Drafter, model_drafter: Drafter, policy: Policy, cost: CostProfile | None = None,
                  model_tokens: int = 24, model_depth: int = 6, cache_tokens: int | None = None,

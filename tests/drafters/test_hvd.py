@@ -765,3 +765,40 @@ def test_hvd_fast_path_decides_and_settles_as_the_full_policy(saved_predictor):
     drafter = hybrid(target, eagle, fast_policy)
     spec(target, ids, 40, assistant_config=loop, drafter=drafter)
     assert 0 < fast_policy.quick < sum(drafter.options.values()) and drafter.model_runs > 0, fast_policy.quick
+
+
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_a_batch_chooses_per_row_and_matches_plain_greedy(family, compile_, saved_predictor):
+    """B = 3 left-padded rows, one HVD drafter per row (each its own cache drafter, model drafter and history) under
+    each policy: every row stock's; given as one instance per row, each decides on its own row (the repeating rows
+    take cache drafts)."""
+    from engine.test_batch import greedy
+
+    target = tiny_model(family)
+    torch.manual_seed(1)
+    eagle = EagleDrafter.from_target(target, draft_vocab_size=VOCAB)
+    rows = [repeating_prompt()[0], torch.randint(3, VOCAB, (17,), generator=torch.Generator().manual_seed(2)),
+            repeating_prompt()[0, :9]]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.full((width - len(r),), 1), r]) for r in rows])
+    mask = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), torch.ones(len(r), dtype=torch.long)])
+                        for r in rows])
+    ref = greedy(target, ids, mask, max_new_tokens=24, eos_token_id=None)
+    base = dict(drafter="hvd", max_draft_tokens=16, max_depth=8, draft_top_k=3, hvd_model_tokens=8,
+                hvd_model_depth=4, global_cache=False, compile=compile_)
+    for cfg in (H.AssistantConfig(hvd_policy="threshold", hvd_threshold=1.5, **base),
+                H.AssistantConfig(hvd_policy="learned", hvd_predictor=str(saved_predictor),
+                                  hvd_cost_profile=str(saved_predictor / "cost.json"), **base)):
+        out = greedy(target, ids, mask, max_new_tokens=24, eos_token_id=None, custom_generate=H.speculative_generate,
+                     assistant_config=cfg, draft_model=eagle, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref), cfg.hvd_policy
+        assert out.spec_stats.mean_accepted_length > 1.0
+    # One instance per row given directly: each decided on its own row (the repeating rows took cache drafts).
+    drafters = [hybrid(target, eagle, ThresholdPolicy(1.5)) for _ in rows]
+    out = greedy(target, ids, mask, max_new_tokens=24, eos_token_id=None, custom_generate=H.speculative_generate,
+                 assistant_config=H.AssistantConfig(max_draft_tokens=16, max_depth=8, compile=compile_),
+                 drafter=drafters)
+    assert torch.equal(out, ref)
+    assert all(sum(d.options.values()) > 0 for d in drafters)
+    assert drafters[0].options["cache"] > 0 and drafters[2].options["cache"] > 0
