@@ -30,13 +30,13 @@ from functools import partial
 import torch
 from transformers.utils import logging
 
-from ..drafters import BatchHidden, DraftBudget, DraftContext, RowTokens
+from ..drafters import BatchHidden, DraftBudget, DraftContext, PerRowDrafters, RowTokens
 from ..kernels.tree import ancestor_mask
 from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, StepInputs, make_verifier, process_tree_logits, row_processors
 from .backend import BatchEagerBackend
 from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
-from .outputs import CACHE_FIELD, SpecStats, SpeculativeDecoderOnlyOutput
+from .outputs import CACHE_FIELD, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter
 from .pipeline import PipelineInputs, pipelines, run_pipelined
 from .plain import plain_step, plain_steps, runs_plain
 from .request import Request
@@ -68,6 +68,8 @@ def decode_batch(request: Request):
     pads = (mask == 0).sum(-1).tolist()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     verifier = make_verifier(config, bool(gen.do_sample), None)
+    if verifier.wants_empty_drafts and isinstance(drafter, PerRowDrafters):
+        drafter.ask_empty = True  # the rule reads the draft's own choice after the root (`propose_within`)
     pad = getattr(gen, "_pad_token_tensor", None)
     pad = gen.pad_token_id if pad is None else int(pad)
     rec = BatchRecorder(input_ids, request.stopping, _has_eos_criterion(request.stopping), pad, gen.max_length)
@@ -96,6 +98,8 @@ def decode_batch(request: Request):
         firsts = [verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1], None, context, None, None,
                                                                      node_budget)) for b in range(rows)]
         rec.append(list(range(rows)), [first.token_list for first in firsts])
+        for b, first in enumerate(firsts):
+            count_arbiter(first, stats, row_stats[b])
         everyone = list(range(rows))
         drafter.accept(everyone, _row_tokens(rec, everyone, pads),
                        [VerifyResult(path=[0], tokens=f.tokens, score_nodes=[0], token_list=f.token_list)
@@ -156,6 +160,7 @@ def decode_batch(request: Request):
             stats.verify_seconds += t2 - t1
             stats.plain_steps += int(not any(drafts.counts))
             for b, drafted, result in zip(running, drafts.counts, results):
+                count_arbiter(result, stats, row_stats[b])
                 accepted = len(result.token_list)
                 for s in (stats, row_stats[b]):
                     s.accepted_lengths.append(accepted)

@@ -32,6 +32,7 @@ from .outputs import (
     Recorder,
     SpecStats,
     SpeculativeDecoderOnlyOutput,
+    count_arbiter,
     path_outputs,
     prompt_outputs,
     target_hidden,
@@ -90,7 +91,7 @@ def decode(request: Request):
         drafter.begin(input_ids, context, prompt_hidden)
         node_budget = _node_budget(config, backend, stats)
         first = verifier.first_token(scores, FirstToken(input_ids, drafter, context, prompt_hidden, out, node_budget))
-        _count_arbiter(stats, first)
+        count_arbiter(first, stats)
         del out, prompt_hidden
         rec.append(first.tokens, scores, logits, first.token_list, first_attentions, first_states)
         del first_attentions, first_states
@@ -136,7 +137,7 @@ def decode(request: Request):
             stats.drafted_tokens.append(draft.num_nodes)
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            _count_arbiter(stats, result)
+            count_arbiter(result, stats)
             # Gather the [k, V] score / logit rows only when the caller asked for them (a vocabulary-wide copy each).
             rec.append(result.tokens, scores[result.score_nodes] if rec.scores is not None else None,
                        raw[0, result.score_nodes] if rec.logits is not None else None, result.token_list,
@@ -249,9 +250,3 @@ def _verify_tree(draft, ids: torch.Tensor, rec: Recorder, backend: TreeBackend, 
         root = torch.tensor(rec.host_ids[-1:], dtype=torch.long)
         return build_verify_tree(root, draft, device=backend.tree_device)
     return build_verify_tree(ids[:, -1], draft)
-
-
-def _count_arbiter(stats: SpecStats, result: VerifyResult) -> None:
-    """What a lossy rule's arbiter did (its results carry `decisions` / `overrides`)."""
-    stats.arbiter_decisions += getattr(result, "decisions", 0)
-    stats.arbiter_overrides += getattr(result, "overrides", 0)

@@ -12,8 +12,8 @@ from ..drafters import TargetHidden
 from ..stopping import HostStopping
 from ..tree import VerifyResult
 
-__all__ = ["SpecStats", "SpeculativeDecoderOnlyOutput", "Recorder", "CACHE_FIELD", "prompt_outputs", "path_outputs",
-           "target_hidden"]
+__all__ = ["SpecStats", "SpeculativeDecoderOnlyOutput", "Recorder", "CACHE_FIELD", "count_arbiter", "prompt_outputs",
+           "path_outputs", "target_hidden"]
 
 CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
@@ -188,3 +188,11 @@ def path_outputs(out, result: VerifyResult, prefix_length: int, want_attentions:
         if want_states:
             states.append(tuple(h[:, node : node + 1] for h in out.hidden_states))
     return attentions, states
+
+
+def count_arbiter(result, *stats: SpecStats) -> None:
+    """What a lossy rule's arbiter did at one step of one row (its results carry `decisions` / `overrides`), added to
+    each of `stats` (the request's, and in a batch the row's)."""
+    for s in stats:
+        s.arbiter_decisions += getattr(result, "decisions", 0)
+        s.arbiter_overrides += getattr(result, "overrides", 0)

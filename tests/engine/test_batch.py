@@ -311,7 +311,7 @@ MODEL = tiny_model("qwen3_5_text")
 
 @pytest.mark.parametrize("ask,match", [
     (dict(drafter=[H.SelfSSMDrafter(MODEL), H.SelfSSMDrafter(MODEL)]), "one instance per row"),
-    (dict(assistant_config=H.AssistantConfig(verification="typical")), "typical"),
+    (dict(assistant_config=H.AssistantConfig(verification="cospec", arbiter="some/arbiter")), "cospec"),
     (dict(return_dict_in_generate=True, output_scores=True), "output_scores"),
     (dict(drafter=RandomTreeDrafter(96)), "one per row"),
 ], ids=["self_ssm-instances", "lossy", "scores", "one-drafter"])

@@ -274,3 +274,31 @@ def test_recipe_runs_a_few_steps_on_tiny_models(tmp_path):
     assert arb.config.training_summary["steps"] == 2
     lines = (out / "train_log.jsonl").read_text().splitlines()
     assert sum('"kind": "train"' in line for line in lines) == 2
+
+
+@pytest.mark.parametrize("cfg", [dict(verification="typical", typical_epsilon=1e-6, typical_delta=1e-6),
+                                 dict(verification="fly", fly_window=1, fly_entropy_threshold=0.0)],
+                         ids=["typical", "fly"])
+def test_training_free_rules_on_a_batch_decide_each_row_as_alone(cfg):
+    """'typical' and 'fly' at B = 3 (left-padded rows, the suffix drafter: no draft distributions, so the draft's
+    choice is a node's first child at any batch size): each row is what the row generates alone under the same rule,
+    the arbiter overrode the target somewhere, and the batch's statistics are the rows' sums."""
+    from engine.test_batch import PAD, greedy
+
+    target = tiny_model("qwen3_5_text")
+    motif = torch.randint(3, 96, (7,), generator=torch.Generator().manual_seed(5))
+    rows = [motif.repeat(3), torch.cat([_prompt(6, seed=1)[0], motif.repeat(2)]), motif.repeat(2)[:11]]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.full((width - len(r),), PAD), r]) for r in rows])
+    mask = (torch.arange(width)[None] >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
+    config = H.AssistantConfig(drafter="suffix", global_cache=False, max_draft_tokens=8, max_depth=4, **cfg)
+    kw = dict(max_new_tokens=20, eos_token_id=None, custom_generate=H.speculative_generate, assistant_config=config,
+              return_dict_in_generate=True)
+    out = greedy(target, ids, mask, **kw)
+    overrides = 0
+    for b, row in enumerate(rows):
+        alone = greedy(target, row[None], None, **kw)
+        assert torch.equal(out.sequences[b, width - len(row) :], alone.sequences[0]), f"row {b}"
+        assert out.spec_stats.rows[b].arbiter_overrides == alone.spec_stats.arbiter_overrides
+        overrides += alone.spec_stats.arbiter_overrides
+    assert out.spec_stats.arbiter_overrides == overrides > 0
