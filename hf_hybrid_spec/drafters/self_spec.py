@@ -34,8 +34,16 @@ from ..tree import DraftBatch, DraftTree, VerifyTree, empty_draft
 from .base import DraftBudget, DraftContext, Drafter, TargetHidden, check_top_k
 from .batch import BatchDrafter
 
-__all__ = ["SelfSpecDrafter", "SelfSSMDrafter", "LayerSkipDrafter", "BatchSelfSpecDrafter", "self_ssm_from_config",
-           "layerskip_from_config", "self_ssm_batch_from_config", "layerskip_batch_from_config"]
+__all__ = [
+    "BatchSelfSpecDrafter",
+    "LayerSkipDrafter",
+    "SelfSSMDrafter",
+    "SelfSpecDrafter",
+    "layerskip_batch_from_config",
+    "layerskip_from_config",
+    "self_ssm_batch_from_config",
+    "self_ssm_from_config",
+]
 
 
 class SelfSpecDrafter(Drafter):
@@ -198,7 +206,8 @@ class BatchSelfSpecDrafter(BatchDrafter):
                    for budget in budgets]
         roots = [int(ids[i][0, -1]) for i in range(len(rows))]
         for depth in range(max((budget.max_depth for budget in budgets), default=0)):
-            growing = [i for i, (g, budget) in enumerate(zip(growths, budgets)) if g.frontier and depth < budget.max_depth]
+            growing = [i for i, (g, budget) in enumerate(zip(growths, budgets))
+                       if g.frontier and depth < budget.max_depth]
             if not growing:
                 break
             current = DraftBatch.from_drafts([g.whole() for g in growths])

@@ -42,7 +42,7 @@ from .rows import BatchRecorder
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["PipelineInputs", "run_pipelined", "pipelines"]
+__all__ = ["PipelineInputs", "pipelines", "run_pipelined"]
 
 # Steps in a row that must find drafting not paying before the batch runs plain steps (one step's estimate is noisy).
 PATIENCE = 3

@@ -101,7 +101,7 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
         kept = PlainRun(running=running, counts=[0] * rows,
                         tokens=torch.zeros(rows, width, dtype=torch.long, device=device), hidden=())
     leaves = on = None
-    pending = None  # the step in flight: (buffer, event, the rows it ran, its index)
+    pending = None  # the step in flight: (buffer, event, the rows it ran)
     step = 0
     since = time.perf_counter()  # when the last step was recorded: a step's time is the wall time between records
     while running or pending is not None:
@@ -140,7 +140,6 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
         return PlainRun(running=running, counts=[], tokens=roots.new_zeros(rows, 0), hidden=())
     kept.running = running
     return kept
-
 
 
 def _queue(backend, roots: torch.Tensor, parent: torch.Tensor, leaves: torch.Tensor, slots: list[int],

@@ -23,7 +23,7 @@ from ..graphs import Leased, capture
 from ..tree import additive_mask
 from .modeling import MtpHead
 
-__all__ = ["BatchMtpStore", "BatchMtpDrafter", "from_config"]
+__all__ = ["BatchMtpDrafter", "BatchMtpStore", "from_config"]
 
 
 class _RowSlots:
