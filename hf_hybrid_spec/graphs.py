@@ -6,6 +6,8 @@ tensors live in the pool and are rewritten by every replay).
 
 `Leased`: static storage is kept across requests (its graphs point at it), so two requests running at the same time
 (threads) must never get the same one; a lease marks which request holds it.
+
+`GraphPasses`: a drafter store's passes run eagerly, or captured on first use of their key and replayed after.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers.utils import logging
 
-__all__ = ["Leased", "capture", "clear_cublas_workspaces"]
+logger = logging.get_logger(__name__)
+
+__all__ = ["GraphPasses", "Leased", "capture", "clear_cublas_workspaces"]
 
 
 def clear_cublas_workspaces() -> None:
@@ -63,3 +68,36 @@ class Leased:
     @property
     def in_use(self) -> bool:
         return self._owner is not None and self._owner() is not None
+
+
+class GraphPasses:
+    """Mixin for a drafter's fixed-shape storage: `_run(key, fn)` runs `fn()` eagerly without graphs, else replays the
+    graph captured on the first call with `key` (the warm-up calls write what the replay writes). At most
+    `MAX_GRAPHS` keys of kind "expand" (`key[0]`) are captured; others run eagerly. A capture that fails warns and
+    everything runs eagerly from then on: drafting decides only what gets verified, never what is committed.
+
+    The class sets `use_graphs`, `device`, `_graphs = {}` and `_pool = None`; `PASSES` names its passes in warnings.
+    """
+
+    MAX_GRAPHS = 4
+    PASSES = "drafter"
+
+    def _run(self, key: tuple, fn: Callable[[], Any]):
+        if not self.use_graphs:
+            return fn()
+        entry = self._graphs.get(key)
+        if entry is None:
+            if key[0] == "expand" and sum(k[0] == "expand" for k in self._graphs) >= self.MAX_GRAPHS:
+                return fn()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            try:
+                entry = capture(fn, self._pool, self.device)
+            except RuntimeError as err:
+                logger.warning("capturing a pass of the %s failed (%s); drafting eagerly instead", self.PASSES, err)
+                self.use_graphs = False
+                return fn()
+            self._graphs[key] = entry
+        graph, out = entry
+        graph.replay()
+        return out

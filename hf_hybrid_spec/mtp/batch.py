@@ -19,7 +19,7 @@ from torch import nn
 
 from ..drafters.batch_hidden import BatchHiddenStepDrafter
 from ..drafters.expansion import TreeCandidates, grow_tree
-from ..graphs import Leased, capture
+from ..graphs import GraphPasses, Leased
 from ..tree import additive_mask
 from .modeling import MtpHead
 
@@ -43,7 +43,7 @@ class _RowSlots:
         return self.keys, self.values
 
 
-class BatchMtpStore(Leased):
+class BatchMtpStore(GraphPasses, Leased):
     """Keys, values and captured passes of one MtpHead for R rows.
 
     Args:
@@ -53,6 +53,7 @@ class BatchMtpStore(Leased):
     """
 
     MAX_GRAPHS = 4  # draft budgets captured; others (a batch's last few steps) run eagerly
+    PASSES = "batched MTP head"
     MAX_ADVANCE = 16  # steps per accept pass with fixed shapes (a graph per count); longer ones (prompts) run eagerly
 
     def __init__(self, head: MtpHead, top_k: int, max_depth: int, capacity: int, rows: int,
@@ -186,32 +187,6 @@ class BatchMtpStore(Leased):
             self._keep_newest(*self._advance(count))
 
         self._run(("advance", count), run)
-
-    def _run(self, key: tuple, fn):
-        """`fn()` eagerly, or replayed from its graph (captured on first use of `key`)."""
-        if not self.use_graphs:
-            return fn()
-        entry = self._graphs.get(key)
-        if entry is None:
-            if key[0] == "expand" and sum(k[0] == "expand" for k in self._graphs) >= self.MAX_GRAPHS:
-                return fn()
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            try:
-                # The warm-up calls write what the replay writes: the pass re-reads its staged integers each call.
-                entry = capture(fn, self._pool, self.device)
-            except RuntimeError as err:
-                # Drafting only decides what gets verified, never what is committed: run eagerly from now on.
-                from transformers.utils import logging
-
-                logging.get_logger(__name__).warning("capturing a batched MTP pass failed (%s); drafting eagerly "
-                                                     "instead", err)
-                self.use_graphs = False
-                return fn()
-            self._graphs[key] = entry
-        graph, out = entry
-        graph.replay()
-        return out
 
 
 _LOCK = threading.Lock()

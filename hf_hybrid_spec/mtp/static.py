@@ -29,7 +29,7 @@ from transformers.utils import logging
 
 from ..drafters.base import DraftBudget
 from ..drafters.expansion import TreeCandidates, grow_row_tree
-from ..graphs import Leased, capture
+from ..graphs import GraphPasses, Leased
 from ..tree import additive_mask
 from .modeling import MtpHead
 
@@ -58,7 +58,7 @@ class _Slots:
         return self.keys, self.values
 
 
-class StaticMtp(Leased):
+class StaticMtp(GraphPasses, Leased):
     """Static storage and captured passes for one MtpHead.
 
     Args:
@@ -71,6 +71,7 @@ class StaticMtp(Leased):
     """
 
     MAX_GRAPHS = 4  # draft budgets captured; others (a request's last few steps, mostly) run eagerly
+    PASSES = "MTP head"
     MAX_ADVANCE = 16  # tokens per accept with a captured pass; longer runs (begin) are eager on the same storage
     MAX_FUSED = 1  # draft budgets whose expansion is compiled (one Inductor compile each)
 
@@ -184,28 +185,6 @@ class StaticMtp(Leased):
                 return plain(*args)
 
         return run
-
-    def _run(self, key: tuple, fn):
-        if not self.use_graphs:
-            return fn()
-        entry = self._graphs.get(key)
-        if entry is None:
-            if key[0] == "expand" and sum(k[0] == "expand" for k in self._graphs) >= self.MAX_GRAPHS:
-                return fn()
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            try:
-                # The warm-up calls write the same keys and values the replay writes: nothing else changes.
-                entry = capture(fn, self._pool, self.device)
-            except RuntimeError as err:
-                # Drafting only decides what gets verified, never what is committed: run eagerly from now on.
-                logger.warning("capturing an MTP pass failed (%s); drafting eagerly instead", err)
-                self.use_graphs = False
-                return fn()
-            self._graphs[key] = entry
-        graph, out = entry
-        graph.replay()
-        return out
 
 
 _LOCK = threading.Lock()
