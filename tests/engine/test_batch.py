@@ -306,17 +306,15 @@ def test_bad_batches_get_clear_errors_and_leave_the_model_as_it_was():
     assert torch.equal(before, after)
 
 
-MODEL = tiny_model("qwen3_5_text")
-
-
 @pytest.mark.parametrize("ask,match", [
-    (dict(drafter=[H.SelfSSMDrafter(MODEL), H.SelfSSMDrafter(MODEL)]), "one instance per row"),
+    (lambda model: dict(drafter=[H.SelfSSMDrafter(model), H.SelfSSMDrafter(model)]), "one instance per row"),
     (dict(assistant_config=H.AssistantConfig(verification="cospec", arbiter="some/arbiter")), "cospec"),
     (dict(return_dict_in_generate=True, output_scores=True), "output_scores"),
     (dict(drafter=RandomTreeDrafter(96)), "one per row"),
 ], ids=["self_ssm-instances", "lossy", "scores", "one-drafter"])
 def test_what_a_batch_does_not_support_is_named(ask, match):
-    model = MODEL
+    model = tiny_model("qwen3_5_text")
+    ask = ask(model) if callable(ask) else ask
     ids, mask = padded_batch([6, 9], seed=7)
     with pytest.raises((NotImplementedError, ValueError), match=match):
         model.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=None, pad_token_id=PAD,
