@@ -138,6 +138,18 @@ class HybridTreeCache(DynamicCache):
         self._book = _TreeBook(tree=tree, pending={} if pending is None else pending)
         return tree
 
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The committed tokens, read from the first layer with keys when `layer_idx` has none. transformers 5.25 on
+        count tokens in linear-attention layers too, as its own forwards update their states; a tree commit writes
+        those states directly, so their count would lag behind (transformers before 5.25 read an attention layer, as
+        this does)."""
+        if layer_idx < len(self.layers) and is_linear(self.layers[layer_idx]) and not has_kv(self.layers[layer_idx]):
+            for layer in self.layers:
+                length = kv_length(layer)
+                if length is not None:
+                    return length
+        return super().get_seq_length(layer_idx)
+
     def stash(self, layer_idx: int, pending: PendingRecurrent) -> None:
         """Called by model adapters during the tree forward of a recurrent layer."""
         if self._book is None:

@@ -187,12 +187,24 @@ def test_streamer_receives_prompt_then_every_token():
 
 
 # ---------------------------------------------------------------------- enable()
+def stock_prompt_lookup_is_stocks(model, ids) -> bool:
+    """Whether stock handles prompt lookup on this hybrid itself: transformers before 5.25 refuses it (a recurrent
+    state cannot be cropped), 5.25 on runs chains by keeping the recurrent states of the last steps. Either way no
+    speculative statistics come back (stock's own path, not ours)."""
+    try:
+        out = model.generate(ids, max_new_tokens=5, do_sample=False, prompt_lookup_num_tokens=3,
+                             return_dict_in_generate=True)
+    except ValueError as err:
+        assert "stateful" in str(err) or "cropped" in str(err), err
+        return True
+    return not hasattr(out, "spec_stats")
+
+
 def test_enable_routes_stock_kwargs():
     model = tiny_model("qwen3_5_text")
     ids = ids_of()
     ref = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None)
-    with pytest.raises(ValueError, match="stateful"):
-        model.generate(ids, max_new_tokens=5, prompt_lookup_num_tokens=3)
+    assert stock_prompt_lookup_is_stocks(model, ids)
     H.enable(model)
     assert torch.equal(model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None), ref)
     out = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None, prompt_lookup_num_tokens=3,
@@ -205,8 +217,7 @@ def test_enable_routes_stock_kwargs():
                          assistant_config=H.AssistantConfig(drafter="suffix"))
     assert torch.equal(out, ref)
     other = tiny_model("qwen3_5_text", seed=4)
-    with pytest.raises(ValueError, match="stateful"):
-        other.generate(ids, max_new_tokens=5, prompt_lookup_num_tokens=3)  # only the enabled instance changed
+    assert stock_prompt_lookup_is_stocks(other, ids)  # only the enabled instance changed
 
 
 # ---------------------------------------------------------------------- bad input
