@@ -168,8 +168,8 @@ def _check_batch_config(config: AssistantConfig, drafter, generation_config: Gen
 def _check_per_row(drafter: Drafter, rows: int) -> None:
     if rows > 1 and not drafter.per_row:
         raise NotImplementedError(f"the {drafter.name!r} drafter does not run as one instance per row of a batch (it "
-                                  "drafts on the target's own cache, or profiles one request at a time); where it has "
-                                  "a batched form, name it in assistant_config instead")
+                                  "drafts on the target's own cache); name it in assistant_config, whose batched form "
+                                  "drafts every row")
 
 
 def speculative_generate(
