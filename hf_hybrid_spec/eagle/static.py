@@ -39,6 +39,7 @@ import torch
 from transformers.utils import logging
 
 from ..drafters.base import DraftBudget
+from ..drafters.staged_rows import StagedRows
 from ..graphs import Leased, capture
 from .modeling import EagleDrafter
 from .tree import TreeCandidates, expand_tree
@@ -48,7 +49,7 @@ logger = logging.get_logger(__name__)
 __all__ = ["StaticEagleTree", "static_eagle_tree"]
 
 
-class StaticEagleTree(Leased):
+class StaticEagleTree(StagedRows, Leased):
     """Static storage and captured tree expansions for one EagleDrafter (bound to its target).
 
     Args:
@@ -65,6 +66,7 @@ class StaticEagleTree(Leased):
     MAX_FUSED = 1  # draft budgets whose expansion is compiled before capture (one Inductor compile each)
     MAX_ADVANCE = 16  # steps per accept run with fixed shapes (and a graph per count); longer ones (begin, HVD's
     # buffered accepts) go through `write` and the caller's eager pass
+    LABEL = "the EAGLE drafter's static cache"
     MAX_KEPT_CAPACITY = 16_384  # storage longer than this (one huge request) is not kept for later requests
 
     def __init__(self, model: EagleDrafter, top_k: int, capacity: int, use_graphs: bool | None = None,
@@ -128,46 +130,6 @@ class StaticEagleTree(Leased):
         hidden, logp = self._advance_pass(count)
         return hidden, logp[0]
 
-    def advance_rows(self, steps: list[int], counts: list[int], features: torch.Tensor,
-                     tokens: torch.Tensor) -> None:
-        """Every row's next committed steps: row r's `steps[r] .. steps[r] + counts[r]` (0: none) from fused target
-        features [R, C, H] and the target tokens after them [R, C] (C >= max(counts); the rest is padding). Writes
-        their keys and values, and each row's newest step's output and log-probabilities into `hidden` / `logp` (rows
-        with count 0 keep theirs), and advances `steps` on the device. A pass longer than MAX_ADVANCE (a batch's
-        prompts) runs eagerly."""
-        rows, count = tokens.shape
-        if max(s + c for s, c in zip(steps, counts)) > self.capacity:
-            raise RuntimeError(f"the EAGLE drafter's static cache holds {self.capacity} steps, "
-                               f"{max(s + c for s, c in zip(steps, counts))} needed")
-        ints = self._row_ints
-        ints[:rows].copy_(torch.tensor(steps, dtype=torch.long))
-        ints[rows : 2 * rows].copy_(torch.tensor(counts, dtype=torch.long))
-        if count <= self.MAX_ADVANCE:
-            ints[2 * rows :].view(rows, self.MAX_ADVANCE)[:, :count].copy_(tokens)
-        self._row_ints_device.copy_(ints, non_blocking=True)
-        if count > self.MAX_ADVANCE:
-            self._unstage(tokens=False)
-            self._keep_newest(*self._advance(count, features, tokens.to(self.device)))
-            return
-        self.adv_features[:, :count].copy_(features)
-        self._advance_pass(count)
-
-    def advance_rows_device(self, counts: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor) -> None:
-        """`advance_rows` from device tensors (no host read or staging): counts [R], fused features [R, C, H] and
-        tokens [R, C] (C <= MAX_ADVANCE), each row from its current `steps` on the device."""
-        rows, count = tokens.shape
-        if count > self.MAX_ADVANCE:
-            raise ValueError(f"an accept pass from the device takes at most {self.MAX_ADVANCE} steps per row, got "
-                             f"{count}")
-        staged = self._row_ints_device
-        # The pass re-reads its integers from the staging buffer (as for host-staged passes): the device steps,
-        # the counts and the tokens go there.
-        staged[:rows].copy_(self.steps)
-        staged[rows : 2 * rows].copy_(counts)
-        staged[2 * rows :].view(rows, self.MAX_ADVANCE)[:, :count].copy_(tokens)
-        self.adv_features[:, :count].copy_(features)
-        self._advance_pass(count)
-
     def _advance_pass(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The accept pass over the staged inputs: replayed from its graph (captured on first use of `count`), or run."""
         if not self.use_graphs:
@@ -214,15 +176,6 @@ class StaticEagleTree(Leased):
             last = (self.counts - 1).clamp(min=0).view(rows, 1, 1).expand(rows, 1, out.shape[-1])
             hidden = out.gather(1, last).squeeze(1)
         return hidden, torch.log_softmax(model.logits(hidden).float(), dim=-1)
-
-    def _keep_newest(self, hidden: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch's accept pass, after its steps: each row that committed steps gets its newest step as the root of
-        its next tree, and its step count advances (graph-safe: no host reads)."""
-        moved = (self.counts > 0).unsqueeze(1)
-        self.hidden.copy_(torch.where(moved, hidden, self.hidden))
-        self.logp.copy_(torch.where(moved, logp, self.logp))
-        self.steps.add_(self.counts)
-        return self.hidden, self.logp
 
     def draft(self, steps: int, hidden: torch.Tensor, logp: torch.Tensor, budget: DraftBudget) -> TreeCandidates:
         """A tree off the newest of `steps` committed steps of one request (hidden [1, H], logp [draft_vocab])."""
@@ -294,14 +247,6 @@ class StaticEagleTree(Leased):
                     self._fused_budgets.add(args)
                 return out
         return run(plain)
-
-    def _unstage(self, tokens: bool = True) -> None:
-        """A batch's staged integers into place: steps, counts and (`tokens`) the tokens (graph-safe device copies)."""
-        rows, staged = self.rows, self._row_ints_device
-        self.steps.copy_(staged[:rows])
-        self.counts.copy_(staged[rows : 2 * rows])
-        if tokens:
-            self.adv_tokens.copy_(staged[2 * rows :].view(rows, self.MAX_ADVANCE))
 
     def _fused(self, which: str):
         if which == "expand":

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..drafters.batch_hidden import BatchHiddenStepDrafter
 from ..drafters.expansion import TreeCandidates, grow_tree
+from ..drafters.staged_rows import StagedRows
 from ..graphs import GraphPasses, Leased
 from ..tree import additive_mask
 from .modeling import MtpHead
@@ -43,7 +44,7 @@ class _RowSlots:
         return self.keys, self.values
 
 
-class BatchMtpStore(GraphPasses, Leased):
+class BatchMtpStore(StagedRows, GraphPasses, Leased):
     """Keys, values and captured passes of one MtpHead for R rows.
 
     Args:
@@ -54,6 +55,7 @@ class BatchMtpStore(GraphPasses, Leased):
 
     MAX_GRAPHS = 4  # draft budgets captured; others (a batch's last few steps) run eagerly
     PASSES = "batched MTP head"
+    LABEL = "the MTP head's batch storage"
     MAX_ADVANCE = 16  # steps per accept pass with fixed shapes (a graph per count); longer ones (prompts) run eagerly
 
     def __init__(self, head: MtpHead, top_k: int, max_depth: int, capacity: int, rows: int,
@@ -78,12 +80,12 @@ class BatchMtpStore(GraphPasses, Leased):
         self.counts = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.hidden = torch.zeros(rows, c.hidden_size, dtype=self.dtype, device=self.device)
         self.logp = torch.zeros(rows, c.vocab_size, dtype=torch.float32, device=self.device)
-        self.adv_hidden = torch.zeros(rows, self.MAX_ADVANCE, c.hidden_size, dtype=self.dtype, device=self.device)
+        self.adv_features = torch.zeros(rows, self.MAX_ADVANCE, c.hidden_size, dtype=self.dtype, device=self.device)
         self.adv_tokens = torch.zeros(rows, self.MAX_ADVANCE, dtype=torch.long, device=self.device)
         # Host twin of a pass's integers (steps, counts, tokens): one copy per host-staged accept pass.
-        self._ints = torch.zeros(rows * (2 + self.MAX_ADVANCE), dtype=torch.long,
+        self._row_ints = torch.zeros(rows * (2 + self.MAX_ADVANCE), dtype=torch.long,
                                  pin_memory=self.device.type == "cuda")
-        self._ints_device = torch.zeros_like(self._ints, device=self.device)
+        self._row_ints_device = torch.zeros_like(self._row_ints, device=self.device)
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
         self._pool = None
 
@@ -93,7 +95,7 @@ class BatchMtpStore(GraphPasses, Leased):
         """Every row's steps `steps .. steps + count` (the staged inputs, or `hidden` [R, count, H] and `tokens`
         [R, count]); returns each row's step `counts[r] - 1` (hidden [R, H], logp [R, V])."""
         head, rows = self.head, self.rows
-        hidden = self.adv_hidden[:, :count] if hidden is None else hidden
+        hidden = self.adv_features[:, :count] if hidden is None else hidden
         tokens = self.adv_tokens[:, :count] if tokens is None else tokens
         positions = self.steps.unsqueeze(1) + torch.arange(count, device=self.device)  # [R, count]
         self.slots.write_at = positions
@@ -104,22 +106,6 @@ class BatchMtpStore(GraphPasses, Leased):
         last = (self.counts - 1).clamp(min=0).view(rows, 1, 1).expand(rows, 1, out.shape[-1])
         newest = out.gather(1, last).squeeze(1)
         return newest, torch.log_softmax(head.logits(newest).float(), dim=-1)
-
-    def _keep_newest(self, hidden: torch.Tensor, logp: torch.Tensor) -> None:
-        """After an accept pass: each row that committed steps gets its newest as its next tree's root, and its step
-        count advances (graph-safe: no host reads)."""
-        moved = (self.counts > 0).unsqueeze(1)
-        self.hidden.copy_(torch.where(moved, hidden, self.hidden))
-        self.logp.copy_(torch.where(moved, logp, self.logp))
-        self.steps.add_(self.counts)
-
-    def _unstage(self, tokens: bool = True) -> None:
-        """A pass's staged integers into place: steps, counts and (`tokens`) the tokens (graph-safe device copies)."""
-        rows, staged = self.rows, self._ints_device
-        self.steps.copy_(staged[:rows])
-        self.counts.copy_(staged[rows : 2 * rows])
-        if tokens:
-            self.adv_tokens.copy_(staged[2 * rows :].view(rows, self.MAX_ADVANCE))
 
     def _expand(self, max_nodes: int, max_depth: int) -> TreeCandidates:
         k, head, rows, start = self.top_k, self.head, self.rows, self.committed
@@ -141,41 +127,6 @@ class BatchMtpStore(GraphPasses, Leased):
         return grow_tree(step, k, max_nodes, max_depth, self.hidden, self.logp)
 
     # ------------------------------------------------------------------ the drafter's calls
-    def advance_rows(self, steps: list[int], counts: list[int], features: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Row r's committed steps `steps[r] .. steps[r] + counts[r]` (0: none) from target hidden states [R, C, H]
-        and the tokens after them [R, C] (C >= max(counts); the rest is padding). A pass longer than MAX_ADVANCE (a
-        batch's prompts) runs eagerly."""
-        rows, count = tokens.shape
-        if max(s + c for s, c in zip(steps, counts)) > self.capacity:
-            raise RuntimeError(f"the MTP head's batch storage holds {self.capacity} steps per row, "
-                               f"{max(s + c for s, c in zip(steps, counts))} needed")
-        ints = self._ints
-        ints[:rows].copy_(torch.tensor(steps, dtype=torch.long))
-        ints[rows : 2 * rows].copy_(torch.tensor(counts, dtype=torch.long))
-        if count <= self.MAX_ADVANCE:
-            ints[2 * rows :].view(rows, self.MAX_ADVANCE)[:, :count].copy_(tokens)
-        self._ints_device.copy_(ints, non_blocking=True)
-        if count > self.MAX_ADVANCE:
-            self._unstage(tokens=False)
-            self._keep_newest(*self._advance(count, features.to(self.dtype), tokens.to(self.device)))
-            return
-        self.adv_hidden[:, :count].copy_(features)
-        self._advance_pass(count)
-
-    def advance_rows_device(self, counts: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor) -> None:
-        """`advance_rows` from device tensors (no host read): counts [R], hidden states [R, C, H], tokens [R, C]
-        (C <= MAX_ADVANCE), each row from its current `steps` on the device."""
-        rows, count = tokens.shape
-        if count > self.MAX_ADVANCE:
-            raise ValueError(f"an accept pass from the device takes at most {self.MAX_ADVANCE} steps per row, got "
-                             f"{count}")
-        staged = self._ints_device
-        staged[:rows].copy_(self.steps)
-        staged[rows : 2 * rows].copy_(counts)
-        staged[2 * rows :].view(rows, self.MAX_ADVANCE)[:, :count].copy_(tokens)
-        self.adv_hidden[:, :count].copy_(features)
-        self._advance_pass(count)
-
     def draft_rows(self, max_nodes: int, max_depth: int) -> TreeCandidates:
         """Every row's tree off its newest committed step: `TreeCandidates` of [R, C] tensors."""
         depth = min(max_depth, self.max_depth)
