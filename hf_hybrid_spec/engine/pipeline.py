@@ -233,13 +233,12 @@ def _plain_run(drafter: BatchDrafter, backend, rec: BatchRecorder, running: list
     if not run.running:
         return []
     t0 = time.perf_counter()
-    counts = torch.tensor(run.counts, dtype=torch.long)
-    device = run.tokens.device
     for start in range(0, max(run.counts), path):
-        chunk = (counts - start).clamp(min=0, max=path)
+        chunk = [min(max(count - start, 0), path) for count in run.counts]
         hidden = tuple(h[:, start : start + path] for h in run.hidden) if drafter.target_hidden_layers else None
-        drafter.accept_device(chunk.to(device, non_blocking=True), run.tokens[:, start : start + path], hidden)
-        drafter.advance_host(chunk.tolist())
+        counts = torch.tensor(chunk, dtype=torch.long).to(run.tokens.device, non_blocking=True)
+        drafter.accept_device(counts, run.tokens[:, start : start + path], hidden)
+        drafter.advance_host(chunk)
     inputs.stats.draft_seconds += time.perf_counter() - t0
     return run.running
 
