@@ -129,10 +129,14 @@ class _Growth:
 
     def extend(self, logp: torch.Tensor) -> None:
         """The frontier's log-probabilities [F, V] (fp32) -> its children join the tree; the frontier moves on."""
-        base = torch.tensor([0.0 if f < 0 else self.scores[f] for f in self.frontier], device=logp.device)
         top = logp.topk(self.k, dim=-1)
-        cand_scores = (base[:, None] + top.values).flatten().tolist()
-        cand_tokens = top.indices.flatten().tolist()
+        self.extend_top(top.values.tolist(), top.indices.tolist())
+
+    def extend_top(self, values: list[list[float]], indices: list[list[int]]) -> None:
+        """`extend` from each frontier node's top-k children, read to the host: their log-probabilities and tokens
+        ([F][k] each)."""
+        cand_scores = [(0.0 if f < 0 else self.scores[f]) + v for f, row in zip(self.frontier, values) for v in row]
+        cand_tokens = [t for row in indices for t in row]
         cand_parents = [f for f in self.frontier for _ in range(self.k)]
         order = sorted(range(len(cand_tokens)), key=lambda i: -cand_scores[i])
         new = []
@@ -213,10 +217,17 @@ class BatchSelfSpecDrafter(BatchDrafter):
             current = DraftBatch.from_drafts([g.whole() for g in growths])
             with self.drafter.restricted():
                 logits = self.context.draft_forward(roots, current)  # [R, N, V]
+            # Every growing row's frontier nodes at once: one top-k and one read for the batch.
+            rows_at = [i for i in growing for _ in growths[i].frontier]
+            nodes_at = [f + 1 for i in growing for f in growths[i].frontier]
+            picked = logits[torch.tensor(rows_at, device=logits.device), torch.tensor(nodes_at, device=logits.device)]
+            top = torch.log_softmax(picked.float(), dim=-1).topk(self.drafter.top_k, dim=-1)
+            values, indices = top.values.tolist(), top.indices.tolist()
+            start = 0
             for i in growing:
-                g = growths[i]
-                nodes = torch.tensor([f + 1 for f in g.frontier], device=logits.device)
-                g.extend(torch.log_softmax(logits[i, nodes].float(), dim=-1))
+                end = start + len(growths[i].frontier)
+                growths[i].extend_top(values[start:end], indices[start:end])
+                start = end
         return DraftBatch.from_drafts([g.draft(self.name) for g in growths])
 
     def end(self, ids: list[torch.Tensor]) -> None:
