@@ -340,7 +340,8 @@ def _cost_model(config, backend, model, rows: int) -> VerifyCost | None:
 
 def measure_verify_cost(backend, device: torch.device) -> VerifyCost:
     """Time verify forwards of one chain per row at the backend's widths (`backend.widths`, or CALIBRATION_WIDTHS)
-    on its own cache, each aborted: nothing committed changes. Returns the cost by width."""
+    on its own cache, each aborted: nothing committed changes. Returns the cost by width (`padded` where the widths
+    are the backend's buckets)."""
     rows = len(backend.valid)
     widths = list(backend.widths or CALIBRATION_WIDTHS)
     seconds = []
@@ -355,4 +356,4 @@ def measure_verify_cost(backend, device: torch.device) -> VerifyCost:
         seconds.append(time_forward(run, device))
     logger.info("verify cost at batch %d: %s", rows,
                 ", ".join(f"width {w} {s * 1e3:.2f} ms" for w, s in zip(widths, seconds)))
-    return VerifyCost(widths=widths, seconds=seconds)
+    return VerifyCost(widths=widths, seconds=seconds, padded=backend.widths is not None)

@@ -44,12 +44,17 @@ class VerifyCost:
     Attributes:
         widths: increasing widths measured (a static runner's buckets, or a few sizes for the eager path).
         seconds: the forward's wall time at each width.
+        padded: the widths are a static runner's buckets: a tree between two of them runs padded to the wider one
+            and costs what it costs (the budget must see that a 9-node tree in a 16-wide bucket costs the 16-wide
+            forward, not a share of the way from 8 to 16).
     Below the first width the cost is the first's (a static runner pads a plain step to its smallest bucket),
-    between widths it is interpolated linearly, beyond the last extrapolated from the last two.
+    between widths it is interpolated linearly (or the next width's when padded), beyond the last extrapolated from
+    the last two.
     """
 
     widths: list[int]
     seconds: list[float]
+    padded: bool = False
 
     def __post_init__(self):
         if len(self.widths) != len(self.seconds) or not self.widths:
@@ -65,6 +70,8 @@ class VerifyCost:
             return ys[0]
         i = min(bisect.bisect_left(xs, width), len(xs) - 1)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        if self.padded and width <= x1:
+            return y1
         return max(y0 + (y1 - y0) * (width - x0) / (x1 - x0), ys[0])
 
 

@@ -15,7 +15,7 @@ from transformers import (
 from verification.test_sampling import RandomSampledDrafter, V, chi2_pvalue, target_joint
 
 import hf_hybrid_spec as H
-from hf_hybrid_spec.engine.budget import VerifyCost, choose_nodes, node_values
+from hf_hybrid_spec.engine.budget import VerifyCost, choose_nodes, choose_width, node_values
 from hf_hybrid_spec.testing import TINY_FAMILIES, tiny_model
 from hf_hybrid_spec.tree import DraftTree, empty_draft
 
@@ -279,6 +279,21 @@ def test_verify_cost_interpolates_and_checks_its_table():
     assert cost(1) == 1.0 and cost(6) == pytest.approx(1.5) and cost(24) == pytest.approx(4.0)
     with pytest.raises(ValueError, match="increase"):
         VerifyCost(widths=[4, 4], seconds=[1.0, 1.0])
+    # A static runner's buckets: a width between two runs padded to the wider one and costs all of it.
+    buckets = VerifyCost(widths=[4, 8, 16], seconds=[1.0, 2.0, 3.0], padded=True)
+    assert buckets(1) == 1.0 and buckets(5) == 2.0 and buckets(8) == 2.0 and buckets(9) == 3.0
+    assert buckets(24) == pytest.approx(4.0)
+
+
+def test_pipelined_width_is_not_one_node_past_a_bucket():
+    # A chain drafter's widest tree (8 nodes and the root) runs in the 16-wide bucket: one more node, expected
+    # 0.43 tokens per row, for the 16-wide forward's cost. Interpolated, the 9-wide tree looked almost as cheap as
+    # the 8-wide one; the bucket's real cost sends the batch to width 8.
+    seconds = [8.3, 8.4, 9.3, 11.6, 16.4]
+    prefix = [64 * sum(0.9**k for k in range(1, d + 1)) for d in range(9)]
+    widths = [2, 4, 8, 9]
+    assert choose_width(prefix, 64, VerifyCost([1, 2, 4, 8, 16], seconds), widths=widths)[0] == 9
+    assert choose_width(prefix, 64, VerifyCost([1, 2, 4, 8, 16], seconds, padded=True), widths=widths)[0] == 8
 
 
 # ---------------------------------------------------------------------- bad input and what a batch refuses
