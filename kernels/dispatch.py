@@ -92,13 +92,15 @@ def tree_gated_delta_rule(
     )
 
 
-def commit_gated_delta_rule(initial_state, out: TreeGatedDeltaOutput, parent, leaf, on_path=None) -> torch.Tensor:
-    """Exact state after the root->leaf path, [B, HV, K, V] float32 (a new tensor).
+def commit_gated_delta_rule(initial_state, out: TreeGatedDeltaOutput, parent, leaf, on_path=None,
+                            into=None) -> torch.Tensor:
+    """Exact state after the root->leaf path, [B, HV, K, V] float32 (a new tensor, or `into` written).
 
     leaf: [B] int, the accepted node per row; -1 leaves that row's state unchanged (bit-identical).
     on_path: optional [B, N] bool mask of each row's root->leaf path, when the caller has it already.
+    into: where to write the state, e.g. `initial_state` itself (the commit in place: no copy of the whole state).
     """
-    return out.commit(initial_state, parent, leaf, on_path)
+    return out.commit(initial_state, parent, leaf, on_path, into)
 
 
 def tree_causal_conv1d(x, weight, bias, parent, conv_state, activation="silu") -> torch.Tensor:
@@ -141,9 +143,10 @@ def tree_mamba2(
     )
 
 
-def commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf, on_path=None) -> torch.Tensor:
-    """Exact SSM state after the root->leaf path, [B, H, P, S] float32; leaf = -1 leaves a row unchanged."""
-    return out.commit(initial_state, parent, leaf, on_path)
+def commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf, on_path=None, into=None) -> torch.Tensor:
+    """Exact SSM state after the root->leaf path, [B, H, P, S] float32; leaf = -1 leaves a row unchanged; `into` as
+    `commit_gated_delta_rule`'s."""
+    return out.commit(initial_state, parent, leaf, on_path, into)
 
 
 def tree_mamba1(x, dt, A, B, C, parent, initial_state, D=None, z=None, dt_bias=None,
@@ -162,9 +165,10 @@ def tree_mamba1(x, dt, A, B, C, parent, initial_state, D=None, z=None, dt_bias=N
                                           dt_softplus=dt_softplus)
 
 
-def commit_mamba1(initial_state, out: TreeMamba1Output, parent, leaf, on_path=None) -> torch.Tensor:
-    """Exact SSM state after the root->leaf path, [B, D, S] float32; leaf = -1 leaves a row unchanged."""
-    return out.commit(initial_state, parent, leaf, on_path)
+def commit_mamba1(initial_state, out: TreeMamba1Output, parent, leaf, on_path=None, into=None) -> torch.Tensor:
+    """Exact SSM state after the root->leaf path, [B, D, S] float32; leaf = -1 leaves a row unchanged; `into` as
+    `commit_gated_delta_rule`'s."""
+    return out.commit(initial_state, parent, leaf, on_path, into)
 
 
 def tree_attention(q, k, v, mask, scale: float) -> torch.Tensor:

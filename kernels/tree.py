@@ -22,6 +22,8 @@ __all__ = [
     "ancestors_at_distance",
     "path_nodes",
     "node_strided",
+    "writable_state",
+    "finish_state",
 ]
 
 
@@ -156,3 +158,20 @@ def node_strided(x: torch.Tensor) -> torch.Tensor:
     if contiguous_inner and strides[1] >= step and (b == 1 or strides[0] == n * strides[1]):
         return x
     return x.contiguous()
+
+
+def writable_state(into: torch.Tensor | None, h0: torch.Tensor) -> torch.Tensor:
+    """Where a commit kernel writes the new state of `h0` (fp32, contiguous): `into` itself when the kernel can
+    write it directly (fp32, contiguous, h0's shape: the cache's own state buffer, possibly h0 itself), else a new
+    tensor (copied into `into` afterwards by `finish_state`)."""
+    if into is not None and into.dtype == torch.float32 and into.is_contiguous() and into.shape == h0.shape:
+        return into
+    return torch.empty_like(h0)
+
+
+def finish_state(into: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """The commit's result: `new`, copied into `into` where the kernel could not write `into` directly."""
+    if into is None or new is into:
+        return new
+    into.copy_(new)
+    return into

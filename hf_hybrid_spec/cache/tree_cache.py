@@ -364,8 +364,9 @@ class HybridTreeCache(DynamicCache):
                 conv = layer.conv_states[s]
                 conv.copy_(commit_causal_conv1d(conv, pending.conv_inputs, par, lf, on_path=mask))
             if pending.recurrent is not None:
+                # Written in place: the Triton commits write the state buffer directly (no copy of the whole state).
                 state = layer.recurrent_states[s]
-                state.copy_(pending.recurrent.commit(state, par, lf, on_path=mask).to(state.dtype))
+                pending.recurrent.commit(state, par, lf, on_path=mask, into=state)
 
 
 def right_aligned_index(paths: list[list[int]], valid: list[int], prefix: int) -> torch.Tensor:

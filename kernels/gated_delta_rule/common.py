@@ -28,13 +28,15 @@ class TreeGatedDeltaOutput:
     g_cum: torch.Tensor
 
     def commit(self, initial_state: torch.Tensor, parent: torch.Tensor, leaf: torch.Tensor,
-               on_path: torch.Tensor | None = None) -> torch.Tensor:
+               on_path: torch.Tensor | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
         """The exact state [B, HV, K, V] (float32, a new tensor) after each row's root->leaf path, rebuilt from these
         factors.
 
         leaf: [B] the accepted node per row (-1: nothing accepted, the state comes back bit-identical); on_path:
-        optional [B, N] bool mask of each row's path, when the caller has it. Dispatches like the public ops."""
-        return run_commit("commit_gated_delta_rule", initial_state.device, (initial_state, self, parent, leaf), on_path)
+        optional [B, N] bool mask of each row's path, when the caller has it; into: written and returned instead of
+        a new tensor (may be `initial_state`: the commit in place). Dispatches like the public ops."""
+        return run_commit("commit_gated_delta_rule", initial_state.device, (initial_state, self, parent, leaf), on_path,
+                          into)
 
 
 @dataclass

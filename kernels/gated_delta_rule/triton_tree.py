@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tree import node_strided, validate_parent
+from ..tree import finish_state, node_strided, validate_parent, writable_state
 from .common import TreeGatedDeltaOutput, check_shapes
 
 
@@ -346,13 +346,15 @@ def tree_gated_delta_rule_fwd(
 
 
 def commit_gated_delta_rule_fwd(
-    initial_state: torch.Tensor, out: TreeGatedDeltaOutput, parent: torch.Tensor, leaf: torch.Tensor
+    initial_state: torch.Tensor, out: TreeGatedDeltaOutput, parent: torch.Tensor, leaf: torch.Tensor,
+    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launcher for the commit; returns a new [B, HV, K, V] fp32 tensor."""
+    """Launcher for the commit; returns a new [B, HV, K, V] fp32 tensor, or `into` written (in place when it is the
+    fp32 contiguous initial state: each program reads its tile before it writes it)."""
     bsz, hv, kdim, vdim = initial_state.shape
     n, h = out.k.shape[1:3]
     h0 = initial_state.float().contiguous()
-    new = torch.empty_like(h0)
+    new = writable_state(into, h0)
     bk = min(64, triton.next_power_of_2(kdim))
     bv = min(64, triton.next_power_of_2(vdim))
     grid = (triton.cdiv(kdim, bk) * triton.cdiv(vdim, bv), bsz * hv)
@@ -361,7 +363,7 @@ def commit_gated_delta_rule_fwd(
         leaf.to(device=h0.device, dtype=torch.int32).contiguous(), new,
         n, H=h, HV=hv, K=kdim, V=vdim, BK=bk, BV=bv,
     )
-    return new
+    return finish_state(into, new)
 
 
 def triton_tree_gated_delta_rule(
@@ -400,9 +402,11 @@ def triton_tree_gated_delta_rule(
 
 
 def triton_commit_gated_delta_rule(
-    initial_state: torch.Tensor, out: TreeGatedDeltaOutput, parent: torch.Tensor, leaf: torch.Tensor
+    initial_state: torch.Tensor, out: TreeGatedDeltaOutput, parent: torch.Tensor, leaf: torch.Tensor,
+    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as `hf_hybrid_spec.kernels.commit_gated_delta_rule`: [B, HV, K, V] fp32, a new tensor."""
+    """Same contract as `hf_hybrid_spec.kernels.commit_gated_delta_rule`: [B, HV, K, V] fp32, a new tensor or
+    `into` written."""
     bsz, hv, kdim, vdim = initial_state.shape
     n = out.u.shape[1]
     if out.u.shape != (bsz, n, hv, vdim) or out.k.shape[::3] != (bsz, kdim) or out.g_cum.shape != (bsz, n, hv):
@@ -413,4 +417,4 @@ def triton_commit_gated_delta_rule(
     validate_parent(parent, n)
     if leaf.shape != (bsz,):
         raise ValueError(f"leaf must be [B] = ({bsz},), got {tuple(leaf.shape)}")
-    return commit_gated_delta_rule_fwd(initial_state, out, parent, leaf)
+    return commit_gated_delta_rule_fwd(initial_state, out, parent, leaf, into)

@@ -44,12 +44,13 @@ class TreeMamba1Output:
     a: torch.Tensor
 
     def commit(self, initial_state: torch.Tensor, parent: torch.Tensor, leaf: torch.Tensor,
-               on_path: torch.Tensor | None = None) -> torch.Tensor:
+               on_path: torch.Tensor | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
         """The exact SSM state [B, D, S] (float32, a new tensor) after each row's root->leaf path.
 
         leaf: [B] the accepted node per row (-1: nothing accepted, the state comes back bit-identical); on_path:
-        optional [B, N] bool mask of each row's path, when the caller has it. Dispatches like the public ops."""
-        return run_commit("commit_mamba1", initial_state.device, (initial_state, self, parent, leaf), on_path)
+        optional [B, N] bool mask of each row's path, when the caller has it; into: written and returned instead of
+        a new tensor (may be `initial_state`: the commit in place). Dispatches like the public ops."""
+        return run_commit("commit_mamba1", initial_state.device, (initial_state, self, parent, leaf), on_path, into)
 
 
 @dataclass

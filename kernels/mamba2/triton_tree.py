@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..gated_delta_rule.triton_tree import _ancestor_mask
-from ..tree import node_strided, validate_parent
+from ..tree import finish_state, node_strided, validate_parent, writable_state
 from .common import TreeMamba2Output
 
 
@@ -294,12 +294,13 @@ def tree_mamba2_fwd(
     return TreeMamba2Output(y=y, x=x_out, b=b_out, dt=dt_out, a_cum=a_cum)
 
 
-def commit_mamba2_fwd(initial_state, out: TreeMamba2Output, parent, leaf) -> torch.Tensor:
-    """Launcher for the commit; returns a new [B, H, P, S] fp32 tensor."""
+def commit_mamba2_fwd(initial_state, out: TreeMamba2Output, parent, leaf, into=None) -> torch.Tensor:
+    """Launcher for the commit; returns a new [B, H, P, S] fp32 tensor, or `into` written (in place when it is the
+    fp32 contiguous initial state: each program reads its tile before it writes it)."""
     bsz, h, p, s = initial_state.shape
     n, g = out.b.shape[1:3]
     h0 = initial_state.float().contiguous()
-    new = torch.empty_like(h0)
+    new = writable_state(into, h0)
     bp = min(64, triton.next_power_of_2(p))
     bs = min(64, triton.next_power_of_2(s))
     grid = (triton.cdiv(p, bp) * triton.cdiv(s, bs), bsz * h)
@@ -308,7 +309,7 @@ def commit_mamba2_fwd(initial_state, out: TreeMamba2Output, parent, leaf) -> tor
         parent.contiguous(), leaf.to(device=h0.device, dtype=torch.int32).contiguous(), new,
         n, H=h, G=g, P=p, S=s, BP=bp, BS=bs,
     )
-    return new
+    return finish_state(into, new)
 
 
 def _check_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, num_nodes) -> None:
@@ -358,8 +359,8 @@ def triton_tree_mamba2(
     return tree_mamba2_fwd(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_softplus, dt_limit, num_nodes)
 
 
-def triton_commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf) -> torch.Tensor:
-    """Same contract as `hf_hybrid_spec.kernels.commit_mamba2`: [B, H, P, S] fp32, a new tensor."""
+def triton_commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf, into=None) -> torch.Tensor:
+    """Same contract as `hf_hybrid_spec.kernels.commit_mamba2`: [B, H, P, S] fp32, a new tensor or `into` written."""
     bsz, h, p, s = initial_state.shape
     n = out.x.shape[1]
     if out.x.shape != (bsz, n, h, p) or out.b.shape[::3] != (bsz, s) or out.dt.shape != (bsz, n, h):
@@ -370,4 +371,4 @@ def triton_commit_mamba2(initial_state, out: TreeMamba2Output, parent, leaf) -> 
     validate_parent(parent, n)
     if leaf.shape != (bsz,):
         raise ValueError(f"leaf must be [B] = ({bsz},), got {tuple(leaf.shape)}")
-    return commit_mamba2_fwd(initial_state, out, parent, leaf)
+    return commit_mamba2_fwd(initial_state, out, parent, leaf, into)

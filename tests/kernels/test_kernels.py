@@ -394,6 +394,38 @@ def test_mamba2_commit_nothing_is_a_copy(backend):
     assert torch.equal(new.view(torch.int32), h0.view(torch.int32))
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+@pytest.mark.parametrize("op", ["gated_delta_rule", "mamba2"])
+def test_commit_into_the_initial_state_is_the_new_state(backend, op):
+    """The cache commits in place (`into=` the state buffer itself: the Triton kernels write it directly, each
+    program reading its tile before writing it): the same bits as a commit into a new tensor, for accepted paths of
+    every depth and rows that accept nothing."""
+    bsz, n = 4, 9
+    if op == "gated_delta_rule":
+        q, k, v, g, beta, h0 = gdn_inputs(bsz, n, 1, 2, 24, 20, True, seed=11)
+        inputs, tree_fn = (q, k, v, g, beta), GDN_TREE[backend][0]
+    else:
+        (x, dt, a, b, c, h0), _ = mamba2_inputs(bsz, n, 2, 1, 8, 16, False, seed=11)
+        inputs, tree_fn = (x, dt, a, b, c), MAMBA2_TREE[backend][0]
+    parent = random_tree(bsz, n, 3, seed=11)
+    leaf = random_leaf(bsz, n, seed=11)
+    leaf[1] = -1
+    with kernels.use_backend(backend):
+        out = tree_fn(*inputs, parent, h0, use_qk_l2norm=True) if op == "gated_delta_rule" else tree_fn(
+            *inputs, parent, h0)
+        expected = out.commit(h0, parent, leaf)
+        state = h0.clone()
+        address = state.data_ptr()
+        result = run(backend, out.commit, state, parent, leaf, into=state)
+    assert result is state and state.data_ptr() == address
+    assert torch.equal(state, expected) and torch.equal(state[1], h0[1])
+    # A destination the kernel cannot write directly (another dtype) gets the state copied in.
+    half = torch.zeros_like(h0, dtype=torch.float64)
+    with kernels.use_backend(backend):
+        assert out.commit(h0, parent, leaf, into=half) is half
+    assert torch.equal(half, expected.double())
+
+
 def test_mamba2_validation():
     (x, dt, a, b, c, h0), _ = mamba2_inputs(1, 4, 3, 2, 8, 16, False)
     with pytest.raises(ValueError, match="multiple"):
