@@ -249,6 +249,9 @@ def acceptance_batch_drafter(continuations: list[list[int]], acceptance: float, 
             return DeviceDrafts(tokens=tokens, parents=(steps - 1).expand(rows, n),
                                 values=torch.full((rows, n), acceptance, device=device) ** depth_, depth=depth_)
 
+        def timing_key(self):
+            return (self.name, depth, vocab_size)
+
         def accept_device(self, counts, tokens, hidden):
             self.lengths += counts
 

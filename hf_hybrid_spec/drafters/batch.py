@@ -18,7 +18,7 @@ batch instead of one per row.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +93,12 @@ class BatchDrafter(ABC):
 
     def begin(self, prompts: list[torch.Tensor], context: DraftContext, hidden: BatchHidden | None) -> None:
         """The batch starts: `prompts[b]` is row b's prompt [1, P_b] without its padding."""
+
+    def timing_key(self) -> Hashable | None:
+        """For a drafter with device drafting: what one draft's cost depends on besides the device, the rows and the
+        nodes (its weights and settings, e.g. compiled or not). The pipelined step times a draft once per process
+        for each key and reuses it across calls; None (the default) times it at every call."""
+        return None
 
     @abstractmethod
     def propose(self, rows: list[int], ids: RowTokens, budgets: list[DraftBudget]) -> DraftBatch:

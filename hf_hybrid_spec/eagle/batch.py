@@ -41,6 +41,9 @@ class BatchEagleDrafter(BatchHiddenStepDrafter):
         super().__init__(rows, min(top_k, model.config.draft_vocab_size), max_depth, tuple(model.config.aux_layers))
         self.static, self.fuse = static, fuse
 
+    def timing_key(self) -> tuple:
+        return (self.name, id(self.model), self.top_k, self.max_depth, self.static, self.fuse)
+
     def _open_store(self, capacity: int) -> StaticEagleTree:
         if self.static:
             return static_eagle_tree(self.model, self.top_k, capacity, owner=self, fuse=self.fuse, rows=self.rows)

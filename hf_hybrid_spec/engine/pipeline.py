@@ -58,7 +58,7 @@ PROBE_EVERY = 16
 NO_RANK = 1 << 30
 # Drafting steps whose cost beyond the verify forward the budget's estimate is the median of.
 EXTRA_WINDOW = 9
-# Measured seconds of one batched draft, per (drafter model, device, rows, nodes): timed once per process.
+# Measured seconds of one batched draft, per (drafter's `timing_key`, device, rows, nodes): timed once per process.
 _DRAFT_SECONDS: dict[tuple, float] = {}
 
 
@@ -106,10 +106,14 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     drafts = drafter.propose_device(nodes)
     draft_seconds = 0.0
     if inputs.cost is not None:
-        key = (id(getattr(drafter, "model", drafter)), str(device), rows, nodes)
-        if key not in _DRAFT_SECONDS:
-            _DRAFT_SECONDS.setdefault(key, time_forward(lambda: drafter.propose_device(nodes), device))
-        draft_seconds = _DRAFT_SECONDS[key]
+        identity = drafter.timing_key()
+        key = None if identity is None else (identity, str(device), rows, nodes)
+        if key is not None and key in _DRAFT_SECONDS:
+            draft_seconds = _DRAFT_SECONDS[key]
+        else:
+            draft_seconds = time_forward(lambda: drafter.propose_device(nodes), device)
+            if key is not None:
+                _DRAFT_SECONDS[key] = draft_seconds
     widths = sorted({w for w in backend.widths if w <= widest} | {widest})
     # The budget's inputs are measured as the batch runs. Accepted tokens per width: every step at width W measures
     # every width up to W (`AcceptanceByWidth`); the first step, and every `PROBE_EVERY`-th drafting step after it,

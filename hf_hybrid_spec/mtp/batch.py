@@ -186,6 +186,9 @@ class BatchMtpDrafter(BatchHiddenStepDrafter):
         super().__init__(rows, min(top_k, tc.vocab_size), max_depth, (tc.num_hidden_layers,))
         self.head, self.static = head, static
 
+    def timing_key(self) -> tuple:
+        return (self.name, id(self.head), self.top_k, self.max_depth, self.static)
+
     def _open_store(self, capacity: int) -> BatchMtpStore:
         if self.static:
             return batch_mtp_store(self.head, self.top_k, self.max_depth, capacity, self.rows, owner=self)

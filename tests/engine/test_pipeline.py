@@ -578,3 +578,35 @@ def test_eagle_catches_up_on_plain_steps_from_their_hidden_states(monkeypatch):
                 torch.testing.assert_close(h[b], states[layer][b, at], rtol=1e-4, atol=1e-4)
     after = stats.accepted_lengths[(P.PATIENCE + run) * rows :]
     assert len(after) >= 4 * rows and sum(after) / len(after) > 2.5
+
+
+def test_a_drafts_cost_is_timed_once_per_timing_key(monkeypatch):
+    """The pipelined step times one device draft before the first step (the cost a drafting step adds): once per
+    process for each drafter `timing_key` (its weights and settings), at every call for a drafter without one. A key
+    from the drafter's object identity would re-time every call of a drafter built per call, and grow without
+    bound."""
+    import hf_hybrid_spec.engine.batch as B
+    import hf_hybrid_spec.engine.pipeline as P
+
+    flat = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.0, 1.01, 1.02, 1.04])
+    monkeypatch.setattr(B, "_cost_model", lambda *args: flat)
+    monkeypatch.setattr(P, "_DRAFT_SECONDS", {})
+    timed = []
+    monkeypatch.setattr(P, "time_forward", lambda run, device: timed.append(1) or 1e-3)
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([9, 7], seed=15)
+    kw = dict(max_new_tokens=6, eos_token_id=None)
+    refs = row_references(greedy(model, ids, mask, **kw), mask)
+
+    class Keyed(ReferenceDrafter):
+        def __init__(self, refs, key):
+            super().__init__(refs)
+            self.key = key
+
+        def timing_key(self):
+            return self.key
+
+    for key, expected in (("fused", 1), ("fused", 1), ("eager", 2), (None, 3), (None, 4)):
+        generate_with(model, ids, mask, Keyed(refs, key), **kw)
+        assert len(timed) == expected, key
+    assert set(P._DRAFT_SECONDS) == {(k, "cpu", 2, 10) for k in ("fused", "eager")}
