@@ -36,7 +36,7 @@ from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, StepInputs, make_verifier, process_tree_logits, row_processors
 from .backend import BatchEagerBackend
 from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
-from .outputs import CACHE_FIELD, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter
+from .outputs import CACHE_FIELD, BatchScores, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter
 from .pipeline import PipelineInputs, pipelines, run_pipelined
 from .plain import plain_step, plain_steps, runs_plain
 from .request import Request
@@ -77,7 +77,10 @@ def decode_batch(request: Request):
     stats = SpecStats(prefill_tokens=int(mask.sum()), rows=row_stats)
     layers = tuple(drafter.target_hidden_layers)
     processors = request.processors
-    raw_greedy = verifier.raw_greedy and not processors
+    kept = None  # output_scores / output_logits: each row's, from every step's verification (no plain fast paths)
+    if gen.return_dict_in_generate and (gen.output_scores or gen.output_logits):
+        kept = BatchScores(rows, bool(gen.output_scores), bool(gen.output_logits))
+    raw_greedy = verifier.raw_greedy and not processors and kept is None
     node_budget = min(config.max_draft_tokens, config.max_verify_nodes)
     stats.budget_capped = node_budget < config.max_draft_tokens
     backend = _backend(request, layers, node_budget)
@@ -100,6 +103,8 @@ def decode_batch(request: Request):
         rec.append(list(range(rows)), [first.token_list for first in firsts])
         for b, first in enumerate(firsts):
             count_arbiter(first, stats, row_stats[b])
+            if kept is not None:
+                kept.add(b, scores[b : b + 1], logits[b : b + 1], 1)
         everyone = list(range(rows))
         drafter.accept(everyone, _row_tokens(rec, everyone, pads),
                        [VerifyResult(path=[0], tokens=f.tokens, score_nodes=[0], token_list=f.token_list)
@@ -146,14 +151,19 @@ def decode_batch(request: Request):
                 verified = backend.forward(tree)
                 try:
                     drafter.overlap()
+                    chosen = [] if kept is not None else None
                     results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
-                                          [per_row[b] for b in running], raw_greedy)
+                                          [per_row[b] for b in running], raw_greedy, chosen)
                     del verified
                 except BaseException:
                     backend.abort()
                     raise
                 hidden = backend.commit([r.path for r in results])
+            before = [rec.lengths[b] for b in running]
             rec.append(running, [r.token_list for r in results])
+            if kept is not None:
+                for i, b in enumerate(running):
+                    kept.add(b, *chosen[i], rec.lengths[b] - before[i])
             t2 = time.perf_counter()
             stats.target_forwards += 1
             stats.draft_seconds += t1 - t0
@@ -177,9 +187,11 @@ def decode_batch(request: Request):
                 stats.target_forwards, stats.mean_accepted_length)
     if not gen.return_dict_in_generate:
         return sequences
+    scores, logits = kept.outputs(length - prompt_length, pad) if kept is not None else (None, None)
     # The batch's cache is not returned: its rows sit at different lengths (right-aligned by the eager backend, with
     # finished rows removed), so it is no cache stock generate could continue from.
-    return SpeculativeDecoderOnlyOutput(sequences=sequences, spec_stats=stats, **{CACHE_FIELD: None})
+    return SpeculativeDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, spec_stats=stats,
+                                        **{CACHE_FIELD: None})
 
 
 def _backend(request: Request, layers: tuple[int, ...], node_budget: int):
@@ -266,10 +278,11 @@ def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: tor
 
 
 def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_ids: Sequence[torch.Tensor],
-                verifier, processors: list, raw_greedy: bool) -> list[VerifyResult]:
+                verifier, processors: list, raw_greedy: bool, chosen: list | None = None) -> list[VerifyResult]:
     """Each row's result. Greedy over raw logits: one argmax over [R, N, V], one host read, and the accepted paths
     of every row worked out together (`greedy_rows`); else the row's own tree and scores through the rule (its
-    processors see the row's ids, as stock generate's do)."""
+    processors see the row's ids, as stock generate's do). `chosen` (a list, not with `raw_greedy`) gets each row's
+    processed scores and raw logits [k, V] of the nodes that chose its k committed tokens."""
     if raw_greedy:
         return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
     results = []
@@ -283,6 +296,8 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
         result = verifier.verify(row_tree, scores, StepInputs(ids.shape[1], None))
         if result.token_list is None:
             result.token_list = result.tokens.tolist()
+        if chosen is not None:
+            chosen.append((scores[result.score_nodes], raw[0, result.score_nodes]))
         results.append(result)
     return results
 

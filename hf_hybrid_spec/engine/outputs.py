@@ -12,8 +12,8 @@ from ..drafters import TargetHidden
 from ..stopping import HostStopping
 from ..tree import VerifyResult
 
-__all__ = ["SpecStats", "SpeculativeDecoderOnlyOutput", "Recorder", "CACHE_FIELD", "count_arbiter", "prompt_outputs",
-           "path_outputs", "target_hidden"]
+__all__ = ["SpecStats", "SpeculativeDecoderOnlyOutput", "Recorder", "BatchScores", "CACHE_FIELD", "count_arbiter",
+           "prompt_outputs", "path_outputs", "target_hidden"]
 
 CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
@@ -69,6 +69,46 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
     """`GenerateDecoderOnlyOutput` plus the speculation statistics."""
 
     spec_stats: SpecStats | None = None
+
+
+class BatchScores:
+    """`output_scores` / `output_logits` for a batch: each row's processed scores and raw logits of the tokens it
+    committed, laid out at the end as stock generate lays them out, one [B, V] tensor per generated position.
+
+    A row that stopped before the last position has no forward after its stop (speculation stops verifying it, where
+    stock decodes it on, feeding it pad tokens): its entries there are -inf but 0 at `pad_token_id`, the pad token
+    with probability one, which is what the row's output holds there.
+
+    Args:
+        rows: the batch size. scores / logits: which of the two to keep.
+    """
+
+    def __init__(self, rows: int, scores: bool, logits: bool):
+        self.scores: list[list[torch.Tensor]] | None = [[] for _ in range(rows)] if scores else None
+        self.logits: list[list[torch.Tensor]] | None = [[] for _ in range(rows)] if logits else None
+
+    def add(self, row: int, scores: torch.Tensor, logits: torch.Tensor, kept: int) -> None:
+        """Row `row` committed `kept` tokens, chosen by `scores` / `logits` [k >= kept, V] (the rows past `kept`,
+        tokens its stopping criteria cut, are dropped)."""
+        if self.scores is not None:
+            self.scores[row].append(scores[:kept])
+        if self.logits is not None:
+            self.logits[row].append(logits[:kept])
+
+    def outputs(self, positions: int, pad_token_id: int | None) -> tuple[tuple | None, tuple | None]:
+        """(scores, logits): `positions` tensors [B, V] each (None for what was not kept)."""
+        return self._layout(self.scores, positions, pad_token_id), self._layout(self.logits, positions, pad_token_id)
+
+    @staticmethod
+    def _layout(rows: list[list[torch.Tensor]] | None, positions: int, pad_token_id: int | None) -> tuple | None:
+        if rows is None:
+            return None
+        per_row = [torch.cat(chunks)[:positions] for chunks in rows]
+        vocab, device = per_row[0].shape[-1], per_row[0].device
+        stopped = torch.full((vocab,), float("-inf"), device=device)
+        stopped[0 if pad_token_id is None else int(pad_token_id)] = 0.0
+        table = torch.stack([torch.cat([r, stopped.expand(positions - r.shape[0], vocab)]) for r in per_row], dim=1)
+        return tuple(table.unbind(0))
 
 
 class Recorder:

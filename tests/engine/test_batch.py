@@ -321,12 +321,62 @@ def test_bad_batches_get_clear_errors_and_leave_the_model_as_it_was():
     assert torch.equal(before, after)
 
 
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])
+@pytest.mark.parametrize("name", ["random-trees", "eagle"])
+def test_batch_scores_and_logits_match_stock(name, compile_):
+    """`output_scores` / `output_logits` at B > 1: per generated position a [B, V] tensor, as stock's; each row's
+    entries up to its stop are stock's (a repetition penalty makes the scores differ from the logits), and after a
+    row's EOS they hold the pad token with probability one (stock runs the model on the pad tokens there)."""
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([7, 12, 4], seed=2)
+    plain = greedy(model, ids, mask, max_new_tokens=12, eos_token_id=None)
+    eos = int(plain[0, ids.shape[1] + 2])  # row 0 stops at its 3rd new token
+    kw = dict(max_new_tokens=12, eos_token_id=eos, repetition_penalty=1.3, return_dict_in_generate=True,
+              output_scores=True, output_logits=True)
+    ref = greedy(model, ids, mask, **kw)
+    if name == "eagle":
+        extra = drafter_kwargs("eagle", model, compile=compile_)
+    else:
+        extra = dict(drafter=[RandomTreeDrafter(96, reference=r, seed=b)
+                              for b, r in enumerate(row_references(plain, mask))],
+                     assistant_config=H.AssistantConfig(compile=compile_))
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, **extra, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.scores) == len(ref.scores) == len(out.logits) == ref.sequences.shape[1] - ids.shape[1]
+    stop = ids.shape[1] + 3
+    for t, (ours, theirs, ours_raw, theirs_raw) in enumerate(zip(out.scores, ref.scores, out.logits, ref.logits)):
+        assert ours.shape == theirs.shape and ours_raw.shape == theirs_raw.shape
+        live = [b for b in range(3) if ref.sequences[b, ids.shape[1] + t] != PAD or b != 0]
+        torch.testing.assert_close(ours[live], theirs[live], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ours_raw[live], theirs_raw[live], rtol=1e-4, atol=1e-4)
+        if ids.shape[1] + t >= stop:  # row 0 stopped: the pad token, surely
+            assert ours[0, PAD] == 0 and torch.isinf(ours[0]).sum() == ours.shape[1] - 1
+    assert not torch.equal(out.scores[3], out.logits[3])  # the penalty processed the scores
+    transitions = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+    assert transitions.shape == (3, len(out.scores)) and transitions[0, 3:].eq(0).all()
+
+
+def test_batch_sampled_scores_have_stocks_layout():
+    model = tiny_model("falcon_h1")
+    ids, mask = padded_batch([5, 9], seed=4)
+    out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=0.7, top_k=20, max_new_tokens=6,
+                         eos_token_id=None, pad_token_id=PAD, return_dict_in_generate=True, output_scores=True,
+                         custom_generate=H.speculative_generate,
+                         drafter=[RandomTreeDrafter(96, seed=b) for b in range(2)])
+    assert len(out.scores) == 6 and all(s.shape == (2, model.config.vocab_size) for s in out.scores)
+    # top_k=20 warped the scores: 20 finite entries per row, and each committed token is one of them.
+    for t, s in enumerate(out.scores):
+        assert (torch.isfinite(s).sum(-1) <= 20).all()
+        chosen = out.sequences[:, ids.shape[1] + t]
+        assert torch.isfinite(s.gather(1, chosen[:, None])).all()
+
+
 @pytest.mark.parametrize("ask,match", [
     (lambda model: dict(drafter=[H.SelfSSMDrafter(model), H.SelfSSMDrafter(model)]), "one instance per row"),
     (dict(assistant_config=H.AssistantConfig(verification="cospec", arbiter="some/arbiter")), "cospec"),
-    (dict(return_dict_in_generate=True, output_scores=True), "output_scores"),
+    (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions"),
     (dict(drafter=RandomTreeDrafter(96)), "one per row"),
-], ids=["self_ssm-instances", "lossy", "scores", "one-drafter"])
+], ids=["self_ssm-instances", "lossy", "attentions", "one-drafter"])
 def test_what_a_batch_does_not_support_is_named(ask, match):
     model = tiny_model("qwen3_5_text")
     ask = ask(model) if callable(ask) else ask
