@@ -152,12 +152,7 @@ def _check_batch(input_ids: torch.Tensor, generation_config: GenerationConfig, m
 
 
 def _check_batch_config(config: AssistantConfig, drafter, generation_config: GenerationConfig) -> None:
-    """The configuration a batch runs with: lossless verification or an arbiter that reads only the target's scores
-    and the tree ('fly', 'typical'), and per-row drafters or a named one."""
-    if config.verification == "cospec":
-        raise NotImplementedError("verification='cospec' supports batch size 1 for now (its arbiter reads the draft's "
-                                  "distributions, which a batch's drafts do not carry); 'fly' and 'typical' run at "
-                                  "any batch size")
+    """The drafters a batch runs with: per-row drafters or a named one."""
     if drafter is not None:
         raise ValueError("drafter= is one drafter instance, and a batch needs one per row: pass a list of them "
                          "(drafter=[d_0, ..., d_B-1]) or name a registered drafter in assistant_config")

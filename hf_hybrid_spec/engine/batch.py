@@ -67,7 +67,7 @@ def decode_batch(request: Request):
     mask = torch.ones_like(input_ids) if mask is None else mask.to(device)
     pads = (mask == 0).sum(-1).tolist()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    verifier = make_verifier(config, bool(gen.do_sample), None)
+    verifier = _batch_verifier(config, bool(gen.do_sample), drafter)
     if verifier.wants_empty_drafts and isinstance(drafter, PerRowDrafters):
         drafter.ask_empty = True  # the rule reads the draft's own choice after the root (`propose_within`)
     pad = getattr(gen, "_pad_token_tensor", None)
@@ -98,8 +98,9 @@ def decode_batch(request: Request):
             hidden = BatchHidden(layers, tuple(out.hidden_states[i] for i in layers), pads,
                                  [prompt_length - p for p in pads])
         drafter.begin([input_ids[b : b + 1, pads[b] :] for b in range(rows)], context, hidden)
-        firsts = [verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1], None, context, None, None,
-                                                                     node_budget)) for b in range(rows)]
+        # Each row's first token as the row alone would get it (an arbitrated rule asks the row's own drafter).
+        firsts = [verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1, pads[b] :], _row_drafter(
+            drafter, b), context, None, None, node_budget)) for b in range(rows)]
         rec.append(list(range(rows)), [first.token_list for first in firsts])
         for b, first in enumerate(firsts):
             count_arbiter(first, stats, row_stats[b])
@@ -153,7 +154,8 @@ def decode_batch(request: Request):
                     drafter.overlap()
                     chosen = [] if kept is not None else None
                     results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
-                                          [per_row[b] for b in running], raw_greedy, chosen)
+                                          [per_row[b] for b in running], raw_greedy, chosen,
+                                          [pads[b] for b in running])
                     del verified
                 except BaseException:
                     backend.abort()
@@ -207,6 +209,28 @@ def _backend(request: Request, layers: tuple[int, ...], node_budget: int):
     static_length = request.generation_config.max_length + max(buckets)
     return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request,
                               hidden_layers=layers, fuse=config.compile_verify)
+
+
+def _batch_verifier(config, do_sample: bool, drafter):
+    """The batch's rule, built as one request's with the first row's drafter (an arbitrated rule turns its next-token
+    distributions on, or refuses a drafter without them) and every other row's drafter set alike: each row is decided
+    as it would be alone. A named batched drafter reports no distributions (None: as a drafter without them)."""
+    first = _row_drafter(drafter, 0)
+    verifier = make_verifier(config, do_sample, first)
+    if isinstance(drafter, PerRowDrafters) and hasattr(first, "next_probs"):
+        for row in drafter.drafters[1:]:
+            if hasattr(row, "next_probs"):
+                row.next_probs = first.next_probs
+    if verifier.uses_target_hidden:
+        raise NotImplementedError("an arbiter that reads the target's hidden states (CoSpecArbiter with "
+                                  "target_hidden_size > 0) supports batch size 1 for now; arbiters over the mismatch "
+                                  "features run at any batch size")
+    return verifier
+
+
+def _row_drafter(drafter, row: int):
+    """Row `row`'s own drafter (one per row), or None for a batched drafter."""
+    return drafter.drafters[row] if isinstance(drafter, PerRowDrafters) else None
 
 
 def _draft_forward(backend, roots: list[int], drafts: DraftBatch) -> torch.Tensor:
@@ -278,11 +302,13 @@ def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: tor
 
 
 def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_ids: Sequence[torch.Tensor],
-                verifier, processors: list, raw_greedy: bool, chosen: list | None = None) -> list[VerifyResult]:
+                verifier, processors: list, raw_greedy: bool, chosen: list | None = None,
+                pads: list[int] | None = None) -> list[VerifyResult]:
     """Each row's result. Greedy over raw logits: one argmax over [R, N, V], one host read, and the accepted paths
     of every row worked out together (`greedy_rows`); else the row's own tree and scores through the rule (its
-    processors see the row's ids, as stock generate's do). `chosen` (a list, not with `raw_greedy`) gets each row's
-    processed scores and raw logits [k, V] of the nodes that chose its k committed tokens."""
+    processors see the row's ids, as stock generate's do; the rule sees the row's length without its `pads`, as it
+    would alone). `chosen` (a list, not with `raw_greedy`) gets each row's processed scores and raw logits [k, V] of
+    the nodes that chose its k committed tokens."""
     if raw_greedy:
         return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
     results = []
@@ -293,7 +319,7 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
         row_tree = VerifyTree(tokens=host_tokens[row : row + 1, :n], parent=host_parent[row : row + 1, :n], draft=draft)
         raw = logits[row : row + 1, :n].to(torch.float32)
         scores = process_tree_logits(ids, row_tree, raw, row_procs)
-        result = verifier.verify(row_tree, scores, StepInputs(ids.shape[1], None))
+        result = verifier.verify(row_tree, scores, StepInputs(ids.shape[1] - (pads[row] if pads else 0), None))
         if result.token_list is None:
             result.token_list = result.tokens.tolist()
         if chosen is not None:

@@ -373,10 +373,9 @@ def test_batch_sampled_scores_have_stocks_layout():
 
 @pytest.mark.parametrize("ask,match", [
     (lambda model: dict(drafter=[H.SelfSSMDrafter(model), H.SelfSSMDrafter(model)]), "one instance per row"),
-    (dict(assistant_config=H.AssistantConfig(verification="cospec", arbiter="some/arbiter")), "cospec"),
     (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions"),
     (dict(drafter=RandomTreeDrafter(96)), "one per row"),
-], ids=["self_ssm-instances", "lossy", "attentions", "one-drafter"])
+], ids=["self_ssm-instances", "attentions", "one-drafter"])
 def test_what_a_batch_does_not_support_is_named(ask, match):
     model = tiny_model("qwen3_5_text")
     ask = ask(model) if callable(ask) else ask

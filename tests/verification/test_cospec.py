@@ -302,3 +302,88 @@ def test_training_free_rules_on_a_batch_decide_each_row_as_alone(cfg):
         assert out.spec_stats.rows[b].arbiter_overrides == alone.spec_stats.arbiter_overrides
         overrides += alone.spec_stats.arbiter_overrides
     assert out.spec_stats.arbiter_overrides == overrides > 0
+
+
+def _padded_rows(seed=5):
+    """Three left-padded rows of different lengths, two of them repeating a motif (drafts that hold)."""
+    from engine.test_batch import PAD
+
+    motif = torch.randint(3, 96, (7,), generator=torch.Generator().manual_seed(seed))
+    rows = [motif.repeat(3), torch.cat([_prompt(6, seed=1)[0], motif.repeat(2)]), motif.repeat(2)[:11]]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.full((width - len(r),), PAD), r]) for r in rows])
+    mask = (torch.arange(width)[None] >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
+    return rows, ids, mask, width
+
+
+@pytest.mark.parametrize("arbiter", ["never", "always", "learned"])
+def test_cospec_on_a_batch_decides_each_row_as_alone(tiny_pairs, arbiter):
+    """verification='cospec' at B = 3 with an assistant model per row (its next-token distributions on, as alone):
+    each row is what it generates alone under the same arbiter; the constant arbiters give the target's greedy rows
+    (never) and the draft model's (always); a learned arbiter over the mismatch features decides as alone too."""
+    from engine.test_batch import PAD, greedy
+
+    target, draft = tiny_pairs[PAIRS[0]]
+    rows, ids, mask, width = _padded_rows()
+    if arbiter == "learned":
+        chosen = CoSpecArbiter(CoSpecArbiterConfig(width=16, init_accept_prob=0.5))
+        with torch.no_grad():
+            for p in chosen.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    else:
+        chosen = ConstantArbiter(arbiter == "always")
+    config = H.AssistantConfig(drafter="model", verification="cospec", arbiter=chosen, max_draft_tokens=8,
+                               max_depth=4)
+    kw = dict(max_new_tokens=16, eos_token_id=None, custom_generate=H.speculative_generate, draft_model=draft,
+              assistant_config=config, return_dict_in_generate=True)
+    out = greedy(target, ids, mask, **kw)
+    decisions = overrides = 0
+    for b, row in enumerate(rows):
+        alone = greedy(target, row[None], None, **kw)
+        assert torch.equal(out.sequences[b, width - len(row) :], alone.sequences[0]), f"row {b}"
+        assert out.spec_stats.rows[b].arbiter_decisions == alone.spec_stats.arbiter_decisions
+        decisions += alone.spec_stats.arbiter_decisions
+        overrides += alone.spec_stats.arbiter_overrides
+        endpoint = (target if arbiter == "never" else draft).generate(row[None], do_sample=False, max_new_tokens=16,
+                                                                      eos_token_id=None, pad_token_id=PAD)
+        if arbiter != "learned":
+            assert torch.equal(alone.sequences, endpoint), f"row {b}"
+    assert out.spec_stats.arbiter_decisions == decisions > 0
+    assert out.spec_stats.arbiter_overrides == overrides
+    assert (overrides == 0) == (arbiter == "never")
+
+
+def test_a_batch_shows_the_arbiter_each_rows_mismatches_as_alone(tiny_pairs):
+    """What the arbiter is shown on a batch, position (in the row without its padding) included: the mismatches of
+    the rows decoded alone."""
+    from engine.test_batch import greedy
+
+    target, draft = tiny_pairs[PAIRS[0]]
+    rows, ids, mask, width = _padded_rows()
+
+    def seen(arbiter, ids, mask):
+        config = H.AssistantConfig(drafter="model", verification="cospec", arbiter=arbiter, max_draft_tokens=8,
+                                   max_depth=4)
+        greedy(target, ids, mask, max_new_tokens=12, eos_token_id=None, custom_generate=H.speculative_generate,
+               draft_model=draft, assistant_config=config)
+        return sorted((m.position, m.depth, m.draft_token, m.target_token, m.agreement_below) for m in arbiter.seen)
+
+    alone = sorted(sum((seen(_Recorder(False), row[None], None) for row in rows), []))
+    assert alone and seen(_Recorder(False), ids, mask) == alone
+
+
+def test_cospec_on_a_batch_refuses_what_it_cannot_run(tiny_pairs):
+    from engine.test_batch import greedy
+
+    target, draft = tiny_pairs[PAIRS[0]]
+    _, ids, mask, _ = _padded_rows()
+    kw = dict(max_new_tokens=4, eos_token_id=None, custom_generate=H.speculative_generate)
+    before = greedy(target, ids, mask, **kw)
+    hidden = CoSpecArbiter(CoSpecArbiterConfig(target_hidden_size=target.config.hidden_size, width=8))
+    with pytest.raises(NotImplementedError, match="hidden states"):
+        greedy(target, ids, mask, draft_model=draft, assistant_config=H.AssistantConfig(
+            drafter="model", verification="cospec", arbiter=hidden), **kw)
+    with pytest.raises(ValueError, match="next-token distributions"):  # the suffix drafter reports none
+        greedy(target, ids, mask, assistant_config=H.AssistantConfig(verification="cospec", arbiter=CoSpecArbiter(
+            CoSpecArbiterConfig())), **kw)
+    assert torch.equal(greedy(target, ids, mask, **kw), before)
