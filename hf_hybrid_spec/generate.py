@@ -151,8 +151,8 @@ def _check_batch(input_ids: torch.Tensor, generation_config: GenerationConfig, m
         raise NotImplementedError(f"speculative_generate at batch size > 1 does not support: {', '.join(bad)}")
 
 
-def _check_batch_config(config: AssistantConfig, drafter, generation_config: GenerationConfig) -> None:
-    """The drafters a batch runs with: per-row drafters or a named one."""
+def _check_batch_drafter(drafter) -> None:
+    """The drafters a batch runs with: per-row drafters or a named one (`drafter`: a single instance given, or None)."""
     if drafter is not None:
         raise ValueError("drafter= is one drafter instance, and a batch needs one per row: pass a list of them "
                          "(drafter=[d_0, ..., d_B-1]) or name a registered drafter in assistant_config")
@@ -232,7 +232,7 @@ def speculative_generate(
         if streamer is not None:
             raise NotImplementedError("speculative_generate at batch size > 1 does not support a streamer (stock "
                                       "streamers take one sequence)")
-        _check_batch_config(config, drafter if not given or len(given) != rows else None, generation_config)
+        _check_batch_drafter(drafter if not given or len(given) != rows else None)
     # The drafter is built inside too: HVD profiles draft and verify costs there, with the same attention backends.
     with use_backend(config.kernel_backend), sdpa_without_cudnn():
         drafters = given
