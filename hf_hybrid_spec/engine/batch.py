@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from functools import partial
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import logging
 
 from ..drafters import BatchHidden, DraftBudget, DraftContext, PerRowDrafters, RowTokens
@@ -83,7 +84,7 @@ def decode_batch(request: Request):
     raw_greedy = verifier.raw_greedy and not processors and kept is None
     node_budget = min(config.max_draft_tokens, config.max_verify_nodes)
     stats.budget_capped = node_budget < config.max_draft_tokens
-    backend = _backend(request, layers, node_budget)
+    backend = _backend(request, layers, node_budget, verifier.uses_target_hidden)
     if backend.widths:
         node_budget = min(node_budget, max(backend.widths) - 1)
     try:
@@ -100,7 +101,7 @@ def decode_batch(request: Request):
         drafter.begin([input_ids[b : b + 1, pads[b] :] for b in range(rows)], context, hidden)
         # Each row's first token as the row alone would get it (an arbitrated rule asks the row's own drafter).
         firsts = [verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1, pads[b] :], _row_drafter(
-            drafter, b), context, None, None, node_budget)) for b in range(rows)]
+            drafter, b), context, None, _row_outputs(out, b, verifier), node_budget)) for b in range(rows)]
         rec.append(list(range(rows)), [first.token_list for first in firsts])
         for b, first in enumerate(firsts):
             count_arbiter(first, stats, row_stats[b])
@@ -155,7 +156,8 @@ def decode_batch(request: Request):
                     chosen = [] if kept is not None else None
                     results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
                                           [per_row[b] for b in running], raw_greedy, chosen,
-                                          [pads[b] for b in running])
+                                          [pads[b] for b in running],
+                                          verified.hidden_states if verifier.uses_target_hidden else None)
                     del verified
                 except BaseException:
                     backend.abort()
@@ -196,13 +198,14 @@ def decode_batch(request: Request):
                                         **{CACHE_FIELD: None})
 
 
-def _backend(request: Request, layers: tuple[int, ...], node_budget: int):
+def _backend(request: Request, layers: tuple[int, ...], node_budget: int, all_hidden: bool = False):
     """The static batched runner (CUDA graphs) when the config compiles, else the eager batched backend; both return
-    the hidden states of `layers` for drafters that read them (EAGLE)."""
+    the hidden states of `layers` for drafters that read them (EAGLE). A rule that reads the target's hidden states
+    (`all_hidden`: a CoSpec arbiter over them) runs on the eager backend, whose forwards return them all."""
     config, model = request.config, request.model
-    if not config.compile or request.batch_drafter.drafts_on_target:
+    if not config.compile or request.batch_drafter.drafts_on_target or all_hidden:
         # A drafter that restricts the target's own forward needs forwards the model runs as it is at the call.
-        return BatchEagerBackend(model, layers)
+        return BatchEagerBackend(model, layers, all_hidden)
     from .batch_static import BatchStaticBackend
 
     buckets = batch_buckets(config.compile_buckets, node_budget)
@@ -221,11 +224,15 @@ def _batch_verifier(config, do_sample: bool, drafter):
         for row in drafter.drafters[1:]:
             if hasattr(row, "next_probs"):
                 row.next_probs = first.next_probs
-    if verifier.uses_target_hidden:
-        raise NotImplementedError("an arbiter that reads the target's hidden states (CoSpecArbiter with "
-                                  "target_hidden_size > 0) supports batch size 1 for now; arbiters over the mismatch "
-                                  "features run at any batch size")
     return verifier
+
+
+def _row_outputs(out, row: int, verifier) -> CausalLMOutputWithPast | None:
+    """Row `row`'s part of the prefill's outputs, for a rule that reads the target's hidden states (else None): its
+    hidden states [1, L, H] per layer (left-padded, its last position its last prompt token)."""
+    if not verifier.uses_target_hidden:
+        return None
+    return CausalLMOutputWithPast(hidden_states=tuple(h[row : row + 1] for h in out.hidden_states))
 
 
 def _row_drafter(drafter, row: int):
@@ -303,12 +310,13 @@ def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: tor
 
 def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_ids: Sequence[torch.Tensor],
                 verifier, processors: list, raw_greedy: bool, chosen: list | None = None,
-                pads: list[int] | None = None) -> list[VerifyResult]:
+                pads: list[int] | None = None, hidden: tuple[torch.Tensor, ...] | None = None) -> list[VerifyResult]:
     """Each row's result. Greedy over raw logits: one argmax over [R, N, V], one host read, and the accepted paths
     of every row worked out together (`greedy_rows`); else the row's own tree and scores through the rule (its
     processors see the row's ids, as stock generate's do; the rule sees the row's length without its `pads`, as it
-    would alone). `chosen` (a list, not with `raw_greedy`) gets each row's processed scores and raw logits [k, V] of
-    the nodes that chose its k committed tokens."""
+    would alone, and the forward's `hidden` states [R, N, H] per layer, for a rule that reads them). `chosen` (a list,
+    not with `raw_greedy`) gets each row's processed scores and raw logits [k, V] of the nodes that chose its k
+    committed tokens."""
     if raw_greedy:
         return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
     results = []
@@ -319,7 +327,8 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
         row_tree = VerifyTree(tokens=host_tokens[row : row + 1, :n], parent=host_parent[row : row + 1, :n], draft=draft)
         raw = logits[row : row + 1, :n].to(torch.float32)
         scores = process_tree_logits(ids, row_tree, raw, row_procs)
-        result = verifier.verify(row_tree, scores, StepInputs(ids.shape[1] - (pads[row] if pads else 0), None))
+        states = None if hidden is None else tuple(h[row : row + 1, :n] for h in hidden)
+        result = verifier.verify(row_tree, scores, StepInputs(ids.shape[1] - (pads[row] if pads else 0), states))
         if result.token_list is None:
             result.token_list = result.tokens.tolist()
         if chosen is not None:

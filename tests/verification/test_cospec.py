@@ -316,17 +316,19 @@ def _padded_rows(seed=5):
     return rows, ids, mask, width
 
 
-@pytest.mark.parametrize("arbiter", ["never", "always", "learned"])
+@pytest.mark.parametrize("arbiter", ["never", "always", "learned", "learned-hidden"])
 def test_cospec_on_a_batch_decides_each_row_as_alone(tiny_pairs, arbiter):
     """verification='cospec' at B = 3 with an assistant model per row (its next-token distributions on, as alone):
     each row is what it generates alone under the same arbiter; the constant arbiters give the target's greedy rows
-    (never) and the draft model's (always); a learned arbiter over the mismatch features decides as alone too."""
+    (never) and the draft model's (always); a learned arbiter over the mismatch features, and one that also reads the
+    target's hidden states (the batch then runs on the eager backend), decide as alone too."""
     from engine.test_batch import PAD, greedy
 
     target, draft = tiny_pairs[PAIRS[0]]
     rows, ids, mask, width = _padded_rows()
-    if arbiter == "learned":
-        chosen = CoSpecArbiter(CoSpecArbiterConfig(width=16, init_accept_prob=0.5))
+    if arbiter.startswith("learned"):
+        hidden = target.config.hidden_size if arbiter == "learned-hidden" else 0
+        chosen = CoSpecArbiter(CoSpecArbiterConfig(width=16, init_accept_prob=0.5, target_hidden_size=hidden))
         with torch.no_grad():
             for p in chosen.parameters():
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
@@ -346,7 +348,7 @@ def test_cospec_on_a_batch_decides_each_row_as_alone(tiny_pairs, arbiter):
         overrides += alone.spec_stats.arbiter_overrides
         endpoint = (target if arbiter == "never" else draft).generate(row[None], do_sample=False, max_new_tokens=16,
                                                                       eos_token_id=None, pad_token_id=PAD)
-        if arbiter != "learned":
+        if not arbiter.startswith("learned"):
             assert torch.equal(alone.sequences, endpoint), f"row {b}"
     assert out.spec_stats.arbiter_decisions == decisions > 0
     assert out.spec_stats.arbiter_overrides == overrides
@@ -371,6 +373,22 @@ def test_a_batch_shows_the_arbiter_each_rows_mismatches_as_alone(tiny_pairs):
     alone = sorted(sum((seen(_Recorder(False), row[None], None) for row in rows), []))
     assert alone and seen(_Recorder(False), ids, mask) == alone
 
+    # An arbiter that reads the target's hidden states is shown each row's own (the first token's included).
+    class HiddenRecorder(_Recorder):
+        uses_target_hidden = True
+
+    def hidden_seen(ids, mask):
+        arbiter = HiddenRecorder(False)
+        seen(arbiter, ids, mask)
+        return sorted(((m.position, m.depth, m.draft_token, m.target_token, m.target_hidden) for m in arbiter.seen),
+                      key=lambda m: m[:4])
+
+    alone = sorted(sum((hidden_seen(row[None], None) for row in rows), []), key=lambda m: m[:4])
+    batch = hidden_seen(ids, mask)
+    assert [m[:4] for m in batch] == [m[:4] for m in alone] and any(m[0] == len(r) for m in alone for r in rows)
+    for ours, theirs in zip(batch, alone):
+        torch.testing.assert_close(ours[4], theirs[4], rtol=1e-4, atol=1e-4)
+
 
 def test_cospec_on_a_batch_refuses_what_it_cannot_run(tiny_pairs):
     from engine.test_batch import greedy
@@ -379,10 +397,6 @@ def test_cospec_on_a_batch_refuses_what_it_cannot_run(tiny_pairs):
     _, ids, mask, _ = _padded_rows()
     kw = dict(max_new_tokens=4, eos_token_id=None, custom_generate=H.speculative_generate)
     before = greedy(target, ids, mask, **kw)
-    hidden = CoSpecArbiter(CoSpecArbiterConfig(target_hidden_size=target.config.hidden_size, width=8))
-    with pytest.raises(NotImplementedError, match="hidden states"):
-        greedy(target, ids, mask, draft_model=draft, assistant_config=H.AssistantConfig(
-            drafter="model", verification="cospec", arbiter=hidden), **kw)
     with pytest.raises(ValueError, match="next-token distributions"):  # the suffix drafter reports none
         greedy(target, ids, mask, assistant_config=H.AssistantConfig(verification="cospec", arbiter=CoSpecArbiter(
             CoSpecArbiterConfig())), **kw)
