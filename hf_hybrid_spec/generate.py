@@ -142,8 +142,7 @@ def _check_batch(input_ids: torch.Tensor, generation_config: GenerationConfig, m
         if bool((mask.sum(-1) == 0).any()):
             raise ValueError("a row of the batch is empty (its attention_mask is all zeros)")
     unsupported = {
-        "output_attentions / output_hidden_states": bool(generation_config.return_dict_in_generate) and bool(
-            generation_config.output_attentions or generation_config.output_hidden_states),
+        "output_attentions": bool(generation_config.return_dict_in_generate and generation_config.output_attentions),
         "multimodal inputs": multimodal_prompt(model_kwargs),
     }
     bad = [name for name, flag in unsupported.items() if flag]

@@ -78,13 +78,20 @@ def decode_batch(request: Request):
     stats = SpecStats(prefill_tokens=int(mask.sum()), rows=row_stats)
     layers = tuple(drafter.target_hidden_layers)
     processors = request.processors
-    kept = None  # output_scores / output_logits: each row's, from every step's verification (no plain fast paths)
-    if gen.return_dict_in_generate and (gen.output_scores or gen.output_logits):
-        kept = BatchScores(rows, bool(gen.output_scores), bool(gen.output_logits))
+    # output_scores / output_logits / output_hidden_states: each row's, from every step's verification (no plain fast
+    # paths; hidden states from the eager backend, whose forwards return them all).
+    want_states = bool(gen.return_dict_in_generate and gen.output_hidden_states)
+    if want_states and config.compile:
+        raise NotImplementedError("output_hidden_states needs the eager path: the static path's captured forward "
+                                  "returns no hidden states; pass AssistantConfig(compile=False) or leave compile='auto'")
+    kept = None
+    if gen.return_dict_in_generate and (gen.output_scores or gen.output_logits or want_states):
+        kept = BatchScores(rows, bool(gen.output_scores), bool(gen.output_logits), want_states)
     raw_greedy = verifier.raw_greedy and not processors and kept is None
     node_budget = min(config.max_draft_tokens, config.max_verify_nodes)
     stats.budget_capped = node_budget < config.max_draft_tokens
-    backend = _backend(request, layers, node_budget, verifier.uses_target_hidden)
+    all_hidden = verifier.uses_target_hidden or want_states
+    backend = _backend(request, layers, node_budget, all_hidden)
     if backend.widths:
         node_budget = min(node_budget, max(backend.widths) - 1)
     try:
@@ -107,6 +114,8 @@ def decode_batch(request: Request):
             count_arbiter(first, stats, row_stats[b])
             if kept is not None:
                 kept.add(b, scores[b : b + 1], logits[b : b + 1], 1)
+        if want_states:
+            kept.prompt_states = tuple(out.hidden_states)
         everyone = list(range(rows))
         drafter.accept(everyone, _row_tokens(rec, everyone, pads),
                        [VerifyResult(path=[0], tokens=f.tokens, score_nodes=[0], token_list=f.token_list)
@@ -156,8 +165,7 @@ def decode_batch(request: Request):
                     chosen = [] if kept is not None else None
                     results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
                                           [per_row[b] for b in running], raw_greedy, chosen,
-                                          [pads[b] for b in running],
-                                          verified.hidden_states if verifier.uses_target_hidden else None)
+                                          [pads[b] for b in running], verified.hidden_states if all_hidden else None)
                     del verified
                 except BaseException:
                     backend.abort()
@@ -167,7 +175,8 @@ def decode_batch(request: Request):
             rec.append(running, [r.token_list for r in results])
             if kept is not None:
                 for i, b in enumerate(running):
-                    kept.add(b, *chosen[i], rec.lengths[b] - before[i])
+                    row_scores, row_logits, row_states = chosen[i]
+                    kept.add(b, row_scores, row_logits, rec.lengths[b] - before[i], row_states)
             t2 = time.perf_counter()
             stats.target_forwards += 1
             stats.draft_seconds += t1 - t0
@@ -191,11 +200,11 @@ def decode_batch(request: Request):
                 stats.target_forwards, stats.mean_accepted_length)
     if not gen.return_dict_in_generate:
         return sequences
-    scores, logits = kept.outputs(length - prompt_length, pad) if kept is not None else (None, None)
+    scores, logits, states = kept.outputs(length - prompt_length, pad) if kept is not None else (None, None, None)
     # The batch's cache is not returned: its rows sit at different lengths (right-aligned by the eager backend, with
     # finished rows removed), so it is no cache stock generate could continue from.
-    return SpeculativeDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, spec_stats=stats,
-                                        **{CACHE_FIELD: None})
+    return SpeculativeDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, hidden_states=states,
+                                        spec_stats=stats, **{CACHE_FIELD: None})
 
 
 def _backend(request: Request, layers: tuple[int, ...], node_budget: int, all_hidden: bool = False):
@@ -316,7 +325,7 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
     processors see the row's ids, as stock generate's do; the rule sees the row's length without its `pads`, as it
     would alone, and the forward's `hidden` states [R, N, H] per layer, for a rule that reads them). `chosen` (a list,
     not with `raw_greedy`) gets each row's processed scores and raw logits [k, V] of the nodes that chose its k
-    committed tokens."""
+    committed tokens, and their hidden states [k, H] per layer when `hidden` is given (else None)."""
     if raw_greedy:
         return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
     results = []
@@ -332,7 +341,8 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
         if result.token_list is None:
             result.token_list = result.tokens.tolist()
         if chosen is not None:
-            chosen.append((scores[result.score_nodes], raw[0, result.score_nodes]))
+            nodes = result.score_nodes
+            chosen.append((scores[nodes], raw[0, nodes], None if states is None else tuple(s[0, nodes] for s in states)))
         results.append(result)
     return results
 

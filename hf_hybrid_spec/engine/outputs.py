@@ -72,32 +72,60 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 
 
 class BatchScores:
-    """`output_scores` / `output_logits` for a batch: each row's processed scores and raw logits of the tokens it
-    committed, laid out at the end as stock generate lays them out, one [B, V] tensor per generated position.
+    """`output_scores` / `output_logits` / `output_hidden_states` for a batch: each row's processed scores, raw logits
+    and hidden states of the tokens it committed, laid out at the end as stock generate lays them out: one [B, V]
+    tensor per generated position, and per position a tuple over layers of [B, P, D] hidden states (the prompt's at
+    the first, P = its length; [B, 1, D] after, the state of the input that chose the position's token).
 
     A row that stopped before the last position has no forward after its stop (speculation stops verifying it, where
-    stock decodes it on, feeding it pad tokens): its entries there are -inf but 0 at `pad_token_id`, the pad token
-    with probability one, which is what the row's output holds there.
+    stock decodes it on, feeding it pad tokens): its scores / logits there are -inf but 0 at `pad_token_id`, the pad
+    token with probability one, which is what the row's output holds there, and its hidden states zeros.
 
     Args:
-        rows: the batch size. scores / logits: which of the two to keep.
+        rows: the batch size. scores / logits / hidden_states: which to keep.
     """
 
-    def __init__(self, rows: int, scores: bool, logits: bool):
+    def __init__(self, rows: int, scores: bool, logits: bool, hidden_states: bool = False):
         self.scores: list[list[torch.Tensor]] | None = [[] for _ in range(rows)] if scores else None
         self.logits: list[list[torch.Tensor]] | None = [[] for _ in range(rows)] if logits else None
+        # Per row, per layer, the [k, D] states of its tokens after the first; the prompt's states [B, P, D] per layer.
+        self.states: list[list[tuple[torch.Tensor, ...]]] | None = [[] for _ in range(rows)] if hidden_states else None
+        self.prompt_states: tuple[torch.Tensor, ...] | None = None
 
-    def add(self, row: int, scores: torch.Tensor, logits: torch.Tensor, kept: int) -> None:
-        """Row `row` committed `kept` tokens, chosen by `scores` / `logits` [k >= kept, V] (the rows past `kept`,
-        tokens its stopping criteria cut, are dropped)."""
+    def add(self, row: int, scores: torch.Tensor, logits: torch.Tensor, kept: int,
+            states: tuple[torch.Tensor, ...] | None = None) -> None:
+        """Row `row` committed `kept` tokens, chosen by `scores` / `logits` [k >= kept, V] at nodes whose hidden states
+        are `states` ([k, D] per layer; None for the first token, whose are the prompt's); the rows past `kept`,
+        tokens its stopping criteria cut, are dropped."""
         if self.scores is not None:
             self.scores[row].append(scores[:kept])
         if self.logits is not None:
             self.logits[row].append(logits[:kept])
+        if self.states is not None and states is not None:
+            self.states[row].append(tuple(s[:kept] for s in states))
 
-    def outputs(self, positions: int, pad_token_id: int | None) -> tuple[tuple | None, tuple | None]:
-        """(scores, logits): `positions` tensors [B, V] each (None for what was not kept)."""
-        return self._layout(self.scores, positions, pad_token_id), self._layout(self.logits, positions, pad_token_id)
+    def outputs(self, positions: int, pad_token_id: int | None) -> tuple[tuple | None, tuple | None, tuple | None]:
+        """(scores, logits, hidden states) over `positions` generated positions (None for what was not kept)."""
+        return (self._layout(self.scores, positions, pad_token_id), self._layout(self.logits, positions, pad_token_id),
+                self._states(positions))
+
+    def _states(self, positions: int) -> tuple | None:
+        if self.states is None:
+            return None
+        layers = len(self.prompt_states)
+        later = positions - 1
+        table = []  # per layer [B, later, D]
+        for layer in range(layers):
+            d = self.prompt_states[layer].shape[-1]
+            like = self.prompt_states[layer]
+            rows = []
+            for chunks in self.states:
+                got = torch.cat([c[layer] for c in chunks]) if chunks else like.new_zeros(0, d)
+                got = got[:later]
+                rows.append(torch.cat([got, got.new_zeros(later - got.shape[0], d)]))
+            table.append(torch.stack(rows))
+        return (tuple(self.prompt_states),) + tuple(
+            tuple(table[layer][:, t : t + 1] for layer in range(layers)) for t in range(later))
 
     @staticmethod
     def _layout(rows: list[list[torch.Tensor]] | None, positions: int, pad_token_id: int | None) -> tuple | None:

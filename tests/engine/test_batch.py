@@ -356,6 +356,37 @@ def test_batch_scores_and_logits_match_stock(name, compile_):
     assert transitions.shape == (3, len(out.scores)) and transitions[0, 3:].eq(0).all()
 
 
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_batch_hidden_states_match_stock(family):
+    """`output_hidden_states` at B > 1 (the eager backend): the prompt's states [B, P, D] per layer first, then per
+    generated position [B, 1, D] per layer, each row's those of the input that chose its token, as stock's; zeros
+    after a row's EOS. compile=True refuses it, as at B = 1."""
+    model = tiny_model(family)
+    ids, mask = padded_batch([7, 12, 4], seed=2)
+    plain = greedy(model, ids, mask, max_new_tokens=10, eos_token_id=None)
+    eos = int(plain[0, ids.shape[1] + 2])  # row 0 stops at its 3rd new token
+    kw = dict(max_new_tokens=10, eos_token_id=eos, return_dict_in_generate=True, output_hidden_states=True,
+              output_scores=True)
+    ref = greedy(model, ids, mask, **kw)
+    drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(plain, mask))]
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=drafters, **kw)
+    assert torch.equal(out.sequences, ref.sequences) and out.spec_stats.target_forwards < 9
+    assert len(out.hidden_states) == len(ref.hidden_states) == len(out.scores)
+    new = ref.sequences[:, ids.shape[1] :]
+    for t, (ours, theirs) in enumerate(zip(out.hidden_states, ref.hidden_states)):
+        assert len(ours) == len(theirs)
+        stopped = [b for b in range(3) if bool((new[b, :t] == eos).any())]  # its EOS came before position t
+        live = [b for b in range(3) if b not in stopped]
+        for a, b in zip(ours, theirs):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a[live], b[live], rtol=1e-4, atol=1e-4)
+            assert not a[stopped].any()
+    assert (new[0, 3:] == PAD).all()  # row 0 did stop
+    with pytest.raises(NotImplementedError, match="output_hidden_states needs the eager path"):
+        greedy(model, ids, mask, custom_generate=H.speculative_generate, assistant_config=H.AssistantConfig(
+            compile=True), **kw)
+
+
 def test_batch_sampled_scores_have_stocks_layout():
     model = tiny_model("falcon_h1")
     ids, mask = padded_batch([5, 9], seed=4)
