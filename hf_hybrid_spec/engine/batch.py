@@ -83,7 +83,8 @@ def decode_batch(request: Request):
     want_states = bool(gen.return_dict_in_generate and gen.output_hidden_states)
     if want_states and config.compile:
         raise NotImplementedError("output_hidden_states needs the eager path: the static path's captured forward "
-                                  "returns no hidden states; pass AssistantConfig(compile=False) or leave compile='auto'")
+                                  "returns no hidden states; pass AssistantConfig(compile=False) or leave "
+                                  "compile='auto'")
     kept = None
     if gen.return_dict_in_generate and (gen.output_scores or gen.output_logits or want_states):
         kept = BatchScores(rows, bool(gen.output_scores), bool(gen.output_logits), want_states)
@@ -342,7 +343,8 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
             result.token_list = result.tokens.tolist()
         if chosen is not None:
             nodes = result.score_nodes
-            chosen.append((scores[nodes], raw[0, nodes], None if states is None else tuple(s[0, nodes] for s in states)))
+            at_nodes = None if states is None else tuple(s[0, nodes] for s in states)
+            chosen.append((scores[nodes], raw[0, nodes], at_nodes))
         results.append(result)
     return results
 
