@@ -37,7 +37,7 @@ from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, StepInputs, make_verifier, process_tree_logits, row_processors
 from .backend import BatchEagerBackend
 from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
-from .outputs import CACHE_FIELD, BatchScores, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter
+from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter
 from .pipeline import PipelineInputs, pipelines, run_pipelined
 from .plain import plain_step, plain_steps, runs_plain
 from .request import Request
@@ -87,7 +87,7 @@ def decode_batch(request: Request):
                                   "compile='auto'")
     kept = None
     if gen.return_dict_in_generate and (gen.output_scores or gen.output_logits or want_states):
-        kept = BatchScores(rows, bool(gen.output_scores), bool(gen.output_logits), want_states)
+        kept = BatchOutputs(rows, bool(gen.output_scores), bool(gen.output_logits), want_states)
     raw_greedy = verifier.raw_greedy and not processors and kept is None
     node_budget = min(config.max_draft_tokens, config.max_verify_nodes)
     stats.budget_capped = node_budget < config.max_draft_tokens

@@ -12,7 +12,7 @@ from ..drafters import TargetHidden
 from ..stopping import HostStopping
 from ..tree import VerifyResult
 
-__all__ = ["SpecStats", "SpeculativeDecoderOnlyOutput", "Recorder", "BatchScores", "CACHE_FIELD", "count_arbiter",
+__all__ = ["SpecStats", "SpeculativeDecoderOnlyOutput", "Recorder", "BatchOutputs", "CACHE_FIELD", "count_arbiter",
            "prompt_outputs", "path_outputs", "target_hidden"]
 
 CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
@@ -71,7 +71,7 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
     spec_stats: SpecStats | None = None
 
 
-class BatchScores:
+class BatchOutputs:
     """`output_scores` / `output_logits` / `output_hidden_states` for a batch: each row's processed scores, raw logits
     and hidden states of the tokens it committed, laid out at the end as stock generate lays them out: one [B, V]
     tensor per generated position, and per position a tuple over layers of [B, P, D] hidden states (the prompt's at
