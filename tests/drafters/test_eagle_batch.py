@@ -107,6 +107,39 @@ def rerun_capture(fn, pool, device, warmups=2):
     return RerunGraph(fn, out), out
 
 
+def assert_replay_matches_eager(stores, size: int, prompt_steps: int, rounds: list[list[int]], budget: tuple[int, int],
+                                alternate_device: bool = False) -> None:
+    """Drive two R-row stores (`drafters.staged_rows.StagedRows`: eager, then replayed) through the same prompts'
+    steps and then accepts of `rounds[i][r]` steps per row (0: a row that stopped keeps its root), drafting with
+    `budget` (nodes, depth) after each: their roots, log-probabilities, step counts and trees agree at every round.
+    `alternate_device`: every other round goes through `advance_rows_device` (counts from the device)."""
+    rows = len(rounds[0])
+    gen = torch.Generator().manual_seed(0)
+    steps = [5, 9, 2][:rows]
+    features = torch.randn(rows, prompt_steps, size, generator=gen)
+    tokens = torch.randint(0, 96, (rows, prompt_steps), generator=gen)
+    with torch.no_grad():
+        for store in stores:
+            store.advance_rows([0] * rows, steps, features, tokens)  # the prompts' steps: one long eager pass
+        for i, counts in enumerate(rounds):
+            width = max(counts)
+            features = torch.randn(rows, width, size, generator=gen)
+            tokens = torch.randint(0, 96, (rows, width), generator=gen)
+            outs = []
+            for store in stores:
+                if alternate_device and i % 2:
+                    store.advance_rows_device(torch.tensor(counts), features, tokens)
+                else:
+                    store.advance_rows(steps, counts, features, tokens)
+                cands = store.draft_rows(*budget)
+                outs.append((store.hidden.clone(), store.logp.clone(), store.steps.clone(), cands.tokens.clone(),
+                             cands.parents.clone(), cands.keep.clone(), cands.scores.clone()))
+            steps = [s + c for s, c in zip(steps, counts)]
+            assert outs[0][2].tolist() == steps
+            for a, b in zip(*outs):
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
 def test_batch_store_replays_what_it_runs(monkeypatch):
     """The R-row storage's passes read their inputs from its buffers at every replay (steps, counts and tokens staged in
     one copy): replayed from stand-in graphs they give what the eager passes give, over accepts of different counts per
@@ -118,26 +151,7 @@ def test_batch_store_replays_what_it_runs(monkeypatch):
     eagle = EagleDrafter.from_target(target, draft_vocab_size=40)
     rows, size = 3, eagle.config.hidden_size
     stores = [ES.StaticEagleTree(eagle, top_k=3, capacity=40, use_graphs=g, rows=rows) for g in (False, True)]
-    gen = torch.Generator().manual_seed(0)
-    steps = [5, 9, 2]
-    features = torch.randn(rows, 10, size, generator=gen)
-    tokens = torch.randint(0, 96, (rows, 10), generator=gen)
-    for store in stores:
-        store.advance_rows([0] * rows, steps, features, tokens)  # the prompts' steps: one long eager pass
-    for counts in ([1, 1, 1], [3, 0, 2], [4, 2, 0], [1, 3, 3]):
-        width = max(counts)
-        features = torch.randn(rows, width, size, generator=gen)
-        tokens = torch.randint(0, 96, (rows, width), generator=gen)
-        outs = []
-        for store in stores:
-            store.advance_rows(steps, counts, features, tokens)
-            cands = store.draft_rows(6, 3)
-            outs.append((store.hidden.clone(), store.logp.clone(), store.steps.clone(), cands.tokens.clone(),
-                         cands.parents.clone(), cands.keep.clone(), cands.scores.clone()))
-        steps = [s + c for s, c in zip(steps, counts)]
-        assert outs[0][2].tolist() == steps
-        for a, b in zip(*outs):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert_replay_matches_eager(stores, size, 10, [[1, 1, 1], [3, 0, 2], [4, 2, 0], [1, 3, 3]], (6, 3))
     assert stores[1].captures >= 4  # every accept count and the budget: captured once, replayed after
 
 

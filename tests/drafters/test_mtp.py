@@ -424,7 +424,7 @@ def test_batch_store_replays_what_it_runs(monkeypatch):
     in one copy, also from device tensors): replayed from stand-in graphs (`GraphPasses`) they give what the eager
     passes give, over accepts of different counts per row (0: a row that stopped keeps its root)."""
     import hf_hybrid_spec.graphs as G
-    from drafters.test_eagle_batch import rerun_capture
+    from drafters.test_eagle_batch import assert_replay_matches_eager, rerun_capture
 
     from hf_hybrid_spec.mtp.batch import BatchMtpStore
 
@@ -437,28 +437,6 @@ def test_batch_store_replays_what_it_runs(monkeypatch):
         head.fc.weight.mul_(3.0)
     rows, size = 3, target.config.get_text_config().hidden_size
     stores = [BatchMtpStore(head, top_k=2, max_depth=3, capacity=40, rows=rows, use_graphs=g) for g in (False, True)]
-    gen = torch.Generator().manual_seed(0)
-    steps = [5, 9, 2]
-    hidden = torch.randn(rows, 20, size, generator=gen)
-    tokens = torch.randint(0, 96, (rows, 20), generator=gen)
-    with torch.no_grad():
-        for store in stores:
-            store.advance_rows([0] * rows, steps, hidden, tokens)  # the prompts' steps: one long eager pass
-        for i, counts in enumerate(([1, 1, 1], [3, 0, 2], [4, 2, 0], [1, 3, 3], [3, 0, 2])):
-            width = max(counts)
-            hidden = torch.randn(rows, width, size, generator=gen)
-            tokens = torch.randint(0, 96, (rows, width), generator=gen)
-            outs = []
-            for store in stores:
-                if i % 2:
-                    store.advance_rows_device(torch.tensor(counts), hidden, tokens)
-                else:
-                    store.advance_rows(steps, counts, hidden, tokens)
-                cands = store.draft_rows(4, 3)
-                outs.append((store.hidden.clone(), store.logp.clone(), store.steps.clone(), cands.tokens.clone(),
-                             cands.parents.clone(), cands.keep.clone(), cands.scores.clone()))
-            steps = [s + c for s, c in zip(steps, counts)]
-            assert outs[0][2].tolist() == steps
-            for a, b in zip(*outs):
-                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert_replay_matches_eager(stores, size, 20, [[1, 1, 1], [3, 0, 2], [4, 2, 0], [1, 3, 3], [3, 0, 2]], (4, 3),
+                                alternate_device=True)
     assert len(stores[1]._graphs) >= 4  # every accept count and the budget: captured once, replayed after
