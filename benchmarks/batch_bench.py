@@ -215,6 +215,12 @@ def run(argv: list[str] | None = None) -> dict:
             entry[f"{name}.draft_ms_per_step"] = 1000 * stats.draft_seconds / steps
             entry[f"{name}.verify_ms_per_step"] = 1000 * stats.verify_seconds / steps
             entry[f"{name}.steps"] = stats.target_forwards
+            # The call's wall time outside its steps: before the first (prefill, first token, drafter's begin, cost
+            # model) and around the loop (generate's own set-up, the output's assembly).
+            entry[f"{name}.call_ms"] = 1000 * seconds
+            entry[f"{name}.setup_ms"] = 1000 * stats.setup_seconds
+            entry[f"{name}.outside_ms"] = 1000 * (seconds - stats.setup_seconds - stats.draft_seconds
+                                                  - stats.verify_seconds)
             if rows in args.kernel_profile and args.device.startswith("cuda"):
                 kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
                                        args.max_new_tokens, eagle, mtp)
@@ -246,6 +252,9 @@ def run(argv: list[str] | None = None) -> dict:
     print("per step (ms): " + "; ".join(
         f"B={e['batch']} {n} draft {e[n + '.draft_ms_per_step']:.2f} verify {e[n + '.verify_ms_per_step']:.2f}"
         for e in rows_out for n in args.drafters))
+    print("per call (ms): " + "; ".join(
+        f"B={e['batch']} {n} {e[n + '.call_ms']:.1f} (set-up {e[n + '.setup_ms']:.1f}, other outside the steps "
+        f"{e[n + '.outside_ms']:.1f})" for e in rows_out for n in args.drafters))
     costs = {f"B={key[3]} ctx={key[4]}": {w: round(s * 1e3, 3) for w, s in zip(c.widths, c.seconds)}
              for key, c in budget._COSTS.items()}
     if costs:

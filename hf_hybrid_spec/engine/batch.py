@@ -59,6 +59,7 @@ def decode_batch(request: Request):
     """Run a batch request (`request.input_ids` [B, L], `request.batch_drafter` its drafter) to the end. Returns
     what stock `generate` returns for a batch: sequences [B, L + new] (stopped rows padded), or with
     `return_dict_in_generate` a `SpeculativeDecoderOnlyOutput` with `spec_stats` (per row in `spec_stats.rows`)."""
+    start = time.perf_counter()
     model, config, gen = request.model, request.config, request.generation_config
     drafter = request.batch_drafter
     input_ids = request.input_ids
@@ -127,6 +128,7 @@ def decode_batch(request: Request):
         if cost is not None:  # the widest tree that could pay even if every draft node were accepted
             node_budget = min(node_budget, paying_width(cost, rows, config.budget_slack, backend.widths) - 1)
         running = _still_running(everyone, rec, backend, gen.max_length)
+        stats.setup_seconds = time.perf_counter() - start
         if node_budget == 0 and runs_plain(backend, raw_greedy):
             # No draft can pay for its verification at this batch size: plain decode steps (`engine.plain`).
             plain_steps(backend, rec, running, gen.max_length, stats, row_stats)

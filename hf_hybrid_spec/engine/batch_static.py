@@ -114,6 +114,7 @@ class BatchStaticRunner(Leased):
         self._graph_commit = None
         self._active: _Bucket | None = None
         self.captures = 0
+        self.step_graphs = None  # the pipelined step's select and accept passes (`engine.step_graphs`)
 
     @property
     def model(self) -> nn.Module:
@@ -147,20 +148,29 @@ class BatchStaticRunner(Leased):
 
     def forward_device(self, tokens: torch.Tensor, parent: torch.Tensor, lengths: list[int],
                        roots: list[int]) -> torch.Tensor:
-        """`forward` over trees already on the device ([R, w] tokens and parents, root first; `engine.pipeline`): they
+        """`forward` over trees already on the device ([R, w] tokens and parents, root first; `engine.plain`): they
         are copied into the bucket's buffers on the device, only the lengths and root positions come from the host."""
         width = tokens.shape[1]
-        bucket = self._buckets[next(b for b in self.buckets if b >= width)]
-        self._active = None
-        n, rows = bucket.n, self.rows
-        scalars = 2 * rows * n
-        bucket.staging[scalars:].copy_(torch.tensor(lengths + roots, dtype=torch.long))
-        bucket.inputs[scalars:].copy_(bucket.staging[scalars:], non_blocking=True)
+        bucket = self.bucket_for(width)
         bucket.tokens[:, :width].copy_(tokens)
         bucket.parent[:, :width].copy_(parent)
-        if width < n:  # the bucket's spare nodes: lone nodes nobody commits
+        if width < bucket.n:  # the bucket's spare nodes: lone nodes nobody commits
             bucket.tokens[:, width:].zero_()
             bucket.parent[:, width:].fill_(-1)
+        return self.forward_filled(width, lengths, roots)
+
+    def bucket_for(self, width: int) -> _Bucket:
+        """The bucket that verifies trees of `width` nodes (the narrowest at least as wide)."""
+        return self._buckets[next(b for b in self.buckets if b >= width)]
+
+    def forward_filled(self, width: int, lengths: list[int], roots: list[int]) -> torch.Tensor:
+        """`forward` over the trees already written into `bucket_for(width)`'s token and parent buffers
+        (`engine.step_graphs`); the lengths and root positions come from the host. Returns the logits [R, n, V]."""
+        bucket = self.bucket_for(width)
+        self._active = None
+        scalars = 2 * self.rows * bucket.n
+        bucket.staging[scalars:].copy_(torch.tensor(lengths + roots, dtype=torch.long))
+        bucket.inputs[scalars:].copy_(bucket.staging[scalars:], non_blocking=True)
         return self._launch(bucket)
 
     def _launch(self, bucket: _Bucket) -> torch.Tensor:
@@ -190,7 +200,8 @@ class BatchStaticRunner(Leased):
         if bucket is None or self.cache.tree is None:
             raise RuntimeError("commit called without a pending tree from this runner's forward")
         try:
-            bucket.leaf.copy_(leaves, non_blocking=True)
+            if leaves is not bucket.leaf:  # (`engine.step_graphs` writes the leaves in place)
+                bucket.leaf.copy_(leaves, non_blocking=True)
             if bucket.commit_graph is not None:
                 bucket.commit_graph.replay()
             else:
@@ -211,6 +222,10 @@ class BatchStaticRunner(Leased):
         bucket = self._active
         if bucket is None or not self.hidden_layers:
             raise RuntimeError("hidden() needs a pending tree from a runner built with hidden_layers")
+        return self.hidden_of(bucket)
+
+    def hidden_of(self, bucket: _Bucket) -> tuple[torch.Tensor, ...]:
+        """`bucket`'s last forward's hidden states of `hidden_layers` (graph outputs when captured)."""
         return tuple(bucket.out.hidden_states[i] for i in self.hidden_layers)
 
     def commit(self, leaves: list[int], committed_length: int) -> None:
@@ -359,6 +374,10 @@ class BatchStaticBackend:
         """The verify forward of every runner row's tree ([R, w] on the device; rows not running get lone roots that
         commit nothing). Returns the logits [R, n, V] (the bucket's)."""
         return self.runner.forward_device(tokens, parent, self._lengths, self._roots)
+
+    def forward_filled(self, width: int) -> torch.Tensor:
+        """The verify forward of the trees already in the runner's bucket for `width` (`engine.step_graphs`)."""
+        return self.runner.forward_filled(width, self._lengths, self._roots)
 
     def commit_device(self, leaves: torch.Tensor) -> None:
         self.runner.commit_device(leaves)

@@ -66,6 +66,7 @@ def decode(request: Request):
         raise NotImplementedError("output_attentions / output_hidden_states need the eager path: the static path's "
                                   "captured verify forward keeps neither; pass compile=False (and no "
                                   "cache_implementation='static')")
+    start = time.perf_counter()
     past = continued_state(request)
     rec = Recorder(input_ids, request.stopping, request.streamer, want_dict and bool(gen.output_scores),
                    want_dict and bool(gen.output_logits), want_attentions, want_states)
@@ -101,6 +102,7 @@ def decode(request: Request):
         processors = row_processors(processors, 0)  # the tree's nodes are the batch now (one row of ids each)
         # Greedy over the raw logits picks the same path when nothing processes them (an fp32 copy of [N, V] spared).
         raw_greedy = verifier.raw_greedy and not processors and rec.scores is None and rec.logits is None
+        stats.setup_seconds = time.perf_counter() - start
 
         # ---- draft, verify, accept, commit, record
         while not rec.finished:

@@ -28,6 +28,8 @@ class SpecStats:
         drafted_tokens: per verification forward, draft nodes verified.
         prefill_tokens: prompt tokens run through the target before the first step.
         draft_seconds / verify_seconds: wall time spent drafting and in target forward + verification.
+        setup_seconds: wall time from the call's start to its first step: the prefill, the first token, the drafter's
+            begin and (for a batch) the verify cost model.
         arbiter_decisions / arbiter_overrides: lossy verification only: draft/target mismatches an arbiter ruled
             on, and how many of them kept the draft's token.
         static / graph_captures: whether the static cache verified the trees, and how many CUDA graphs it
@@ -44,6 +46,7 @@ class SpecStats:
     prefill_tokens: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    setup_seconds: float = 0.0
     arbiter_decisions: int = 0
     arbiter_overrides: int = 0
     static: bool = False  # verified with the static cache

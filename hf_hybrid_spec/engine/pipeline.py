@@ -13,7 +13,9 @@ with the captured batched runner and greedy verification over raw logits, one st
     drafts = drafter.propose_device()    # the next step's trees, queued before the host has read anything
     read the committed tokens            # the one wait; stopping criteria, records and statistics on the host
 
-so the host's bookkeeping for step t runs while the device drafts for step t + 1. The width (nodes per row, root
+so the host's bookkeeping for step t runs while the device drafts for step t + 1. The small ops around the forward
+and the commit (the selection, the acceptance, the ranks and the packing) are two captured passes per width
+(`engine.step_graphs`), so a step launches a handful of graphs, not a hundred ops. The width (nodes per row, root
 included) is chosen on the host before each step (`budget.choose_width`) from what the batch's own steps measured:
 the tokens accepted at each width (`budget.AcceptanceByWidth`: one step at width W measures every narrower width) and
 what a drafting step costs beyond its verify forward (its wall time). The drafts are made before the width is known,
@@ -34,11 +36,11 @@ from transformers.utils import logging
 
 from ..config import AssistantConfig
 from ..drafters import BatchDrafter
-from ..verification import greedy_device
-from .budget import AcceptanceByWidth, VerifyCost, accepted_by_width, choose_width, select_device, time_forward
+from .budget import AcceptanceByWidth, VerifyCost, choose_width, time_forward
 from .outputs import SpecStats
 from .plain import plain_steps
 from .rows import BatchRecorder
+from .step_graphs import step_graphs
 
 logger = logging.get_logger(__name__)
 
@@ -54,8 +56,6 @@ PLAIN_RUN = 16
 LONGEST_PLAIN_RUN = 128
 # Every this many steps a drafting batch verifies its widest trees, which measures every width (`AcceptanceByWidth`).
 PROBE_EVERY = 16
-# A draft rank past a row's accepted path: beyond every width.
-NO_RANK = 1 << 30
 # Drafting steps whose cost beyond the verify forward the budget's estimate is the median of.
 EXTRA_WINDOW = 9
 # Measured seconds of one batched draft, per (drafter's `timing_key`, device, rows, nodes): timed once per process.
@@ -102,7 +102,6 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     # What the host reads each step, in one pinned buffer: each row's committed count, its kept draft nodes and its
     # committed tokens.
     results = torch.zeros(rows, 2 + path, dtype=torch.long, pin_memory=pinned)
-    roots = torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long).to(device)
     drafts = drafter.propose_device(nodes)
     draft_seconds = 0.0
     if inputs.cost is not None:
@@ -124,7 +123,11 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     # runs `PLAIN_RUN` plain steps, the drafter catches up on them, and the next step verifies the widest trees again
     # with fresh measurements; a probe that does not pay sends the batch back at once, for a run twice as long.
     measured = AcceptanceByWidth(widths)
-    limits = torch.tensor([w - 1 for w in measured.widths], dtype=torch.long).to(device)
+    limits = torch.tensor([w - 1 for w in measured.widths], dtype=torch.long)
+    # The step's select and accept passes (`engine.step_graphs`), captured per width on CUDA; each row's root
+    # (its last committed token) lives there.
+    graphs = step_graphs(runner, drafts, path, limits)
+    graphs.roots.copy_(torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long))
     totals_host = torch.zeros(len(measured.widths), dtype=torch.long, pin_memory=pinned)  # and the step's totals
     extras = [draft_seconds]  # seconds beyond the verify forward, per drafting step (the timed draft first)
     extra = draft_seconds
@@ -149,7 +152,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
                 running = _plain_run(drafter, backend, rec, running, inputs, run_length, path)
                 if not running:
                     return
-                roots = torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long).to(device)
+                graphs.roots.copy_(torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long))
                 drafts = drafter.propose_device(nodes)
                 measured = AcceptanceByWidth(widths)  # what the batch accepted before the run is out of date
                 patience, refusals, probe = 1, 0, True
@@ -163,40 +166,23 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         limit = rec.limit(inputs.max_length)
         on = set(running)
         caps = [min(config.max_depth, limit - rec.lengths[b] - 1) if b in on else 0 for b in range(rows)]
-        flags = torch.tensor(caps + [int(b in on) for b in range(rows)], dtype=torch.long).to(device, non_blocking=True)
-        caps_device, running_device = flags[:rows], flags[rows:].bool()
+        graphs.set_rows(caps, [b in on for b in range(rows)])
         try:
-            chosen = select_device(drafts, width, caps_device, roots)
-            logits = backend.forward_device(chosen.tokens, chosen.parent)
-            tokens, parent, ancestors, depth = runner.tree_masks()
-            n = tokens.shape[1]
-            valid = torch.arange(n, device=device) <= chosen.count.unsqueeze(1)
-            accepted = greedy_device(tokens, parent, ancestors, depth, valid, running_device, logits)
-            hidden = None
-            if drafter.target_hidden_layers:
-                order = accepted.order[:, :path]
-                hidden = tuple(h.gather(1, order.unsqueeze(-1).expand(-1, -1, h.shape[-1])) for h in runner.hidden())
-            backend.commit_device(accepted.leaf)
+            graphs.load(drafts)
+            graphs.select(width)
+            backend.forward_filled(width)
+            accepted = graphs.accept(width)
+            backend.commit_device(runner.bucket_for(width).leaf)
         except BaseException:
             backend.abort()
             raise
-        news = accepted.tokens[:, :path]  # a narrow tree's paths are shorter still: its width is all there is
-        # Each row's accepted path's draft ranks (depth 1 on), their running maximum, and past the path a rank no
-        # width reaches: what every narrower width would have accepted, summed over the rows on the device.
-        ranks = chosen.rank.gather(1, accepted.order[:, 1:path])
-        beyond = torch.arange(ranks.shape[1], device=device) >= (accepted.length - 1).unsqueeze(1)
-        ranks = torch.where(beyond, NO_RANK, ranks).cummax(dim=1).values
-        totals_host.copy_(accepted_by_width(ranks, running_device, limits), non_blocking=True)
-        # Padded to the buffer's width on the device: one contiguous copy, which stays asynchronous.
-        packed = torch.cat([accepted.length.unsqueeze(1), chosen.count.unsqueeze(1), news], dim=1)
-        results.copy_(torch.nn.functional.pad(packed, (0, results.shape[1] - packed.shape[1])), non_blocking=True)
+        totals_host.copy_(accepted.totals, non_blocking=True)
+        results.copy_(accepted.results, non_blocking=True)
         done = torch.cuda.Event() if pinned else None
         if done is not None:
             done.record()
-        last = news.gather(1, (accepted.length - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-        roots = torch.where(running_device, last, roots)
         # Queued behind the results: the drafter takes the committed steps and drafts the next trees.
-        drafter.accept_device(accepted.length, news, hidden)
+        drafter.accept_device(accepted.length, accepted.news, accepted.hidden or None)
         drafts = drafter.propose_device(nodes)
         if done is not None:
             done.synchronize()

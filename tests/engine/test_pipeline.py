@@ -117,6 +117,7 @@ def test_pipelined_step_matches_stock_batched_greedy(family):
     stats = out.spec_stats
     assert stats.mean_accepted_length > 1.5 and max(stats.accepted_lengths) >= 4  # deep accepts happened
     assert all(len(r.accepted_lengths) == r.target_forwards for r in stats.rows)
+    assert stats.setup_seconds > 0  # the prefill and the first tokens, timed apart from the steps
 
 
 def test_pipelined_rows_that_stop_early_are_padded_as_stock_pads_them():
@@ -610,3 +611,43 @@ def test_a_drafts_cost_is_timed_once_per_timing_key(monkeypatch):
         generate_with(model, ids, mask, Keyed(refs, key), **kw)
         assert len(timed) == expected, key
     assert set(P._DRAFT_SECONDS) == {(k, "cpu", 2, 10) for k in ("fused", "eager")}
+
+
+def test_the_step_passes_write_the_same_when_run_twice_as_a_capture_warm_up_runs_them():
+    """On CUDA each pass is run twice on a side stream, then captured and replayed: a pass whose second run wrote
+    something else than its first (roots moved twice, say) would decode wrong only on the GPU."""
+    from hf_hybrid_spec.engine.batch_static import BatchStaticBackend
+    from hf_hybrid_spec.engine.step_graphs import step_graphs
+
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([6, 9, 4], seed=5)
+    backend = BatchStaticBackend(model, rows=3, static_length=64, buckets=(4, 8), owner=None)
+    backend.prefill(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+    drafts = random_trees(3, 6, 3, seed=4)
+    limits = torch.tensor([0, 3, 7])
+    graphs = step_graphs(backend.runner, drafts, 4, limits)
+    assert step_graphs(backend.runner, drafts, 4, limits) is graphs  # kept on the runner for its shape
+    graphs.roots.copy_(ids[:, -1])
+    graphs.set_rows([3, 2, 0], [True, True, False])
+    graphs.load(drafts)
+    bucket = backend.runner.bucket_for(6)
+    graphs.select(6)
+    first = bucket.tokens.clone(), bucket.parent.clone()
+    graphs.select(6)
+    assert torch.equal(bucket.tokens, first[0]) and torch.equal(bucket.parent, first[1])
+    assert (bucket.parent[:, 6:] == -1).all()  # the bucket's spare nodes hang off nothing
+    backend.forward_filled(6)
+    once = graphs.accept(6)
+    seen = [t.clone() for t in (once.results, once.totals, once.length, graphs.roots, bucket.leaf)]
+    twice = graphs.accept(6)
+    for before, after in zip(seen, (twice.results, twice.totals, twice.length, graphs.roots, bucket.leaf)):
+        assert torch.equal(before, after)
+    assert bucket.leaf[2] == -1 and once.length[2] == 0  # the row that does not run commits nothing
+    assert (once.length[:2] >= 1).all()
+    # Each running row's root is now its last committed token.
+    for b in range(2):
+        assert graphs.roots[b] == once.news[b, once.length[b] - 1]
+    assert graphs.roots[2] == ids[2, -1]
+    backend.abort()
+    other = random_trees(3, 5, 3, seed=4)
+    assert step_graphs(backend.runner, other, 4, limits) is not graphs  # another shape: buffers of its own

@@ -72,6 +72,7 @@ def test_output_format_matches_stock_generate():
     assert isinstance(stats, H.SpecStats)
     assert sum(stats.accepted_lengths) == 12 - 1  # the first token comes from the prefill
     assert stats.target_forwards == len(stats.accepted_lengths) == len(stats.drafted_tokens)
+    assert stats.setup_seconds > 0  # the prefill and the first token, timed apart from the steps
     plain_tensor = model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None,
                                   custom_generate=H.speculative_generate)
     assert isinstance(plain_tensor, torch.Tensor) and plain_tensor.shape == (1, 15)
