@@ -141,10 +141,7 @@ def _check_batch(input_ids: torch.Tensor, generation_config: GenerationConfig, m
                              "of a batch needs padding_side='left', as stock generate does for decoder-only models")
         if bool((mask.sum(-1) == 0).any()):
             raise ValueError("a row of the batch is empty (its attention_mask is all zeros)")
-    unsupported = {
-        "output_attentions": bool(generation_config.return_dict_in_generate and generation_config.output_attentions),
-        "multimodal inputs": multimodal_prompt(model_kwargs),
-    }
+    unsupported = {"multimodal inputs": multimodal_prompt(model_kwargs)}
     bad = [name for name, flag in unsupported.items() if flag]
     if bad:
         raise NotImplementedError(f"speculative_generate at batch size > 1 does not support: {', '.join(bad)}")

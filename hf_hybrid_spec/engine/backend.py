@@ -228,15 +228,18 @@ class BatchEagerBackend:
     Args:
         model: the target. hidden_layers: hidden-state indices the drafters read (returned per row by `commit`).
         all_hidden: every forward returns all its hidden states (a rule that reads them, `uses_target_hidden`).
+        attentions: every forward returns its attention weights (`output_attentions`; eager attention only).
     """
 
     # Widths the budget may pick (None: any); the static backend's are its buckets.
     widths: list[int] | None = None
 
-    def __init__(self, model: nn.Module, hidden_layers: tuple[int, ...], all_hidden: bool = False):
+    def __init__(self, model: nn.Module, hidden_layers: tuple[int, ...], all_hidden: bool = False,
+                 attentions: bool = False):
         self.model = model
         self.hidden_layers = tuple(hidden_layers)
         self.all_hidden = all_hidden
+        self.attentions = attentions
         self.tree_device = model.device
         self.cache = HybridTreeCache(model.config)
         self.valid: list[int] = []
@@ -250,16 +253,19 @@ class BatchEagerBackend:
         self.slots = input_ids.shape[1]
         self._key_valid = attention_mask.bool()
         return forward_tokens(self.model, input_ids, self.cache, position_ids=positions, attention_mask=attention_mask,
-                              logits_to_keep=1, output_hidden_states=bool(self.hidden_layers) or self.all_hidden)
+                              logits_to_keep=1, output_hidden_states=bool(self.hidden_layers) or self.all_hidden,
+                              output_attentions=self.attentions)
 
     def forward(self, tree: VerifyTree) -> VerifyOutputs:
         """Run the rows' trees [R, N] (roots first); the cache stays in tree mode (commit or abort next)."""
         root_position = torch.tensor(self.valid, dtype=torch.long).to(self.model.device, non_blocking=True)
         out = forward_tree(self.model, tree, self.cache, prefix_length=self.slots, root_position=root_position,
                            prefix_mask=self._key_valid,
-                           output_hidden_states=bool(self.hidden_layers) or self.all_hidden)
+                           output_hidden_states=bool(self.hidden_layers) or self.all_hidden,
+                           output_attentions=self.attentions)
         self._last = out
-        return VerifyOutputs(logits=out.logits, hidden_states=getattr(out, "hidden_states", None))
+        return VerifyOutputs(logits=out.logits, hidden_states=getattr(out, "hidden_states", None),
+                             attentions=getattr(out, "attentions", None))
 
     def commit(self, paths: list[list[int]]) -> BatchHidden | None:
         """Keep each row's root->leaf path; returns the hidden states of each row's path for the drafter."""

@@ -37,7 +37,7 @@ from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, StepInputs, make_verifier, process_tree_logits, row_processors
 from .backend import BatchEagerBackend
 from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
-from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter
+from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter, path_attentions
 from .pipeline import PipelineInputs, pipelines, run_pipelined
 from .plain import plain_step, plain_steps, runs_plain
 from .request import Request
@@ -82,18 +82,19 @@ def decode_batch(request: Request):
     # output_scores / output_logits / output_hidden_states: each row's, from every step's verification (no plain fast
     # paths; hidden states from the eager backend, whose forwards return them all).
     want_states = bool(gen.return_dict_in_generate and gen.output_hidden_states)
-    if want_states and config.compile:
-        raise NotImplementedError("output_hidden_states needs the eager path: the static path's captured forward "
-                                  "returns no hidden states; pass AssistantConfig(compile=False) or leave "
+    want_attentions = bool(gen.return_dict_in_generate and gen.output_attentions)
+    if (want_states or want_attentions) and config.compile:
+        raise NotImplementedError("output_attentions / output_hidden_states need the eager path: the static path's "
+                                  "captured forward returns neither; pass AssistantConfig(compile=False) or leave "
                                   "compile='auto'")
     kept = None
-    if gen.return_dict_in_generate and (gen.output_scores or gen.output_logits or want_states):
-        kept = BatchOutputs(rows, bool(gen.output_scores), bool(gen.output_logits), want_states)
+    if gen.return_dict_in_generate and (gen.output_scores or gen.output_logits or want_states or want_attentions):
+        kept = BatchOutputs(rows, bool(gen.output_scores), bool(gen.output_logits), want_states, want_attentions)
     raw_greedy = verifier.raw_greedy and not processors and kept is None
     node_budget = min(config.max_draft_tokens, config.max_verify_nodes)
     stats.budget_capped = node_budget < config.max_draft_tokens
     all_hidden = verifier.uses_target_hidden or want_states
-    backend = _backend(request, layers, node_budget, all_hidden)
+    backend = _backend(request, layers, node_budget, all_hidden, want_attentions)
     if backend.widths:
         node_budget = min(node_budget, max(backend.widths) - 1)
     try:
@@ -118,6 +119,8 @@ def decode_batch(request: Request):
                 kept.add(b, scores[b : b + 1], logits[b : b + 1], 1)
         if want_states:
             kept.prompt_states = tuple(out.hidden_states)
+        if want_attentions:
+            kept.prompt_attentions = tuple(out.attentions)
         everyone = list(range(rows))
         drafter.accept(everyone, _row_tokens(rec, everyone, pads),
                        [VerifyResult(path=[0], tokens=f.tokens, score_nodes=[0], token_list=f.token_list)
@@ -169,17 +172,23 @@ def decode_batch(request: Request):
                     results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
                                           [per_row[b] for b in running], raw_greedy, chosen,
                                           [pads[b] for b in running], verified.hidden_states if all_hidden else None)
-                    del verified
                 except BaseException:
                     backend.abort()
                     raise
+                attentions = None
+                if want_attentions:  # each row's, before the commit moves the rows' committed slots
+                    attentions = [path_attentions(verified.attentions, i, r.path, r.score_nodes, backend.slots,
+                                                  backend.valid[i], pads[b])
+                                  for i, (b, r) in enumerate(zip(running, results))]
+                del verified
                 hidden = backend.commit([r.path for r in results])
             before = [rec.lengths[b] for b in running]
             rec.append(running, [r.token_list for r in results])
             if kept is not None:
                 for i, b in enumerate(running):
                     row_scores, row_logits, row_states = chosen[i]
-                    kept.add(b, row_scores, row_logits, rec.lengths[b] - before[i], row_states)
+                    kept.add(b, row_scores, row_logits, rec.lengths[b] - before[i], row_states,
+                             None if attentions is None else attentions[i])
             t2 = time.perf_counter()
             stats.target_forwards += 1
             stats.draft_seconds += t1 - t0
@@ -203,21 +212,24 @@ def decode_batch(request: Request):
                 stats.target_forwards, stats.mean_accepted_length)
     if not gen.return_dict_in_generate:
         return sequences
-    scores, logits, states = kept.outputs(length - prompt_length, pad) if kept is not None else (None, None, None)
+    scores, logits, states, attentions = (kept.outputs(length - prompt_length, pad) if kept is not None
+                                          else (None, None, None, None))
     # The batch's cache is not returned: its rows sit at different lengths (right-aligned by the eager backend, with
     # finished rows removed), so it is no cache stock generate could continue from.
     return SpeculativeDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, hidden_states=states,
-                                        spec_stats=stats, **{CACHE_FIELD: None})
+                                        attentions=attentions, spec_stats=stats, **{CACHE_FIELD: None})
 
 
-def _backend(request: Request, layers: tuple[int, ...], node_budget: int, all_hidden: bool = False):
+def _backend(request: Request, layers: tuple[int, ...], node_budget: int, all_hidden: bool = False,
+             attentions: bool = False):
     """The static batched runner (CUDA graphs) when the config compiles, else the eager batched backend; both return
     the hidden states of `layers` for drafters that read them (EAGLE). A rule that reads the target's hidden states
-    (`all_hidden`: a CoSpec arbiter over them) runs on the eager backend, whose forwards return them all."""
+    (`all_hidden`: a CoSpec arbiter over them) runs on the eager backend, whose forwards return them all, and so do
+    the attention weights (`attentions`)."""
     config, model = request.config, request.model
-    if not config.compile or request.batch_drafter.drafts_on_target or all_hidden:
+    if not config.compile or request.batch_drafter.drafts_on_target or all_hidden or attentions:
         # A drafter that restricts the target's own forward needs forwards the model runs as it is at the call.
-        return BatchEagerBackend(model, layers, all_hidden)
+        return BatchEagerBackend(model, layers, all_hidden, attentions)
     from .batch_static import BatchStaticBackend
 
     buckets = batch_buckets(config.compile_buckets, node_budget)

@@ -13,7 +13,7 @@ from ..stopping import HostStopping
 from ..tree import VerifyResult
 
 __all__ = ["SpecStats", "SpeculativeDecoderOnlyOutput", "Recorder", "BatchOutputs", "CACHE_FIELD", "count_arbiter",
-           "prompt_outputs", "path_outputs", "target_hidden"]
+           "prompt_outputs", "path_outputs", "path_attentions", "target_hidden"]
 
 CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
@@ -75,42 +75,71 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 
 
 class BatchOutputs:
-    """`output_scores` / `output_logits` / `output_hidden_states` for a batch: each row's processed scores, raw logits
-    and hidden states of the tokens it committed, laid out at the end as stock generate lays them out: one [B, V]
-    tensor per generated position, and per position a tuple over layers of [B, P, D] hidden states (the prompt's at
-    the first, P = its length; [B, 1, D] after, the state of the input that chose the position's token).
+    """`output_scores` / `output_logits` / `output_hidden_states` / `output_attentions` for a batch: each row's
+    processed scores, raw logits, hidden states and attention weights of the tokens it committed, laid out at the end
+    as stock generate lays them out: one [B, V] tensor per generated position; per position a tuple over layers of
+    [B, P, D] hidden states (the prompt's at the first, P = its length; [B, 1, D] after, the state of the input that
+    chose the position's token); per position a tuple over attention layers of [B, heads, P, P] weights (the prompt's),
+    then [B, heads, 1, P + t] at generated position t (the input's row over every key before it).
 
     A row that stopped before the last position has no forward after its stop (speculation stops verifying it, where
     stock decodes it on, feeding it pad tokens): its scores / logits there are -inf but 0 at `pad_token_id`, the pad
-    token with probability one, which is what the row's output holds there, and its hidden states zeros.
+    token with probability one, which is what the row's output holds there, and its hidden states and attention
+    weights zeros.
 
     Args:
-        rows: the batch size. scores / logits / hidden_states: which to keep.
+        rows: the batch size. scores / logits / hidden_states / attentions: which to keep.
     """
 
-    def __init__(self, rows: int, scores: bool, logits: bool, hidden_states: bool = False):
+    def __init__(self, rows: int, scores: bool, logits: bool, hidden_states: bool = False, attentions: bool = False):
         self.scores: list[list[torch.Tensor]] | None = [[] for _ in range(rows)] if scores else None
         self.logits: list[list[torch.Tensor]] | None = [[] for _ in range(rows)] if logits else None
         # Per row, per layer, the [k, D] states of its tokens after the first; the prompt's states [B, P, D] per layer.
         self.states: list[list[tuple[torch.Tensor, ...]]] | None = [[] for _ in range(rows)] if hidden_states else None
         self.prompt_states: tuple[torch.Tensor, ...] | None = None
+        # Per row, per token after the first, per attention layer its [heads, keys] row (None for a layer without
+        # weights); the prompt's [B, heads, P, P] per layer.
+        self.attentions: list[list[tuple]] | None = [[] for _ in range(rows)] if attentions else None
+        self.prompt_attentions: tuple | None = None
 
     def add(self, row: int, scores: torch.Tensor, logits: torch.Tensor, kept: int,
-            states: tuple[torch.Tensor, ...] | None = None) -> None:
+            states: tuple[torch.Tensor, ...] | None = None, attentions: list[tuple] | None = None) -> None:
         """Row `row` committed `kept` tokens, chosen by `scores` / `logits` [k >= kept, V] at nodes whose hidden states
-        are `states` ([k, D] per layer; None for the first token, whose are the prompt's); the rows past `kept`,
-        tokens its stopping criteria cut, are dropped."""
+        are `states` ([k, D] per layer; None for the first token, whose are the prompt's) and whose attention rows are
+        `attentions` (`path_attentions`); the entries past `kept`, tokens its stopping criteria cut, are dropped."""
         if self.scores is not None:
             self.scores[row].append(scores[:kept])
         if self.logits is not None:
             self.logits[row].append(logits[:kept])
         if self.states is not None and states is not None:
             self.states[row].append(tuple(s[:kept] for s in states))
+        if self.attentions is not None and attentions is not None:
+            self.attentions[row].extend(attentions[:kept])
 
-    def outputs(self, positions: int, pad_token_id: int | None) -> tuple[tuple | None, tuple | None, tuple | None]:
-        """(scores, logits, hidden states) over `positions` generated positions (None for what was not kept)."""
+    def outputs(self, positions: int, pad_token_id: int | None) -> tuple[tuple | None, ...]:
+        """(scores, logits, hidden states, attentions) over `positions` generated positions (None for what was not
+        kept)."""
         return (self._layout(self.scores, positions, pad_token_id), self._layout(self.logits, positions, pad_token_id),
-                self._states(positions))
+                self._states(positions), self._attentions(positions))
+
+    def _attentions(self, positions: int) -> tuple | None:
+        if self.attentions is None:
+            return None
+        prompt = self.prompt_attentions
+        length = next(a.shape[-1] for a in prompt if a is not None)
+        out = [prompt]
+        for t in range(1, positions):
+            layers = []
+            for layer, first in enumerate(prompt):
+                if first is None:
+                    layers.append(None)
+                    continue
+                keys = length + t
+                rows = [tokens[t - 1][layer] if t - 1 < len(tokens) else first.new_zeros(first.shape[1], keys)
+                        for tokens in self.attentions]
+                layers.append(torch.stack(rows).unsqueeze(2))  # [B, heads, 1, P + t]
+            out.append(tuple(layers))
+        return tuple(out)
 
     def _states(self, positions: int) -> tuple | None:
         if self.states is None:
@@ -259,6 +288,27 @@ def path_outputs(out, result: VerifyResult, prefix_length: int, want_attentions:
         if want_states:
             states.append(tuple(h[:, node : node + 1] for h in out.hidden_states))
     return attentions, states
+
+
+def path_attentions(attentions: tuple, row: int, path: list[int], nodes: list[int], slots: int, valid: int,
+                    pads: int) -> list[tuple]:
+    """Row `row`'s attention rows of a batched verify forward (`engine.backend.BatchEagerBackend`: the row's committed
+    keys are the last `valid` of `slots`, then the tree's nodes) at the nodes that chose its committed tokens
+    (`nodes`, along `path`), laid out as stock's batched decode lays them: the row's `pads` left-padding columns
+    (weight 0), its committed keys, then its path up to the node, never the other branches' or rows' columns.
+
+    attentions: per attention layer [R, heads, N, slots + N] (None for a layer without weights). Returns per token a
+    tuple over layers of [heads, pads + valid + k + 1] (token k)."""
+    device = next((a.device for a in attentions if a is not None), None)
+    if device is None:
+        return [tuple(None for _ in attentions) for _ in nodes]
+    columns = torch.cat([torch.arange(slots - valid, slots), slots + torch.tensor(path, dtype=torch.long)]).to(device)
+    out = []
+    for k, node in enumerate(nodes):
+        keep = columns[: valid + k + 1]
+        out.append(tuple(None if a is None else torch.nn.functional.pad(a[row, :, node].index_select(-1, keep),
+                                                                       (pads, 0)) for a in attentions))
+    return out
 
 
 def count_arbiter(result, *stats: SpecStats) -> None:

@@ -382,7 +382,44 @@ def test_batch_hidden_states_match_stock(family):
             torch.testing.assert_close(a[live], b[live], rtol=1e-4, atol=1e-4)
             assert not a[stopped].any()
     assert (new[0, 3:] == PAD).all()  # row 0 did stop
-    with pytest.raises(NotImplementedError, match="output_hidden_states needs the eager path"):
+    with pytest.raises(NotImplementedError, match="output_hidden_states need the eager path"):
+        greedy(model, ids, mask, custom_generate=H.speculative_generate, assistant_config=H.AssistantConfig(
+            compile=True), **kw)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_batch_attentions_match_stock(family):
+    """`output_attentions` at B > 1 (eager attention, the eager backend): the prompt's weights [B, heads, P, P] per
+    attention layer first, then per generated position t [B, heads, 1, P + t], each row's those of the input that
+    chose its token over every key before it (its padding columns 0, no other branch's or row's keys), as stock's;
+    zeros after a row's EOS. compile=True refuses it, as at B = 1."""
+    model = tiny_model(family)
+    model.set_attn_implementation("eager")  # attention weights are only returned by eager attention
+    ids, mask = padded_batch([7, 12, 4], seed=2)
+    plain = greedy(model, ids, mask, max_new_tokens=10, eos_token_id=None)
+    eos = int(plain[0, ids.shape[1] + 2])  # row 0 stops at its 3rd new token
+    kw = dict(max_new_tokens=10, eos_token_id=eos, return_dict_in_generate=True, output_attentions=True,
+              output_scores=True)
+    ref = greedy(model, ids, mask, **kw)
+    drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(plain, mask))]
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=drafters, **kw)
+    assert torch.equal(out.sequences, ref.sequences) and out.spec_stats.target_forwards < 9
+    assert max(out.spec_stats.accepted_lengths) >= 3  # paths of several nodes: each node's own row and columns
+    assert len(out.attentions) == len(ref.attentions) == len(out.scores)
+    new = ref.sequences[:, ids.shape[1] :]
+    for t, (ours, theirs) in enumerate(zip(out.attentions, ref.attentions)):
+        assert len(ours) == len(theirs)
+        stopped = [b for b in range(3) if bool((new[b, :t] == eos).any())]  # its EOS came before position t
+        live = [b for b in range(3) if b not in stopped]
+        for a, b in zip(ours, theirs):
+            if b is None:
+                assert a is None
+                continue
+            assert a.shape == b.shape
+            torch.testing.assert_close(a[live], b[live], rtol=1e-4, atol=1e-5)
+            assert not a[stopped].any()
+    assert any(a is not None and a[1].abs().sum() > 0 for a in out.attentions[5])
+    with pytest.raises(NotImplementedError, match="output_attentions / output_hidden_states need the eager path"):
         greedy(model, ids, mask, custom_generate=H.speculative_generate, assistant_config=H.AssistantConfig(
             compile=True), **kw)
 
@@ -404,7 +441,8 @@ def test_batch_sampled_scores_have_stocks_layout():
 
 @pytest.mark.parametrize("ask,match", [
     (lambda model: dict(drafter=[H.SelfSSMDrafter(model), H.SelfSSMDrafter(model)]), "one instance per row"),
-    (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions"),
+    (dict(return_dict_in_generate=True, output_attentions=True, assistant_config=H.AssistantConfig(compile=True)),
+     "output_attentions / output_hidden_states need the eager path"),
     (dict(drafter=RandomTreeDrafter(96)), "one per row"),
 ], ids=["self_ssm-instances", "attentions", "one-drafter"])
 def test_what_a_batch_does_not_support_is_named(ask, match):
