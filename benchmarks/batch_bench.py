@@ -22,7 +22,9 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
    `acceptance:P` (the target's own continuation with each token corrupted with probability 1 - P: a known
    acceptance on random weights; at B > 1 one drafter for the batch drafting on the device, so the greedy batch runs
    the pipelined step as EAGLE does). `random:` models get `testing.decisive_head` (the argmax is the current token
-   by a wide margin: bf16 rounding cannot flip it, so the continuation the acceptance drafters follow holds).
+   by a wide margin: bf16 rounding cannot flip it, so the continuation the acceptance drafters follow holds). Any
+   method with `+chunked` appended runs its batches with `batch_prefill="chunked"` (the prompts through the captured
+   verify forward) for a side-by-side comparison.
 
 A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
 chose, the speedup over stock static), a PNG of tokens/s against B, and a JSON line last.
@@ -63,6 +65,10 @@ def timed(fn, device) -> tuple[float, object]:
 def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, eagle=None, mtp=None) -> dict:
     """generate kwargs of method `name` (see the module docstring) for a batch whose stock output is `reference`;
     `eagle` the EagleDrafter of the eagle methods, `mtp` the MtpHead of the mtp methods."""
+    if name.endswith("+chunked"):
+        kwargs = method_kwargs(name.removesuffix("+chunked"), reference, vocab, max_new, eagle, mtp)
+        kwargs["assistant_config"] = kwargs["assistant_config"].replace(batch_prefill="chunked")
+        return kwargs
     if name == "suffix":
         return dict(assistant_config=AssistantConfig(global_cache=False))
     if name == "suffix:fixed":
@@ -88,7 +94,7 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
         rows = [reference[b].tolist() for b in range(reference.shape[0])]
         return dict(drafter=acceptance_batch_drafter(rows, p, depth=8, vocab_size=vocab), assistant_config=config)
     raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, suffix:fused, eagle, eagle:fused, "
-                     "eagle:eager, mtp, mtp:tree, acceptance:P)")
+                     "eagle:eager, mtp, mtp:tree, acceptance:P; any with +chunked)")
 
 
 def load_eagle(path: str | None, model, spec: str):

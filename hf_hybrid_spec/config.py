@@ -32,6 +32,7 @@ KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
 SSM_VARIANTS = ("zero_attention", "rescale_ssm", "skip_layer")
 HVD_POLICIES = ("learned", "threshold")
 BATCH_BUDGETS = ("auto", "calibrated", "fixed")
+BATCH_PREFILLS = ("eager", "chunked")
 # The tree budget a drafter gets when the config leaves it unset: EAGLE-2's dynamic tree for "eagle" (60 nodes, depth
 # 6, 10 children per expanded node), a chain of 3 for "mtp" (one MTP layer run recursively: its predictions fade with
 # depth, and vLLM and SGLang draft 1-3 tokens with it), a chain of up to 8 tokens from a 24-node budget for the others
@@ -131,6 +132,10 @@ class AssistantConfig:
             (the likeliest nodes across the batch when the rows ask for more).
         budget_slack: how much more expected tokens per second than a plain decode step the budget asks of drafts
             before it verifies any (0.05: 5%), a margin for the cost model's error.
+        batch_prefill: "eager" (the default): the left-padded prompts in one forward of the model, as stock generate
+            runs them. "chunked" (static path only): each row's prompt as chains through the captured verify forward,
+            the widest bucket at a time, from an empty state (no padding in the cache): replays instead of an eager
+            forward whose kernel launches can cost more than a short generation's steps. Not yet measured on a GPU.
 
     Lossy verification (opt-in, greedy only; `hf_hybrid_spec.cospec`): where the draft's own choice differs from
     the target's, an arbiter decides which token is kept (`spec_stats.arbiter_overrides` counts the draft's):
@@ -193,6 +198,7 @@ class AssistantConfig:
     # batches
     batch_budget: str = "auto"
     budget_slack: float = 0.05
+    batch_prefill: str = "eager"
     # lossy verification: read only when verification != "lossless"
     arbiter: object = None  # "cospec": a saved CoSpecArbiter (directory or Hub id) or an Arbiter instance
     fly_entropy_threshold: float = 0.3  # FLy's gate (top-3 entropy of the target, nats)
@@ -338,7 +344,7 @@ class AssistantConfig:
 # ---------------------------------------------------------------------- validation tables
 # Fixed choices; drafter and verification names are checked against their registries.
 _CHOICES = {"kernel_backend": KERNEL_BACKENDS, "ssm_variant": SSM_VARIANTS, "hvd_policy": HVD_POLICIES,
-            "batch_budget": BATCH_BUDGETS}
+            "batch_budget": BATCH_BUDGETS, "batch_prefill": BATCH_PREFILLS}
 _POSITIVE_INTS = ("max_draft_tokens", "max_depth", "max_verify_nodes", "max_match_length", "max_cached_outputs",
                   "max_cached_tokens", "ngram_size", "draft_top_k", "fly_window", "hvd_model_tokens", "hvd_model_depth")
 _BOOLS = ("global_cache", "tree", "compile_drafter", "compile_verify", "hvd_merge")

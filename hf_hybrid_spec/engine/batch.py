@@ -99,7 +99,10 @@ def decode_batch(request: Request):
         node_budget = min(node_budget, max(backend.widths) - 1)
     try:
         # ---- prefill, the first token of every row, the drafter begun on the rows
-        out = backend.prefill(input_ids, mask, positions)
+        if config.batch_prefill == "chunked" and not isinstance(backend, BatchEagerBackend):
+            out = backend.prefill(input_ids, mask, positions, chunked=True)  # the prompts through the captured forward
+        else:
+            out = backend.prefill(input_ids, mask, positions)
         logits = out.logits[:, -1].to(dtype=torch.float32)
         scores = processors(input_ids, logits.clone()) if processors else logits
         draft_forward = partial(_draft_forward, backend) if isinstance(backend, BatchEagerBackend) else None

@@ -30,12 +30,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers.utils import logging
 
 from ..cache import CommittedState, HybridTreeCache, export_committed, import_committed
+from ..cache.layers import StaticKVMixin
 from ..drafters import BatchHidden
 from ..forward import forward_tokens
 from ..graphs import Leased
@@ -80,6 +82,15 @@ class _Bucket:
         self.write_pos.copy_(self.lengths[:, None] + torch.arange(self.n, device=anc.device))
         mask = tree_attention_mask(anc, self.key_valid, self.lengths, self.mask_dtype)
         return mask, self.roots[:, None] + depth
+
+
+@dataclass
+class PrefillOutputs:
+    """`BatchStaticBackend.prefill_chunked`'s outputs, read as a model forward's: logits [B, 1, V] (each row's at its
+    last prompt token) and hidden_states {layer index: [B, L, H]} for the runner's hidden layers."""
+
+    logits: torch.Tensor
+    hidden_states: dict[int, torch.Tensor]
 
 
 class BatchStaticRunner(Leased):
@@ -328,7 +339,13 @@ class BatchStaticBackend:
         self._roots: list[int] = []
         self._rows: list[int] = list(range(rows))  # runner row of each running row
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor):
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+                chunked: bool = False):
+        """The left-padded prompts [B, L]: one eager forward, exactly as stock generate runs them, or (`chunked`)
+        `prefill_chunked`. Returns what the model's forward returns (logits [B, 1, V]; the hidden states the
+        drafter reads, indexed by layer)."""
+        if chunked:
+            return self.prefill_chunked(input_ids, attention_mask)
         out = forward_tokens(self.model, input_ids, self.cache, position_ids=positions, attention_mask=attention_mask,
                              logits_to_keep=1, output_hidden_states=bool(self.hidden_layers))
         self.runner.set_prompt_mask(attention_mask)
@@ -338,6 +355,64 @@ class BatchStaticBackend:
         self._roots = list(self.valid)
         self.slots = input_ids.shape[1]
         return out
+
+    def prefill_chunked(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PrefillOutputs:
+        """Each row's prompt (without its left padding) as chains through the captured verify forward, the widest
+        bucket's worth of tokens per forward, every chain committed, from an empty state: a few graph replays where
+        an eager forward of the model launches every kernel from Python. The cache then holds each row's tokens from
+        slot 0 (no padding). A runner whose buffers do not exist yet gets them from a one-token forward first
+        (`start_empty`). Returns each row's logits at its last prompt token [B, 1, V] and, for the runner's hidden
+        layers, the prompt's hidden states [B, L, H] laid out left-padded as the eager forward's."""
+        runner = self.runner
+        rows, width = input_ids.shape
+        if any(isinstance(layer, StaticKVMixin) and not layer.is_initialized for layer in self.cache.layers):
+            self.start_empty()
+        # Every row an empty sequence: zero states, which count as committed (a tree forward reads them).
+        for layer in self.cache.layers:
+            for s in getattr(layer, "has_previous_state", {}):
+                for states in (layer.conv_states, layer.recurrent_states):
+                    if states.get(s) is not None:
+                        states[s].zero_()
+                        layer.has_previous_state[s] = True
+        runner.key_valid.fill_(True)
+        lengths = attention_mask.sum(-1).tolist()
+        prompts = [input_ids[b, width - n :].tolist() for b, n in enumerate(lengths)]
+        chunk = max(runner.buckets)
+        fed = [0] * rows
+        logits: list[torch.Tensor | None] = [None] * rows
+        hidden: list[torch.Tensor] = []
+        if self.hidden_layers:
+            size = self.model.config.get_text_config().hidden_size
+            hidden = [torch.zeros(rows, width, size, dtype=self.model.dtype, device=self.model.device)
+                      for _ in self.hidden_layers]
+        while any(f < n for f, n in zip(fed, lengths)):
+            w = min(chunk, max(n - f for f, n in zip(fed, lengths)))
+            tokens = torch.zeros(rows, w, dtype=torch.long)
+            parent = torch.full((rows, w), -1, dtype=torch.long)
+            leaves, takes = [-1] * rows, [0] * rows
+            for b in range(rows):
+                take = prompts[b][fed[b] : fed[b] + w]
+                if take:
+                    k = takes[b] = len(take)
+                    tokens[b, :k] = torch.tensor(take, dtype=torch.long)
+                    parent[b, :k] = torch.arange(k) - 1
+                    leaves[b] = k - 1
+            out = runner.forward(tokens, parent, fed, fed)
+            for b, k in enumerate(takes):
+                if k and fed[b] + k == lengths[b]:
+                    logits[b] = out[b, k - 1 : k].clone()  # the graph's buffer is rewritten by the next replay
+            for states, layer in zip(hidden, runner.hidden() if self.hidden_layers else ()):
+                for b, k in enumerate(takes):
+                    if k:  # right-aligned as the padded prompt's: row b's token i at column width - n_b + i
+                        start = width - lengths[b] + fed[b]
+                        states[b, start : start + k].copy_(layer[b, :k])
+            fed = [f + k for f, k in zip(fed, takes)]
+            runner.commit(leaves, max(fed))
+        self.valid = list(lengths)
+        self._lengths, self._roots = list(lengths), list(lengths)
+        self._rows = list(range(rows))
+        self.slots = max(lengths)
+        return PrefillOutputs(logits=torch.stack(logits), hidden_states=dict(zip(self.hidden_layers, hidden)))
 
     def forward(self, tree: VerifyTree) -> VerifyOutputs:
         rows = self.runner.rows
@@ -416,11 +491,7 @@ class BatchStaticBackend:
         if slot in self._rows:
             raise ValueError(f"slot {slot} is running")
         if state is None:
-            for layer in self.cache.layers:
-                for states in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {})):
-                    for t in states.values():
-                        if t is not None:
-                            t[slot].zero_()
+            self._zero_states(slot)
             length = 0
         else:
             import_committed(self.cache, state, row=slot)
@@ -430,6 +501,14 @@ class BatchStaticBackend:
         self._rows.append(slot)
         self.valid.append(length)
         self.slots = max(self.slots, length)
+
+    def _zero_states(self, slot: int) -> None:
+        """Runner row `slot`'s recurrent and conv states to zeros (an empty sequence's)."""
+        for layer in self.cache.layers:
+            for states in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {})):
+                for t in states.values():
+                    if t is not None:
+                        t[slot].zero_()
 
     def export_row(self, row: int) -> CommittedState:
         """A copy of running row `row`'s committed state (its slot's first `valid` tokens)."""

@@ -487,3 +487,48 @@ def test_steps_where_no_row_drafts_run_as_plain_steps(family, monkeypatch):
                  drafter=drafters, assistant_config=H.AssistantConfig(compile=True), return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
     assert used and out.spec_stats.plain_steps == len(used)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1", "nemotron_h"])
+def test_the_chunked_prefill_gives_what_the_eager_prefill_gives(family):
+    """`batch_prefill="chunked"`: each row's prompt as chains through the runner's forward (several chunks per row
+    here), from an empty state: each row's last logits and the drafter's hidden states, laid out left-padded, are the
+    eager prefill's; a second call on the kept runner (no one-token forward first) gives them too."""
+    from hf_hybrid_spec.engine.batch_static import BatchStaticBackend
+
+    model = tiny_model(family)
+    layers = (1, model.config.get_text_config().num_hidden_layers)
+    ids, mask = padded_batch([7, 12, 4], seed=2)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    backend = BatchStaticBackend(model, rows=3, static_length=40, buckets=(1, 2, 4), owner=None, hidden_layers=layers)
+    eager = backend.prefill(ids, mask, positions)
+    for _ in range(2):
+        chunked = backend.prefill(ids, mask, positions, chunked=True)
+        torch.testing.assert_close(chunked.logits, eager.logits[:, -1:], rtol=1e-4, atol=1e-4)
+        for i in layers:
+            real = mask.bool()  # the padding's columns are zeros, which nobody reads
+            torch.testing.assert_close(chunked.hidden_states[i][real], eager.hidden_states[i][real], rtol=1e-4,
+                                       atol=1e-4)
+            assert not chunked.hidden_states[i][~real].any()
+        assert backend.valid == mask.sum(-1).tolist() and backend.slots == 12
+
+
+@pytest.mark.parametrize("name", ["random-trees", "eagle"])
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_batches_with_the_chunked_prefill_match_stock(family, name):
+    model = tiny_model(family)
+    ids, mask = padded_batch([7, 12, 4], seed=2)
+    ref = greedy(model, ids, mask, max_new_tokens=12, eos_token_id=None)
+    for _ in range(2):  # a fresh runner (its buffers made by a one-token forward), then the kept one
+        if name == "eagle":
+            extra = drafter_kwargs("eagle", model, compile=True, batch_prefill="chunked", compile_buckets=(4,))
+        else:
+            extra = dict(drafter=[RandomTreeDrafter(96, reference=r, seed=b)
+                                  for b, r in enumerate(row_references(ref, mask))],
+                         assistant_config=H.AssistantConfig(compile=True, batch_prefill="chunked",
+                                                            compile_buckets=(4,)))
+        out = greedy(model, ids, mask, max_new_tokens=12, eos_token_id=None, custom_generate=H.speculative_generate,
+                     return_dict_in_generate=True, **extra)
+        assert torch.equal(out.sequences, ref)
+    with pytest.raises(ValueError, match="batch_prefill must be one of"):
+        H.AssistantConfig(batch_prefill="lazy")
