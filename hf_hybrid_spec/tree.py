@@ -154,9 +154,19 @@ class DraftTree:
         )
 
 
+# Empty drafts by (batch size, device): a cache drafter without a match returns one every step, and drafts are never
+# modified in place (see `DraftTree.host`), so one is shared.
+_EMPTY: dict[tuple[int, str], DraftTree] = {}
+
+
 def empty_draft(batch_size: int = 1, device: torch.device | str = "cpu") -> DraftTree:
-    z = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
-    return DraftTree(tokens=z, parents=z.clone())
+    """A draft of no nodes (the step verifies the root alone), shared: never modify it."""
+    key = (batch_size, str(device))
+    tree = _EMPTY.get(key)
+    if tree is None:
+        z = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+        tree = _EMPTY[key] = DraftTree(tokens=z, parents=z.clone())
+    return tree
 
 
 def chain_tree(tokens: torch.Tensor, probs: torch.Tensor | None = None) -> DraftTree:
@@ -243,15 +253,33 @@ class DraftBatch:
         def padded(rows, fill):
             return [row + [fill] * (width - len(row)) for row in rows]
 
-        tokens = torch.tensor(padded([h.tokens for h in hosts], 0), dtype=torch.long).view(len(hosts), width)
-        parents = torch.tensor(padded([h.parents for h in hosts], -1), dtype=torch.long).view(len(hosts), width)
-        scores = None
+        rows = len(hosts)
+        tokens = torch.tensor(padded([h.tokens for h in hosts], 0), dtype=torch.long).view(rows, width)
+        parents = torch.tensor(padded([h.parents for h in hosts], -1), dtype=torch.long).view(rows, width)
+        # Depths and capped values walked on the host lists (parents come first): what `from_tensors` settles in one
+        # pass of tensor ops per level, for a few microseconds per row (the serving engine does this every step).
+        depths = []
+        for h in hosts:
+            d: list[int] = []
+            for p in h.parents:
+                d.append(1 if p < 0 else d[p] + 1)
+            depths.append(d)
+        depth = torch.tensor(padded(depths, 0), dtype=torch.long).view(rows, width)
+        count = torch.tensor(counts, dtype=torch.long)
         if scored:
             # A row without scores among scored ones: its nodes at the prior by depth, like an unscored batch.
-            rows = [h.scores if h.scores is not None else _prior_scores(h.parents, prior) for h in hosts]
-            scores = torch.tensor(padded(rows, 0.0), dtype=torch.float32).view(len(hosts), width)
-        batch = cls.from_tensors(tokens, parents, scores, torch.tensor(counts, dtype=torch.long), prior,
-                                 drafts=list(drafts))
+            raw = [h.scores if h.scores is not None else _prior_scores(h.parents, prior) for h in hosts]
+            # Rounded to float32 and clamped first, as the tensors hold them; the caps (minima) are then exact.
+            capped = torch.tensor(padded(raw, 0.0), dtype=torch.float32).view(rows, width).clamp(0.0, 1.0).tolist()
+            for h, v in zip(hosts, capped):
+                for i, p in enumerate(h.parents):
+                    if p >= 0 and v[p] < v[i]:
+                        v[i] = v[p]
+            values = torch.tensor(capped, dtype=torch.float32).view(rows, width)
+        else:
+            valid = torch.arange(width) < count[:, None]
+            values = torch.where(valid, torch.full((rows, width), prior) ** depth.float(), 0.0)
+        batch = cls(tokens=tokens, parents=parents, values=values, depth=depth, count=count, drafts=list(drafts))
         batch.__dict__["_counts"] = counts
         return batch
 

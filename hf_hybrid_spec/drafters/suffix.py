@@ -540,7 +540,8 @@ class SuffixDrafter(Drafter):
             for m in range(min(len(active), self.max_match_length), 0, -1):
                 node = active[m - 1]
                 count = trie.count(node)
-                if trie.total(node, m) == 0 or count == prev_count:
+                # (the count first: a run of suffixes that occurred once, the usual case, skips the continuation check)
+                if count == prev_count or trie.total(node, m) == 0:
                     prev_count = count
                     continue
                 prev_count = count

@@ -50,12 +50,20 @@ class BatchRecorder:
     def append(self, rows: list[int], tokens: list[list[int]]) -> None:
         """Commit `tokens[i]` to row `rows[i]`: each prefix is checked as stock generate checks it (a row that
         stops keeps its tokens up to the stop, with `truncate`; else all of them, the stop remembered)."""
-        flat_rows, flat_cols, flat = [], [], []
-        for row, new in zip(rows, tokens):
-            start = self.lengths[row]
-            flat_rows += [row] * len(new)
-            flat_cols += range(start, start + len(new))
-            flat += new
+        if len(rows) == 1:  # one row (the serving engine's requests): one slice, no index tensors
+            row, new = rows[0], tokens[0]
+            if new:
+                start = self.lengths[row]
+                self.buffer[row, start : start + len(new)] = torch.tensor(new, dtype=torch.long).to(
+                    self.buffer.device, non_blocking=True)
+            flat = []
+        else:
+            flat_rows, flat_cols, flat = [], [], []
+            for row, new in zip(rows, tokens):
+                start = self.lengths[row]
+                flat_rows += [row] * len(new)
+                flat_cols += range(start, start + len(new))
+                flat += new
         if flat:
             index = torch.tensor([flat_rows, flat_cols], dtype=torch.long)
             values = torch.tensor(flat, dtype=torch.long)

@@ -1,6 +1,7 @@
-"""The host side of a step, made cheaper for HVD's per-step cost: drafts built from lists, their memoized
-host lists, the list walk of `realized_payoff`, the lazily sliced history hidden states, and the one-launch copy of
-the history rows (`kernels.rows`; Triton in the interpreter on CPU, compiled on a GPU)."""
+"""The host side of a step, made cheaper for HVD's and the serving engine's per-step cost: drafts built from lists,
+their memoized host lists, the batch of them walked on the host lists, the list walk of `realized_payoff`, the lazily
+sliced history hidden states, and the one-launch copy of the history rows (`kernels.rows`; Triton in the interpreter
+on CPU, compiled on a GPU)."""
 
 import dataclasses
 import random
@@ -14,7 +15,7 @@ from hf_hybrid_spec.kernels.triton_rows import triton_gather_rows
 from hf_hybrid_spec.drafters import DraftBudget, HistoryHidden, TargetHidden
 from hf_hybrid_spec.drafters.suffix import SuffixDrafter
 from hf_hybrid_spec.hvd.merge import realized_payoff
-from hf_hybrid_spec.tree import DraftTree
+from hf_hybrid_spec.tree import DraftBatch, DraftTree, _prior_scores, empty_draft
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -179,3 +180,29 @@ def test_gather_rows_checks_shapes():
     with pytest.raises(ValueError, match="sources must be"):
         gather_rows(out, (torch.zeros(1, 3, 5),) * 2, torch.zeros(3, dtype=torch.long),
                     torch.zeros(3, dtype=torch.long))
+
+
+def test_a_batch_of_host_drafts_is_the_tensor_walks_batch_to_the_bit():
+    """`DraftBatch.from_drafts` walks depths and capped values on the rows' host lists; `from_tensors` settles them
+    with tensor passes per level. Random batches (empty rows, unscored rows among scored ones, scores outside [0, 1]):
+    every field equal."""
+    rng = random.Random(0)
+    for _ in range(200):
+        drafts = []
+        for _ in range(rng.randint(1, 6)):
+            n = rng.randint(0, 12)
+            tokens, parents, scores = random_tree(rng, n, vocab=50)
+            scores = None if rng.random() < 0.4 else [rng.uniform(-0.2, 1.2) for _ in range(n)]
+            drafts.append(DraftTree.from_lists(tokens, parents, scores) if n else empty_draft(1))
+        batch = DraftBatch.from_drafts(drafts)
+        hosts = [d.host() for d in drafts]
+        width = batch.tokens.shape[1]
+        scores = None
+        if any(h.scores is not None for h in hosts):
+            rows = [h.scores if h.scores is not None else _prior_scores(h.parents, 0.6) for h in hosts]
+            scores = torch.tensor([r + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32)
+        walked = DraftBatch.from_tensors(batch.tokens, batch.parents, scores.view(len(hosts), width) if scores is not
+                                         None else None, batch.count, 0.6)
+        for name in ("tokens", "parents", "values", "depth", "count"):
+            assert torch.equal(getattr(batch, name), getattr(walked, name)), name
+    assert empty_draft(1) is empty_draft(1) and empty_draft(1).num_nodes == 0  # one shared empty draft
