@@ -70,3 +70,27 @@ def test_serve_bench_dry_run_runs_every_method_behind_its_gate(tmp_path, capsys)
     assert all(r["complete"] and r["failed"] == 0 for r in result["rows"])
     assert (tmp_path / "out" / "serve.png").exists()
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["bench"] == "serve"
+
+
+def test_serve_host_bench_runs_the_engine_without_the_model_and_exits_zero():
+    """The serving host-cost bench on the fixture, in a process of its own (it patches the batched runner): a JSON
+    line last with the steps it took and every request's tokens; exit status 0."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers import IN_CI
+    from hf_hybrid_spec.testing import fixture_path
+
+    if fixture_path("qwen3_5-small") is None:
+        message = "fixture model qwen3_5-small not found (expected in ../shared/models)"
+        if IN_CI:
+            pytest.fail(message + " and CI=true: the fixtures must be present in CI")
+        pytest.skip(message)
+    script = os.path.join(os.path.dirname(bench.__file__), "serve_host.py")
+    run = subprocess.run([sys.executable, script, "--requests", "4", "--slots", "2", "--prompt-tokens", "64",
+                          "--max-new-tokens", "12", "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["tokens"] == 4 * 12 and result["steps"] > 0 and result["host_ms_per_step"] > 0
