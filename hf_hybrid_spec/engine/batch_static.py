@@ -196,14 +196,6 @@ class BatchStaticRunner(Leased):
         self._active = bucket
         return bucket.out.logits
 
-    def tree_masks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The pending trees as the forward saw them: tokens, parents [R, n], ancestor mask [R, n, n] and depth [R, n]
-        (the bucket's device buffers)."""
-        bucket = self._active
-        if bucket is None:
-            raise RuntimeError("tree_masks() needs a pending tree from this runner's forward")
-        return bucket.tokens, bucket.parent, bucket.anc, bucket.depth
-
     def commit_device(self, leaves: torch.Tensor) -> None:
         """Start the commit of each row's path to `leaves` [R] (a device tensor, -1: nothing) without a host read; the
         cache stays in tree mode until `finish_commit` (when the host knows the new lengths)."""
