@@ -134,8 +134,9 @@ class AssistantConfig:
             before it verifies any (0.05: 5%), a margin for the cost model's error.
         batch_prefill: "eager" (the default): the left-padded prompts in one forward of the model, as stock generate
             runs them. "chunked" (static path only): each row's prompt as chains through the captured verify forward,
-            the widest bucket at a time, from an empty state (no padding in the cache): replays instead of an eager
-            forward whose kernel launches can cost more than a short generation's steps. Not yet measured on a GPU.
+            64 tokens at a time (a bucket of its own), from an empty state (no padding in the cache): replays instead
+            of an eager forward whose kernel launches can cost more than a short generation's steps. Not yet measured
+            on a GPU.
 
     Lossy verification (opt-in, greedy only; `hf_hybrid_spec.cospec`): where the draft's own choice differs from
     the target's, an arbiter decides which token is kept (`spec_stats.arbiter_overrides` counts the draft's):

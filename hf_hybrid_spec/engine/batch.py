@@ -53,6 +53,9 @@ __all__ = ["decode_batch", "measure_verify_cost", "batch_tree", "verify_rows", "
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 16, 32)
 # Widths the batched static runner captures besides the config's buckets.
 NARROW_BUCKETS = (1, 2, 4)
+# The width of a chunked prefill's chains (`batch_prefill="chunked"`), captured besides the buckets: as the serving
+# engine's chunks (a narrow bucket would take a replay per few prompt tokens; the tree kernels hold at most 128 nodes).
+PREFILL_CHUNK = 64
 
 
 def decode_batch(request: Request):
@@ -236,6 +239,8 @@ def _backend(request: Request, layers: tuple[int, ...], node_budget: int, all_hi
     from .batch_static import BatchStaticBackend
 
     buckets = batch_buckets(config.compile_buckets, node_budget)
+    if config.batch_prefill == "chunked":  # the prompts' chains get a bucket of their own width
+        buckets = tuple(sorted(set(buckets) | {PREFILL_CHUNK}))
     static_length = request.generation_config.max_length + max(buckets)
     return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request,
                               hidden_layers=layers, fuse=config.compile_verify)
