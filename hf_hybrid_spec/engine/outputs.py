@@ -126,7 +126,9 @@ class BatchOutputs:
         if self.attentions is None:
             return None
         prompt = self.prompt_attentions
-        length = next(a.shape[-1] for a in prompt if a is not None)
+        length = next((a.shape[-1] for a in prompt if a is not None), None)
+        if length is None:  # no layer returned weights (no attention layer)
+            return (prompt,) * positions
         out = [prompt]
         for t in range(1, positions):
             layers = []
