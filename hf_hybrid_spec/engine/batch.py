@@ -82,8 +82,9 @@ def decode_batch(request: Request):
     stats = SpecStats(prefill_tokens=int(mask.sum()), rows=row_stats)
     layers = tuple(drafter.target_hidden_layers)
     processors = request.processors
-    # output_scores / output_logits / output_hidden_states: each row's, from every step's verification (no plain fast
-    # paths; hidden states from the eager backend, whose forwards return them all).
+    # output_scores / output_logits / output_hidden_states / output_attentions: each row's, from every step's
+    # verification (no plain fast paths; hidden states and attentions from the eager backend, whose forwards return
+    # them all).
     want_states = bool(gen.return_dict_in_generate and gen.output_hidden_states)
     want_attentions = bool(gen.return_dict_in_generate and gen.output_attentions)
     if (want_states or want_attentions) and config.compile:
@@ -163,6 +164,7 @@ def decode_batch(request: Request):
                 drafts = DraftBatch.from_drafts([empty_draft(1)] * len(running))
             drafts = apply_budget(drafts, cost, config, stats, backend.widths)
             t1 = time.perf_counter()
+            attentions = None  # each row's attention rows, when asked for (the verify step below)
             if fast_plain and not any(drafts.counts):
                 # No row drafts: a plain step without the tree machinery (`engine.plain`).
                 news, on_device = plain_step(backend, [rec.host[b][-1] for b in running], drafter.overlap)
@@ -181,7 +183,6 @@ def decode_batch(request: Request):
                 except BaseException:
                     backend.abort()
                     raise
-                attentions = None
                 if want_attentions:  # each row's, before the commit moves the rows' committed slots
                     attentions = [path_attentions(verified.attentions, i, r.path, r.score_nodes, backend.slots,
                                                   backend.valid[i], pads[b])
