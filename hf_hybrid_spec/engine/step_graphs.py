@@ -3,9 +3,9 @@
 Around its captured verify forward and commit, one pipelined step (`engine.pipeline`) runs some hundred small
 PyTorch ops: the budget's selection of each row's nodes (`budget.select_device`), the greedy acceptance
 (`verification.greedy_device`), the gather of the accepted paths' hidden states, the acceptance by width and the
-packing of what the host reads. Launched one by one they cost the host ~2 ms per step (H200, ~10 us each) and leave
-the device waiting between them; at B = 64 on the fixtures the step was host-bound. Here they are two graphs per
-verify width, replayed around the runner's own:
+packing of what the host reads. Launched one by one they cost the host about a millisecond per step and leave the
+device waiting between them (at B = 64 on the fixtures the step was host-bound; docs/benchmarks.md, "Batches").
+Here they are two graphs per verify width, replayed around the runner's own:
 
     load(drafts)          # the drafter's [R, M] drafts into this object's buffers (four copies)
     select(width)         # graph: each row's nodes within the width, written into the bucket's tree buffers
