@@ -357,68 +357,43 @@ def test_batch_scores_and_logits_match_stock(name, compile_):
 
 
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
-def test_batch_hidden_states_match_stock(family):
-    """`output_hidden_states` at B > 1 (the eager backend): the prompt's states [B, P, D] per layer first, then per
-    generated position [B, 1, D] per layer, each row's those of the input that chose its token, as stock's; zeros
-    after a row's EOS. compile=True refuses it, as at B = 1."""
+@pytest.mark.parametrize("field", ["hidden_states", "attentions"])
+def test_batch_hidden_states_and_attentions_match_stock(field, family):
+    """`output_hidden_states` / `output_attentions` at B > 1 (the eager backend; weights need eager attention): the
+    prompt's first ([B, P, D] per layer; [B, heads, P, P] per attention layer), then per generated position t each
+    row's those of the input that chose its token ([B, 1, D]; [B, heads, 1, P + t]: its row over every key before it,
+    its padding columns 0, no other branch's or row's keys), as stock's; zeros after a row's EOS. compile=True
+    refuses both, as at B = 1."""
     model = tiny_model(family)
+    if field == "attentions":
+        model.set_attn_implementation("eager")  # attention weights are only returned by eager attention
     ids, mask = padded_batch([7, 12, 4], seed=2)
     plain = greedy(model, ids, mask, max_new_tokens=10, eos_token_id=None)
     eos = int(plain[0, ids.shape[1] + 2])  # row 0 stops at its 3rd new token
-    kw = dict(max_new_tokens=10, eos_token_id=eos, return_dict_in_generate=True, output_hidden_states=True,
-              output_scores=True)
-    ref = greedy(model, ids, mask, **kw)
-    drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(plain, mask))]
-    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=drafters, **kw)
-    assert torch.equal(out.sequences, ref.sequences) and out.spec_stats.target_forwards < 9
-    assert len(out.hidden_states) == len(ref.hidden_states) == len(out.scores)
-    new = ref.sequences[:, ids.shape[1] :]
-    for t, (ours, theirs) in enumerate(zip(out.hidden_states, ref.hidden_states)):
-        assert len(ours) == len(theirs)
-        stopped = [b for b in range(3) if bool((new[b, :t] == eos).any())]  # its EOS came before position t
-        live = [b for b in range(3) if b not in stopped]
-        for a, b in zip(ours, theirs):
-            assert a.shape == b.shape
-            torch.testing.assert_close(a[live], b[live], rtol=1e-4, atol=1e-4)
-            assert not a[stopped].any()
-    assert (new[0, 3:] == PAD).all()  # row 0 did stop
-    with pytest.raises(NotImplementedError, match="output_hidden_states need the eager path"):
-        greedy(model, ids, mask, custom_generate=H.speculative_generate, assistant_config=H.AssistantConfig(
-            compile=True), **kw)
-
-
-@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
-def test_batch_attentions_match_stock(family):
-    """`output_attentions` at B > 1 (eager attention, the eager backend): the prompt's weights [B, heads, P, P] per
-    attention layer first, then per generated position t [B, heads, 1, P + t], each row's those of the input that
-    chose its token over every key before it (its padding columns 0, no other branch's or row's keys), as stock's;
-    zeros after a row's EOS. compile=True refuses it, as at B = 1."""
-    model = tiny_model(family)
-    model.set_attn_implementation("eager")  # attention weights are only returned by eager attention
-    ids, mask = padded_batch([7, 12, 4], seed=2)
-    plain = greedy(model, ids, mask, max_new_tokens=10, eos_token_id=None)
-    eos = int(plain[0, ids.shape[1] + 2])  # row 0 stops at its 3rd new token
-    kw = dict(max_new_tokens=10, eos_token_id=eos, return_dict_in_generate=True, output_attentions=True,
-              output_scores=True)
+    kw = dict(max_new_tokens=10, eos_token_id=eos, return_dict_in_generate=True, output_scores=True,
+              **{f"output_{field}": True})
     ref = greedy(model, ids, mask, **kw)
     drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(plain, mask))]
     out = greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=drafters, **kw)
     assert torch.equal(out.sequences, ref.sequences) and out.spec_stats.target_forwards < 9
     assert max(out.spec_stats.accepted_lengths) >= 3  # paths of several nodes: each node's own row and columns
-    assert len(out.attentions) == len(ref.attentions) == len(out.scores)
+    ours_all, theirs_all = getattr(out, field), getattr(ref, field)
+    assert len(ours_all) == len(theirs_all) == len(out.scores)
+    atol = 1e-5 if field == "attentions" else 1e-4
     new = ref.sequences[:, ids.shape[1] :]
-    for t, (ours, theirs) in enumerate(zip(out.attentions, ref.attentions)):
+    for t, (ours, theirs) in enumerate(zip(ours_all, theirs_all)):
         assert len(ours) == len(theirs)
         stopped = [b for b in range(3) if bool((new[b, :t] == eos).any())]  # its EOS came before position t
         live = [b for b in range(3) if b not in stopped]
         for a, b in zip(ours, theirs):
-            if b is None:
+            if b is None:  # a layer without attention weights
                 assert a is None
                 continue
             assert a.shape == b.shape
-            torch.testing.assert_close(a[live], b[live], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(a[live], b[live], rtol=1e-4, atol=atol)
             assert not a[stopped].any()
-    assert any(a is not None and a[1].abs().sum() > 0 for a in out.attentions[5])
+    assert (new[0, 3:] == PAD).all()  # row 0 did stop
+    assert any(a is not None and a[1].abs().sum() > 0 for a in ours_all[5])
     with pytest.raises(NotImplementedError, match="output_attentions / output_hidden_states need the eager path"):
         greedy(model, ids, mask, custom_generate=H.speculative_generate, assistant_config=H.AssistantConfig(
             compile=True), **kw)
