@@ -50,26 +50,7 @@ class BatchRecorder:
     def append(self, rows: list[int], tokens: list[list[int]]) -> None:
         """Commit `tokens[i]` to row `rows[i]`: each prefix is checked as stock generate checks it (a row that
         stops keeps its tokens up to the stop, with `truncate`; else all of them, the stop remembered)."""
-        if len(rows) == 1:  # one row (the serving engine's requests): one slice, no index tensors
-            row, new = rows[0], tokens[0]
-            if new:
-                start = self.lengths[row]
-                self.buffer[row, start : start + len(new)] = torch.tensor(new, dtype=torch.long).to(
-                    self.buffer.device, non_blocking=True)
-            flat = []
-        else:
-            flat_rows, flat_cols, flat = [], [], []
-            for row, new in zip(rows, tokens):
-                start = self.lengths[row]
-                flat_rows += [row] * len(new)
-                flat_cols += range(start, start + len(new))
-                flat += new
-        if flat:
-            index = torch.tensor([flat_rows, flat_cols], dtype=torch.long)
-            values = torch.tensor(flat, dtype=torch.long)
-            device = self.buffer.device
-            self.buffer.index_put_((index[0].to(device, non_blocking=True), index[1].to(device, non_blocking=True)),
-                                   values.to(device, non_blocking=True))
+        self._write(rows, tokens)
         for row, new in zip(rows, tokens):
             start = self.lengths[row]
             stops = self._stops(row, start, new)
@@ -86,6 +67,27 @@ class BatchRecorder:
                 kept = len(new)
             self.host[row].extend(new[:kept])
             self.lengths[row] = start + kept
+
+    def _write(self, rows: list[int], tokens: list[list[int]]) -> None:
+        """`tokens[i]` into the buffer after row `rows[i]`'s committed tokens, in one copy."""
+        device = self.buffer.device
+        if len(rows) == 1:  # one row (the serving engine's requests): one slice, no index tensors
+            start, new = self.lengths[rows[0]], tokens[0]
+            if new:
+                self.buffer[rows[0], start : start + len(new)] = torch.tensor(new, dtype=torch.long).to(
+                    device, non_blocking=True)
+            return
+        flat_rows, flat_cols, flat = [], [], []
+        for row, new in zip(rows, tokens):
+            start = self.lengths[row]
+            flat_rows += [row] * len(new)
+            flat_cols += range(start, start + len(new))
+            flat += new
+        if flat:
+            index = torch.tensor([flat_rows, flat_cols], dtype=torch.long)
+            values = torch.tensor(flat, dtype=torch.long)
+            self.buffer.index_put_((index[0].to(device, non_blocking=True), index[1].to(device, non_blocking=True)),
+                                   values.to(device, non_blocking=True))
 
     def _stops(self, row: int, start: int, new: list[int]) -> list[bool]:
         if self.host_stopping is not None:
