@@ -350,7 +350,8 @@ class BatchStaticBackend:
 
     def prefill_chunked(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PrefillOutputs:
         """Each row's prompt (without its left padding) as chains through the captured verify forward, the widest
-        bucket's worth of tokens per forward, every chain committed, from an empty state: a few graph replays where
+        bucket's worth of tokens per forward (`PREFILL_CHUNK` or more: `engine.batch` captures a bucket that wide for
+        it), every chain committed, from an empty state: a few graph replays where
         an eager forward of the model launches every kernel from Python. The cache then holds each row's tokens from
         slot 0 (no padding). A runner whose buffers do not exist yet gets them from a one-token forward first
         (`start_empty`). Returns each row's logits at its last prompt token [B, 1, V] and, for the runner's hidden
@@ -359,13 +360,7 @@ class BatchStaticBackend:
         rows, width = input_ids.shape
         if any(isinstance(layer, StaticKVMixin) and not layer.is_initialized for layer in self.cache.layers):
             self.start_empty()
-        # Every row an empty sequence: zero states, which count as committed (a tree forward reads them).
-        for layer in self.cache.layers:
-            for s in getattr(layer, "has_previous_state", {}):
-                for states in (layer.conv_states, layer.recurrent_states):
-                    if states.get(s) is not None:
-                        states[s].zero_()
-                        layer.has_previous_state[s] = True
+        self._zero_states()  # every row an empty sequence
         runner.key_valid.fill_(True)
         lengths = attention_mask.sum(-1).tolist()
         prompts = [input_ids[b, width - n :].tolist() for b, n in enumerate(lengths)]
@@ -494,13 +489,16 @@ class BatchStaticBackend:
         self.valid.append(length)
         self.slots = max(self.slots, length)
 
-    def _zero_states(self, slot: int) -> None:
-        """Runner row `slot`'s recurrent and conv states to zeros (an empty sequence's)."""
+    def _zero_states(self, slot: int | None = None) -> None:
+        """Runner row `slot`'s (None: every row's) recurrent and conv states to zeros, an empty sequence's, which count
+        as committed (a tree forward reads them; a reset cache marks them as not there)."""
         for layer in self.cache.layers:
-            for states in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {})):
-                for t in states.values():
+            for s in getattr(layer, "has_previous_state", {}):
+                for states in (layer.conv_states, layer.recurrent_states):
+                    t = states.get(s)
                     if t is not None:
-                        t[slot].zero_()
+                        (t if slot is None else t[slot]).zero_()
+                        layer.has_previous_state[s] = True
 
     def export_row(self, row: int) -> CommittedState:
         """A copy of running row `row`'s committed state (its slot's first `valid` tokens)."""
