@@ -362,44 +362,50 @@ class BatchStaticBackend:
             self.start_empty()
         self._zero_states()  # every row an empty sequence
         runner.key_valid.fill_(True)
-        lengths = attention_mask.sum(-1).tolist()
-        prompts = [input_ids[b, width - n :].tolist() for b, n in enumerate(lengths)]
+        # Host-side layout, once: each row's prompt left-aligned ([R, P]; row b's tokens in columns < n_b). Every row
+        # takes the same columns per chunk (all start at 0 and take up to the chunk's width), so a chunk is a slice of
+        # it, and the hidden states' scatter back into the left-padded layout one indexed copy per layer.
+        counts = attention_mask.sum(-1).to("cpu")
+        lengths = counts.tolist()
+        longest = max(lengths)
+        columns = torch.arange(longest)
+        real = columns[None] < counts[:, None]  # [R, P]
+        source = (width - counts)[:, None] + columns[None]
+        prompts = input_ids.to("cpu").gather(1, source.clamp(max=width - 1)).masked_fill(~real, 0)
         chunk = max(runner.buckets)
-        fed = [0] * rows
-        logits: list[torch.Tensor | None] = [None] * rows
+        logits: torch.Tensor | None = None
         hidden: list[torch.Tensor] = []
         if self.hidden_layers:
             size = self.model.config.get_text_config().hidden_size
             hidden = [torch.zeros(rows, width, size, dtype=self.model.dtype, device=self.model.device)
                       for _ in self.hidden_layers]
-        while any(f < n for f, n in zip(fed, lengths)):
-            w = min(chunk, max(n - f for f, n in zip(fed, lengths)))
-            tokens = torch.zeros(rows, w, dtype=torch.long)
-            parent = torch.full((rows, w), -1, dtype=torch.long)
-            leaves, takes = [-1] * rows, [0] * rows
-            for b in range(rows):
-                take = prompts[b][fed[b] : fed[b] + w]
-                if take:
-                    k = takes[b] = len(take)
-                    tokens[b, :k] = torch.tensor(take, dtype=torch.long)
-                    parent[b, :k] = torch.arange(k) - 1
-                    leaves[b] = k - 1
+        for start in range(0, longest, chunk):
+            w = min(chunk, longest - start)
+            takes = (counts - start).clamp(0, w)  # [R]
+            on = real[:, start : start + w]
+            tokens = prompts[:, start : start + w]
+            parent = torch.where(on, torch.arange(w) - 1, -1)
+            fed = [min(n, start) for n in lengths]
             out = runner.forward(tokens, parent, fed, fed)
-            for b, k in enumerate(takes):
-                if k and fed[b] + k == lengths[b]:
-                    logits[b] = out[b, k - 1 : k].clone()  # the graph's buffer is rewritten by the next replay
-            for states, layer in zip(hidden, runner.hidden() if self.hidden_layers else ()):
-                for b, k in enumerate(takes):
-                    if k:  # right-aligned as the padded prompt's: row b's token i at column width - n_b + i
-                        start = width - lengths[b] + fed[b]
-                        states[b, start : start + k].copy_(layer[b, :k])
-            fed = [f + k for f, k in zip(fed, takes)]
-            runner.commit(leaves, max(fed))
+            ending = ((counts > start) & (counts <= start + w)).nonzero().flatten()
+            if len(ending):  # rows whose last prompt token is in this chunk: its logits (the buffer is replayed over)
+                if logits is None:
+                    logits = out.new_empty(rows, 1, out.shape[-1])
+                at = (counts[ending] - start - 1).to(out.device)
+                ending = ending.to(out.device)
+                logits[ending, 0] = out[ending, at]
+            if hidden:  # right-aligned as the padded prompt's: row b's token i at column width - n_b + i
+                row, node = on.nonzero(as_tuple=True)
+                column = (width - counts[row] + start + node).to(self.model.device)
+                row, node = row.to(self.model.device), node.to(self.model.device)
+                for states, layer in zip(hidden, runner.hidden()):
+                    states[row, column] = layer[row, node]
+            runner.commit(torch.where(takes > 0, takes - 1, -1).tolist(), min(longest, start + w))
         self.valid = list(lengths)
         self._lengths, self._roots = list(lengths), list(lengths)
         self._rows = list(range(rows))
         self.slots = max(lengths)
-        return PrefillOutputs(logits=torch.stack(logits), hidden_states=dict(zip(self.hidden_layers, hidden)))
+        return PrefillOutputs(logits=logits, hidden_states=dict(zip(self.hidden_layers, hidden)))
 
     def forward(self, tree: VerifyTree) -> VerifyOutputs:
         rows = self.runner.rows
