@@ -51,8 +51,10 @@ PATIENCE = 3
 # Plain steps in the first run of plain steps, rounded up to a multiple of the accept pass's width; each run after a
 # probe that did not pay is twice the one before, up to the longest. The drafter then catches up on the run's tokens
 # and the widest trees are verified again: a batch's acceptance changes as it decodes (on the fixtures it is low for
-# the first few steps and rises), so a decision made early must not hold for the rest of the batch.
-PLAIN_RUN = 16
+# the first few steps and rises), so a decision made early must not hold for the rest of the batch. The first run is
+# short: a probe that does not pay costs one drafting step, a run that outlasts a low start costs a plain step for
+# every token the drafter would have accepted.
+PLAIN_RUN = 8
 LONGEST_PLAIN_RUN = 128
 # Every this many steps a drafting batch verifies its widest trees, which measures every width (`AcceptanceByWidth`).
 PROBE_EVERY = 16

