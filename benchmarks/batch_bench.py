@@ -23,8 +23,8 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
    acceptance on random weights; at B > 1 one drafter for the batch drafting on the device, so the greedy batch runs
    the pipelined step as EAGLE does). `random:` models get `testing.decisive_head` (the argmax is the current token
    by a wide margin: bf16 rounding cannot flip it, so the continuation the acceptance drafters follow holds). Any
-   method with `+chunked` appended runs its batches with `batch_prefill="chunked"` (the prompts through the captured
-   verify forward) for a side-by-side comparison.
+   method with `+chunked` appended runs with `prefill="chunked"` (the prompts through the captured verify forward;
+   at B = 1 the one-request path's) for a side-by-side comparison.
 
 A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
 chose, the speedup over stock static), a PNG of tokens/s against B, and a JSON line last.
@@ -67,7 +67,7 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
     `eagle` the EagleDrafter of the eagle methods, `mtp` the MtpHead of the mtp methods."""
     if name.endswith("+chunked"):
         kwargs = method_kwargs(name.removesuffix("+chunked"), reference, vocab, max_new, eagle, mtp)
-        kwargs["assistant_config"] = kwargs["assistant_config"].replace(batch_prefill="chunked")
+        kwargs["assistant_config"] = kwargs["assistant_config"].replace(prefill="chunked")
         return kwargs
     if name == "suffix":
         return dict(assistant_config=AssistantConfig(global_cache=False))

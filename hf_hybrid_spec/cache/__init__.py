@@ -4,9 +4,9 @@ between caches (`transfer`)."""
 
 from .layers import StaticCursor, StaticKVLayer, StaticKVMixin, StaticLinearKVLayer
 from .state import CacheSnapshot, CommitsPath, PendingRecurrent, TreeState
-from .transfer import CommittedState, committed_length, export_committed, import_committed
+from .transfer import CommittedState, committed_length, export_committed, import_committed, zero_states
 from .tree_cache import HybridTreeCache
 
 __all__ = ["HybridTreeCache", "TreeState", "PendingRecurrent", "CommitsPath", "CacheSnapshot", "StaticCursor",
            "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer", "CommittedState", "committed_length",
-           "export_committed", "import_committed"]
+           "export_committed", "import_committed", "zero_states"]

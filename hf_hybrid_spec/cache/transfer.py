@@ -20,7 +20,7 @@ import torch
 
 from .layers import StaticKVMixin, is_linear, kv_length
 
-__all__ = ["CommittedState", "export_committed", "import_committed", "committed_length"]
+__all__ = ["CommittedState", "export_committed", "import_committed", "committed_length", "zero_states"]
 
 
 @dataclass
@@ -138,6 +138,19 @@ def import_committed(cache, state: CommittedState, row: int | None = None) -> No
                 if getattr(layer, "device", None) is None:
                     layer.device, layer.dtype = value.device, value.dtype
             layer.has_previous_state[s] = True
+
+
+def zero_states(cache, row: int | None = None) -> None:
+    """Row `row`'s (None: every row's) recurrent and conv states to zeros, an empty sequence's, marked as present: a
+    sequence that starts from nothing (a chunked prefill, a serving slot without a stored prefix) runs its first
+    tokens as a tree over them (a reset cache marks them as not there, which only a plain forward handles)."""
+    for layer in cache.layers:
+        for s in getattr(layer, "has_previous_state", {}):
+            for states in (layer.conv_states, layer.recurrent_states):
+                t = states.get(s)
+                if t is not None:
+                    (t if row is None else t[row]).zero_()
+                    layer.has_previous_state[s] = True
 
 
 def _device(layer, fallback: torch.Tensor) -> torch.device:

@@ -18,14 +18,20 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..cache import CommittedState, HybridTreeCache, import_committed
+from ..cache import CommittedState, HybridTreeCache, import_committed, zero_states
+from ..cache.layers import StaticKVMixin
 from ..drafters import BatchHidden, HistoryHidden, TargetHidden
 from ..forward import forward_tokens, forward_tree
 from ..tree import VerifyResult, VerifyTree
 from .outputs import target_hidden
 from .static import StaticTreeRunner, release_runner, static_runner
 
-__all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "BatchEagerBackend", "VerifyOutputs", "gather_paths"]
+__all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "BatchEagerBackend", "VerifyOutputs", "PrefillOutputs",
+           "gather_paths"]
+
+# The width of a chunked prefill's chains (`AssistantConfig(prefill="chunked")`), captured besides the buckets (a narrow
+# bucket would take a replay per few prompt tokens; the tree kernels hold at most 128 nodes).
+PREFILL_CHUNK = 64
 
 
 @dataclass
@@ -41,6 +47,15 @@ class VerifyOutputs:
     logits: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class PrefillOutputs:
+    """A chunked prefill's outputs, read as a model forward's: logits [B, 1, V] (each row's at its last prompt token)
+    and hidden_states {layer index: [B, L, H]} for the layers the drafter reads."""
+
+    logits: torch.Tensor
+    hidden_states: dict[int, torch.Tensor]
 
 
 class TreeBackend(ABC):
@@ -163,11 +178,17 @@ class StaticBackend(TreeBackend):
     static = True
 
     def __init__(self, model: nn.Module, hidden_layers: tuple[int, ...], output_hidden_states: bool,
-                 offsets: torch.Tensor | None, static_length: int, buckets: tuple[int, ...], fuse: bool, owner):
+                 offsets: torch.Tensor | None, static_length: int, buckets: tuple[int, ...], fuse: bool, owner,
+                 chunked: bool = False):
         super().__init__(model, hidden_layers, output_hidden_states, offsets)
+        self.chunked = chunked
         # Leased to this call: a concurrent call never gets the same runner. Drafters that read hidden states get
         # the committed tokens' from the runner's history (written by the commit graph); a lossy arbiter reads every
         # tree node's, returned by the forward.
+        # A chunked prefill's chains get a bucket of their own width; the trees stay within the config's buckets.
+        self._max_nodes = max(buckets)
+        if chunked:
+            buckets = tuple(sorted(set(buckets) | {PREFILL_CHUNK}))
         self.runner: StaticTreeRunner = static_runner(
             model, static_length, buckets, output_hidden_states, owner=owner, history_layers=self.hidden_layers,
             fuse=fuse, rope_rows=0 if offsets is None else offsets.shape[0])
@@ -176,7 +197,7 @@ class StaticBackend(TreeBackend):
 
     @property
     def max_nodes(self) -> int:
-        return self.runner.max_nodes
+        return self._max_nodes
 
     @property
     def tree_device(self) -> torch.device:
@@ -188,14 +209,51 @@ class StaticBackend(TreeBackend):
         return self.runner.captures
 
     def prefill(self, input_ids, attention_mask, positions, output_attentions=False, past=None, **prompt_inputs):
-        out = super().prefill(input_ids, attention_mask, positions, output_attentions, past, **prompt_inputs)
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        if (self.chunked and past is None and not prompt_inputs and not output_attentions
+                and not self.output_hidden_states and self.offsets is None and bool(mask.all())):
+            return self._prefill_chunked(input_ids)
+        out = super().prefill(input_ids, attention_mask, positions, output_attentions, past, **prompt_inputs)
         if self.offsets is not None:
             self.runner.set_position_offsets(self.offsets)
         self.runner.capture_all(input_ids.shape[1])
         self.runner.set_prefix_valid(mask[0])  # the runner keeps the prompt's padding mask itself
         self._valid_prompt = int(mask.sum())
         return out
+
+    def _prefill_chunked(self, input_ids: torch.Tensor) -> PrefillOutputs:
+        """The prompt [1, P] (no padding, nothing continued) as chains through the captured verify forward, the
+        widest bucket's worth of tokens per replay, each chain committed: a few graph replays where an eager forward
+        launches every kernel of the model from Python (what bounds a small model's prefill). The drafter's hidden
+        states of the prompt come from the runner's history, where the commits wrote them. A runner whose cache has
+        no buffers yet gets them from a one-token forward first, then starts from an empty state."""
+        runner, cache = self.runner, self.cache
+        prompt = input_ids.shape[1]
+        self.prompt_length = self._valid_prompt = prompt
+        if any(isinstance(layer, StaticKVMixin) and not layer.is_initialized for layer in cache.layers):
+            zero = torch.zeros(1, 1, dtype=torch.long, device=self.model.device)
+            forward_tokens(self.model, zero, cache, position_ids=zero, attention_mask=torch.ones_like(zero),
+                           logits_to_keep=1)
+            cache.reset()
+        zero_states(cache)  # an empty sequence, run as trees
+        runner.set_prefix_valid(torch.ones(prompt, dtype=torch.bool))
+        runner.capture_all(1)
+        tokens = input_ids[0].tolist()
+        chunk = runner.max_nodes
+        logits = None
+        for start in range(0, prompt, chunk):
+            take = tokens[start : start + chunk]
+            k = len(take)
+            chain = VerifyTree(tokens=torch.tensor([take], dtype=torch.long),
+                               parent=(torch.arange(k, dtype=torch.long) - 1).view(1, k))
+            out = runner.forward(chain, start, start)
+            if start + k == prompt:
+                logits = out.logits[:, k - 1 : k].clone()  # the bucket's buffer is rewritten by its next replay
+            runner.commit(list(range(k)))
+        hidden = {}
+        if self.hidden_layers:
+            hidden = dict(zip(self.hidden_layers, runner.committed_hidden(0, prompt)))
+        return PrefillOutputs(logits=logits, hidden_states=hidden)
 
     def forward(self, tree: VerifyTree, length: int) -> VerifyOutputs:
         out = self.runner.forward(tree, length - 1, self._valid_prompt + length - 1 - self.prompt_length)

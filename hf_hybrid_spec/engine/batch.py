@@ -35,7 +35,7 @@ from ..drafters import BatchHidden, DraftBudget, DraftContext, PerRowDrafters, R
 from ..kernels.tree import ancestor_mask
 from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, StepInputs, make_verifier, process_tree_logits, row_processors
-from .backend import BatchEagerBackend
+from .backend import PREFILL_CHUNK, BatchEagerBackend
 from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter, path_attentions
 from .pipeline import PipelineInputs, pipelines, run_pipelined
@@ -53,9 +53,6 @@ __all__ = ["decode_batch", "measure_verify_cost", "batch_tree", "verify_rows", "
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 16, 32)
 # Widths the batched static runner captures besides the config's buckets.
 NARROW_BUCKETS = (1, 2, 4)
-# The width of a chunked prefill's chains (`batch_prefill="chunked"`), captured besides the buckets: as the serving
-# engine's chunks (a narrow bucket would take a replay per few prompt tokens; the tree kernels hold at most 128 nodes).
-PREFILL_CHUNK = 64
 
 
 def decode_batch(request: Request):
@@ -103,7 +100,7 @@ def decode_batch(request: Request):
         node_budget = min(node_budget, max(backend.widths) - 1)
     try:
         # ---- prefill, the first token of every row, the drafter begun on the rows
-        if config.batch_prefill == "chunked" and not isinstance(backend, BatchEagerBackend):
+        if config.prefill == "chunked" and not isinstance(backend, BatchEagerBackend):
             out = backend.prefill(input_ids, mask, positions, chunked=True)  # the prompts through the captured forward
         else:
             out = backend.prefill(input_ids, mask, positions)
@@ -240,7 +237,7 @@ def _backend(request: Request, layers: tuple[int, ...], node_budget: int, all_hi
     from .batch_static import BatchStaticBackend
 
     buckets = batch_buckets(config.compile_buckets, node_budget)
-    if config.batch_prefill == "chunked":  # the prompts' chains get a bucket of their own width
+    if config.prefill == "chunked":  # the prompts' chains get a bucket of their own width
         buckets = tuple(sorted(set(buckets) | {PREFILL_CHUNK}))
     static_length = request.generation_config.max_length + max(buckets)
     return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request,

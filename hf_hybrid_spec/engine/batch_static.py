@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from ..cache import CommittedState, HybridTreeCache, export_committed, import_committed
+from ..cache import CommittedState, HybridTreeCache, export_committed, import_committed, zero_states
 from ..cache.layers import StaticKVMixin
 from ..drafters import BatchHidden
 from ..forward import forward_tokens
@@ -44,7 +44,7 @@ from ..graphs import Leased
 from ..kernels.tree import ancestor_mask
 from ..models import get_adapter
 from ..tree import VerifyTree, tree_attention_mask
-from .backend import VerifyOutputs, gather_paths
+from .backend import PrefillOutputs, VerifyOutputs, gather_paths
 from .static import DEFAULT_BUCKETS, FusedForward, capture_bucket, capture_key
 
 logger = logging.get_logger(__name__)
@@ -82,15 +82,6 @@ class _Bucket:
         self.write_pos.copy_(self.lengths[:, None] + torch.arange(self.n, device=anc.device))
         mask = tree_attention_mask(anc, self.key_valid, self.lengths, self.mask_dtype)
         return mask, self.roots[:, None] + depth
-
-
-@dataclass
-class PrefillOutputs:
-    """`BatchStaticBackend.prefill_chunked`'s outputs, read as a model forward's: logits [B, 1, V] (each row's at its
-    last prompt token) and hidden_states {layer index: [B, L, H]} for the runner's hidden layers."""
-
-    logits: torch.Tensor
-    hidden_states: dict[int, torch.Tensor]
 
 
 class BatchStaticRunner(Leased):
@@ -360,7 +351,7 @@ class BatchStaticBackend:
         rows, width = input_ids.shape
         if any(isinstance(layer, StaticKVMixin) and not layer.is_initialized for layer in self.cache.layers):
             self.start_empty()
-        self._zero_states()  # every row an empty sequence
+        zero_states(self.cache)  # every row an empty sequence
         runner.key_valid.fill_(True)
         # Host-side layout, once: each row's prompt left-aligned ([R, P]; row b's tokens in columns < n_b). Every row
         # takes the same columns per chunk (all start at 0 and take up to the chunk's width), so a chunk is a slice of
@@ -484,7 +475,7 @@ class BatchStaticBackend:
         if slot in self._rows:
             raise ValueError(f"slot {slot} is running")
         if state is None:
-            self._zero_states(slot)
+            zero_states(self.cache, slot)
             length = 0
         else:
             import_committed(self.cache, state, row=slot)
@@ -494,17 +485,6 @@ class BatchStaticBackend:
         self._rows.append(slot)
         self.valid.append(length)
         self.slots = max(self.slots, length)
-
-    def _zero_states(self, slot: int | None = None) -> None:
-        """Runner row `slot`'s (None: every row's) recurrent and conv states to zeros, an empty sequence's, which count
-        as committed (a tree forward reads them; a reset cache marks them as not there)."""
-        for layer in self.cache.layers:
-            for s in getattr(layer, "has_previous_state", {}):
-                for states in (layer.conv_states, layer.recurrent_states):
-                    t = states.get(s)
-                    if t is not None:
-                        (t if slot is None else t[slot]).zero_()
-                        layer.has_previous_state[s] = True
 
     def export_row(self, row: int) -> CommittedState:
         """A copy of running row `row`'s committed state (its slot's first `valid` tokens)."""

@@ -26,7 +26,7 @@ from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext
 from ..tree import VerifyResult, build_verify_tree
 from ..verification import FirstToken, StepInputs, Verifier, make_verifier, process_tree_logits, row_processors
-from .backend import EagerBackend, StaticBackend, TreeBackend
+from .backend import PREFILL_CHUNK, EagerBackend, StaticBackend, TreeBackend
 from .outputs import (
     CACHE_FIELD,
     Recorder,
@@ -225,9 +225,11 @@ def _backend(request: Request, verifier: Verifier, offsets, owner, want_attentio
     config, drafter = request.config, request.drafter
     layers = tuple(drafter.target_hidden_layers)
     if config.compile:
-        static_length = request.generation_config.max_length + max(config.compile_buckets)
+        chunked = config.prefill == "chunked"
+        widest = max(max(config.compile_buckets), PREFILL_CHUNK if chunked else 0)
+        static_length = request.generation_config.max_length + widest
         return StaticBackend(request.model, layers, verifier.uses_target_hidden, offsets, static_length,
-                             config.compile_buckets, config.compile_verify, owner)
+                             config.compile_buckets, config.compile_verify, owner, chunked=chunked)
     return EagerBackend(request.model, layers, verifier.uses_target_hidden or want_states, offsets, want_attentions)
 
 

@@ -466,7 +466,7 @@ def test_steps_where_no_row_drafts_run_as_plain_steps(family, monkeypatch):
 
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1", "nemotron_h"])
 def test_the_chunked_prefill_gives_what_the_eager_prefill_gives(family):
-    """`batch_prefill="chunked"`: each row's prompt as chains through the runner's forward (several chunks per row
+    """`prefill="chunked"`: each row's prompt as chains through the runner's forward (several chunks per row
     here), from an empty state: each row's last logits and the drafter's hidden states, laid out left-padded, are the
     eager prefill's; a second call on the kept runner (no one-token forward first) gives them too."""
     from hf_hybrid_spec.engine.batch_static import BatchStaticBackend
@@ -496,14 +496,14 @@ def test_batches_with_the_chunked_prefill_match_stock(family, name):
     ref = greedy(model, ids, mask, max_new_tokens=12, eos_token_id=None)
     for _ in range(2):  # a fresh runner (its buffers made by a one-token forward), then the kept one
         if name == "eagle":
-            extra = drafter_kwargs("eagle", model, compile=True, batch_prefill="chunked", compile_buckets=(4,))
+            extra = drafter_kwargs("eagle", model, compile=True, prefill="chunked", compile_buckets=(4,))
         else:
             extra = dict(drafter=[RandomTreeDrafter(96, reference=r, seed=b)
                                   for b, r in enumerate(row_references(ref, mask))],
-                         assistant_config=H.AssistantConfig(compile=True, batch_prefill="chunked",
+                         assistant_config=H.AssistantConfig(compile=True, prefill="chunked",
                                                             compile_buckets=(4,)))
         out = greedy(model, ids, mask, max_new_tokens=12, eos_token_id=None, custom_generate=H.speculative_generate,
                      return_dict_in_generate=True, **extra)
         assert torch.equal(out.sequences, ref)
-    with pytest.raises(ValueError, match="batch_prefill must be one of"):
-        H.AssistantConfig(batch_prefill="lazy")
+    with pytest.raises(ValueError, match="prefill must be one of"):
+        H.AssistantConfig(prefill="lazy")

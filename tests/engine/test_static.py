@@ -343,3 +343,77 @@ def test_drafters_get_the_committed_tokens_hidden_states(family, device):
         for j, layer in enumerate(drafter.target_hidden_layers):
             assert got[j].shape == (1, n, model.config.hidden_size), (compile_, got[j].shape)
             torch.testing.assert_close(got[j], full[layer], atol=1e-4, rtol=1e-4, msg=f"compile={compile_}")
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1", "nemotron_h"])
+def test_the_chunked_prefill_gives_what_the_eager_prefill_gives(family, monkeypatch):
+    """`prefill="chunked"` at batch size 1: the prompt as chains through the runner's forward (three chunks here),
+    from an empty state: the last logits and the drafter's hidden states of the prompt (from the runner's history)
+    are the eager prefill's; the next tree's logits too (the cache holds the same prompt); and a second chunked
+    prefill on the kept runner gives them again."""
+    import hf_hybrid_spec.engine.backend as B
+    from hf_hybrid_spec.tree import VerifyTree
+
+    monkeypatch.setattr(B, "PREFILL_CHUNK", 4)
+    model = tiny_model(family)
+    layers = (1, model.config.get_text_config().num_hidden_layers)
+    ids = ids_of(11, seed=4)
+    positions = torch.arange(11).view(1, -1)
+    tree = VerifyTree(tokens=torch.tensor([[5, 9, 17]]), parent=torch.tensor([[-1, 0, 0]]))
+
+    def run(chunked):
+        backend = B.StaticBackend(model, layers, False, None, 40, (4,), False, None, chunked=chunked)
+        try:
+            out = backend.prefill(ids, None, positions)
+            assert isinstance(out, B.PrefillOutputs) == chunked
+            states = {i: out.hidden_states[i][:, -11:].clone() for i in layers}
+            logits = out.logits[:, -1].clone()
+            after = backend.forward(tree, 12).logits.clone()
+            backend.abort()
+            return logits, states, after
+        finally:
+            backend.release()
+
+    eager = run(False)
+    for _ in range(2):
+        chunked = run(True)
+        torch.testing.assert_close(chunked[0], eager[0], rtol=1e-4, atol=1e-4)
+        for i in layers:
+            torch.testing.assert_close(chunked[1][i], eager[1][i], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(chunked[2], eager[2], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["random-trees", "suffix", "eagle"])
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_one_request_with_the_chunked_prefill_matches_stock(family, name, monkeypatch):
+    """Whole calls at batch size 1 with `prefill="chunked"` (chains of 4 tokens: several per prompt) give stock greedy
+    decoding, on a fresh runner and on the kept one; a prompt with padding prefills eagerly and does too."""
+    import hf_hybrid_spec.engine.backend as B
+    from helpers import drafter_kwargs
+
+    monkeypatch.setattr(B, "PREFILL_CHUNK", 4)
+    chunked = []
+    spied = B.StaticBackend._prefill_chunked
+    monkeypatch.setattr(B.StaticBackend, "_prefill_chunked",
+                        lambda self, ids: chunked.append(ids.shape) or spied(self, ids))
+    model = tiny_model(family)
+    ids = ids_of(13, seed=5)
+    ref = model.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None)
+    for _ in range(2):
+        if name == "random-trees":
+            extra = dict(drafter=RandomTreeDrafter(96, reference=ref, max_nodes=6),
+                         assistant_config=H.AssistantConfig(compile=True, prefill="chunked", compile_buckets=(8,)))
+        else:
+            extra = drafter_kwargs(name, model, compile=True, prefill="chunked", compile_buckets=(8,))
+        out = model.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None,
+                             custom_generate=H.speculative_generate, return_dict_in_generate=True, **extra)
+        assert torch.equal(out.sequences, ref)
+        assert max(out.spec_stats.drafted_tokens) <= 7  # trees stay within the config's buckets
+    assert len(chunked) == 2
+    mask = torch.ones_like(ids)
+    mask[:, :2] = 0
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=None,
+                         custom_generate=H.speculative_generate,
+                         assistant_config=H.AssistantConfig(drafter="ngram", compile=True, prefill="chunked"))
+    assert torch.equal(out, ref) and len(chunked) == 2
