@@ -23,8 +23,8 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
    acceptance on random weights; at B > 1 one drafter for the batch drafting on the device, so the greedy batch runs
    the pipelined step as EAGLE does). `random:` models get `testing.decisive_head` (the argmax is the current token
    by a wide margin: bf16 rounding cannot flip it, so the continuation the acceptance drafters follow holds). Any
-   method with `+chunked` appended runs with `prefill="chunked"` (the prompts through the captured verify forward;
-   at B = 1 the one-request path's) for a side-by-side comparison.
+   method with `+chunked` or `+eager` appended runs with that `prefill` (the prompts through the captured verify
+   forward, or one eager forward; the default "auto" picks by the call's prompt tokens) for a side-by-side comparison.
 
 A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
 chose, the speedup over stock static), a PNG of tokens/s against B, and a JSON line last.
@@ -65,10 +65,11 @@ def timed(fn, device) -> tuple[float, object]:
 def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, eagle=None, mtp=None) -> dict:
     """generate kwargs of method `name` (see the module docstring) for a batch whose stock output is `reference`;
     `eagle` the EagleDrafter of the eagle methods, `mtp` the MtpHead of the mtp methods."""
-    if name.endswith("+chunked"):
-        kwargs = method_kwargs(name.removesuffix("+chunked"), reference, vocab, max_new, eagle, mtp)
-        kwargs["assistant_config"] = kwargs["assistant_config"].replace(prefill="chunked")
-        return kwargs
+    for mode in ("chunked", "eager"):
+        if name.endswith(f"+{mode}"):
+            kwargs = method_kwargs(name.removesuffix(f"+{mode}"), reference, vocab, max_new, eagle, mtp)
+            kwargs["assistant_config"] = kwargs["assistant_config"].replace(prefill=mode)
+            return kwargs
     if name == "suffix":
         return dict(assistant_config=AssistantConfig(global_cache=False))
     if name == "suffix:fixed":
@@ -94,7 +95,7 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
         rows = [reference[b].tolist() for b in range(reference.shape[0])]
         return dict(drafter=acceptance_batch_drafter(rows, p, depth=8, vocab_size=vocab), assistant_config=config)
     raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, suffix:fused, eagle, eagle:fused, "
-                     "eagle:eager, mtp, mtp:tree, acceptance:P; any with +chunked)")
+                     "eagle:eager, mtp, mtp:tree, acceptance:P; any with +chunked or +eager)")
 
 
 def load_eagle(path: str | None, model, spec: str):

@@ -32,7 +32,7 @@ KERNEL_BACKENDS = ("auto", "triton", "torch", "naive")
 SSM_VARIANTS = ("zero_attention", "rescale_ssm", "skip_layer")
 HVD_POLICIES = ("learned", "threshold")
 BATCH_BUDGETS = ("auto", "calibrated", "fixed")
-PREFILLS = ("eager", "chunked")
+PREFILLS = ("auto", "eager", "chunked")
 # The tree budget a drafter gets when the config leaves it unset: EAGLE-2's dynamic tree for "eagle" (60 nodes, depth
 # 6, 10 children per expanded node), a chain of 3 for "mtp" (one MTP layer run recursively: its predictions fade with
 # depth, and vLLM and SGLang draft 1-3 tokens with it), a chain of up to 8 tokens from a 24-node budget for the others
@@ -132,12 +132,13 @@ class AssistantConfig:
             (the likeliest nodes across the batch when the rows ask for more).
         budget_slack: how much more expected tokens per second than a plain decode step the budget asks of drafts
             before it verifies any (0.05: 5%), a margin for the cost model's error.
-        prefill: "eager" (the default): the prompt in one forward of the model (a batch's left-padded), as stock
-            generate runs it. "chunked" (static path only): each prompt as chains through the captured verify
-            forward, 64 tokens at a time (a bucket of its own, not one drafts use), from an empty state (no padding in
-            the cache): replays instead of an eager forward whose kernel launches can cost more than a short
-            generation's steps. A call that continues a cache, or has padding, multimodal inputs or asks for the
-            prompt's attentions, prefills eagerly at batch size 1.
+        prefill: on the static path, how the prompt goes in. "chunked": each prompt as chains through the captured
+            verify forward, 64 tokens at a time (a bucket of its own, not one drafts use), from an empty state (no
+            padding in the cache): replays instead of an eager forward whose kernel launches can cost more than a
+            short generation's steps. "eager": the prompt in one forward of the model (a batch's left-padded), as
+            stock generate runs it. "auto" (the default): chunked up to 8192 prompt tokens in the call (rows x
+            padded length), where the H200 measured it faster, else eager. At batch size 1, a call that continues a
+            cache or has padding, multimodal inputs or asks for the prompt's attentions prefills eagerly.
 
     Lossy verification (opt-in, greedy only; `hf_hybrid_spec.cospec`): where the draft's own choice differs from
     the target's, an arbiter decides which token is kept (`spec_stats.arbiter_overrides` counts the draft's):
@@ -200,7 +201,7 @@ class AssistantConfig:
     # batches
     batch_budget: str = "auto"
     budget_slack: float = 0.05
-    prefill: str = "eager"
+    prefill: str = "auto"
     # lossy verification: read only when verification != "lossless"
     arbiter: object = None  # "cospec": a saved CoSpecArbiter (directory or Hub id) or an Arbiter instance
     fly_entropy_threshold: float = 0.3  # FLy's gate (top-3 entropy of the target, nats)

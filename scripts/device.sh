@@ -53,8 +53,8 @@ case "${1:-}" in
   batch)
     # First the exactness of the captured batched graphs, in fp32 on a tiny model (the gate fails on any differing row;
     # SKIP_GATE=1 to skip it).
-    GD=${GATE_DRAFTERS:-suffix suffix:eager eagle eagle:fused acceptance:0.8 eagle:fused+chunked acceptance:0.8+chunked}
-    [ -n "${SKIP_GATE:-}" ] || TAILN=4 run 240 batch_gate python3 benchmarks/batch_bench.py --model tiny:qwen3_5_text --batch-sizes 3 \
+    GD=${GATE_DRAFTERS:-suffix suffix:eager eagle eagle:fused acceptance:0.8 eagle:fused+eager acceptance:0.8+eager}
+    [ -n "${SKIP_GATE:-}" ] || TAILN=4 run 300 batch_gate python3 benchmarks/batch_bench.py --model tiny:qwen3_5_text --batch-sizes 1 3 \
         --drafters $GD --prompt-tokens 64 --max-new-tokens 48
     BM=${BATCH_MODEL:-$M}
     if [[ "$BM" == random:* ]]; then BD="acceptance:0.6 acceptance:0.8"; else BD="suffix acceptance:0.8"; fi

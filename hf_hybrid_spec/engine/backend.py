@@ -27,11 +27,21 @@ from .outputs import target_hidden
 from .static import StaticTreeRunner, release_runner, static_runner
 
 __all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "BatchEagerBackend", "VerifyOutputs", "PrefillOutputs",
-           "gather_paths"]
+           "gather_paths", "chunked_prefill"]
 
 # The width of a chunked prefill's chains (`AssistantConfig(prefill="chunked")`), captured besides the buckets (a narrow
 # bucket would take a replay per few prompt tokens; the tree kernels hold at most 128 nodes).
 PREFILL_CHUNK = 64
+# prefill="auto" runs the chunked prefill up to this many prompt tokens in the call (rows x padded length). Measured on
+# the H200 (256-token prompts, the fixtures): chunked set-ups were 2.4-4x shorter at 1 x 256 to 32 x 256 tokens, and
+# 13 ms longer at 64 x 256 (a longer prompt's eager forward is compute, not launches, and fla's chunked kernels do it
+# better than 64-node trees).
+AUTO_CHUNKED_TOKENS = 8192
+
+
+def chunked_prefill(prefill: str, rows: int, length: int) -> bool:
+    """Whether a call of `rows` prompts padded to `length` tokens prefills chunked (`AssistantConfig.prefill`)."""
+    return prefill == "chunked" or (prefill == "auto" and rows * length <= AUTO_CHUNKED_TOKENS)
 
 
 @dataclass

@@ -35,7 +35,7 @@ from ..drafters import BatchHidden, DraftBudget, DraftContext, PerRowDrafters, R
 from ..kernels.tree import ancestor_mask
 from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, StepInputs, make_verifier, process_tree_logits, row_processors
-from .backend import PREFILL_CHUNK, BatchEagerBackend
+from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
 from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter, path_attentions
 from .pipeline import PipelineInputs, pipelines, run_pipelined
@@ -100,7 +100,7 @@ def decode_batch(request: Request):
         node_budget = min(node_budget, max(backend.widths) - 1)
     try:
         # ---- prefill, the first token of every row, the drafter begun on the rows
-        if config.prefill == "chunked" and not isinstance(backend, BatchEagerBackend):
+        if chunked_prefill(config.prefill, rows, prompt_length) and not isinstance(backend, BatchEagerBackend):
             out = backend.prefill(input_ids, mask, positions, chunked=True)  # the prompts through the captured forward
         else:
             out = backend.prefill(input_ids, mask, positions)
@@ -237,7 +237,7 @@ def _backend(request: Request, layers: tuple[int, ...], node_budget: int, all_hi
     from .batch_static import BatchStaticBackend
 
     buckets = batch_buckets(config.compile_buckets, node_budget)
-    if config.prefill == "chunked":  # the prompts' chains get a bucket of their own width
+    if chunked_prefill(config.prefill, *request.input_ids.shape):  # the prompts' chains: a bucket of their width
         buckets = tuple(sorted(set(buckets) | {PREFILL_CHUNK}))
     static_length = request.generation_config.max_length + max(buckets)
     return BatchStaticBackend(model, request.input_ids.shape[0], static_length, buckets, owner=request,

@@ -26,7 +26,7 @@ from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext
 from ..tree import VerifyResult, build_verify_tree
 from ..verification import FirstToken, StepInputs, Verifier, make_verifier, process_tree_logits, row_processors
-from .backend import PREFILL_CHUNK, EagerBackend, StaticBackend, TreeBackend
+from .backend import PREFILL_CHUNK, EagerBackend, StaticBackend, TreeBackend, chunked_prefill
 from .outputs import (
     CACHE_FIELD,
     Recorder,
@@ -225,7 +225,7 @@ def _backend(request: Request, verifier: Verifier, offsets, owner, want_attentio
     config, drafter = request.config, request.drafter
     layers = tuple(drafter.target_hidden_layers)
     if config.compile:
-        chunked = config.prefill == "chunked"
+        chunked = chunked_prefill(config.prefill, 1, request.input_ids.shape[1])
         widest = max(max(config.compile_buckets), PREFILL_CHUNK if chunked else 0)
         static_length = request.generation_config.max_length + widest
         return StaticBackend(request.model, layers, verifier.uses_target_hidden, offsets, static_length,

@@ -223,7 +223,8 @@ def test_capture_paths_run_on_cpu_with_stand_in_graphs(monkeypatch):
                          custom_generate=H.speculative_generate,
                          assistant_config=H.AssistantConfig(drafter="ngram", compile=True))
     assert out.spec_stats.graph_captures == len(H.AssistantConfig().compile_buckets) and len(recorded) == 8
-    assert Graph.replays == 2 * out.spec_stats.target_forwards  # a verify and a commit replay per step
+    # A verify and a commit replay per step, and per chain of the prompt (prefill="auto": one chain of 10 tokens).
+    assert Graph.replays == 2 * (out.spec_stats.target_forwards + 1)
 
     eagle = EagleDrafter.from_target(model, draft_vocab_size=32)
     tree_init = ES.StaticEagleTree.__init__
@@ -417,3 +418,27 @@ def test_one_request_with_the_chunked_prefill_matches_stock(family, name, monkey
                          custom_generate=H.speculative_generate,
                          assistant_config=H.AssistantConfig(drafter="ngram", compile=True, prefill="chunked"))
     assert torch.equal(out, ref) and len(chunked) == 2
+
+
+@pytest.mark.parametrize("name", ["falcon_h1-small", "qwen3_5-small"])
+def test_the_chunked_prefill_on_a_fixture_with_its_trained_eagle(name):
+    """A trained model and its committed EAGLE-3 drafter, a 150-token prompt (three chains of 64 and less): the
+    chunked and the eager prefill give stock greedy output and the same accepted length at every step (the drafter
+    reads the prompt's hidden states from the runner's history, and a wrong one would draft otherwise)."""
+    from pathlib import Path
+
+    from hf_hybrid_spec.eagle import EagleDrafter
+
+    model, tokenizer = load_fixture(name)
+    eagle = EagleDrafter.from_pretrained(Path(__file__).parents[2] / "checkpoints" / "drafters" / f"{name}-eagle3")
+    text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n" * 6
+    ids = tokenizer(text, return_tensors="pt").input_ids[:, :150]
+    ref = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    accepted = {}
+    for prefill in ("eager", "chunked"):
+        out = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, draft_model=eagle,
+                             custom_generate=H.speculative_generate, return_dict_in_generate=True,
+                             assistant_config=H.AssistantConfig(drafter="eagle", compile=True, prefill=prefill))
+        assert torch.equal(out.sequences, ref)
+        accepted[prefill] = out.spec_stats.accepted_lengths
+    assert accepted["chunked"] == accepted["eager"] and max(accepted["eager"]) > 1
