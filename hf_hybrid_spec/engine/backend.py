@@ -33,9 +33,9 @@ __all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "BatchEagerBackend", 
 # bucket would take a replay per few prompt tokens; the tree kernels hold at most 128 nodes).
 PREFILL_CHUNK = 64
 # prefill="auto" runs the chunked prefill up to this many prompt tokens in the call (rows x padded length). Measured on
-# the H200 (256-token prompts, the fixtures): chunked set-ups were 2.4-4x shorter at 1 x 256 to 32 x 256 tokens, and
-# 13 ms longer at 64 x 256 (a longer prompt's eager forward is compute, not launches, and fla's chunked kernels do it
-# better than 64-node trees).
+# the H200 (256-token prompts, the fixtures): set-ups 1.6-4x shorter chunked from 1 x 256 to 32 x 256 tokens, 13 ms
+# longer at 64 x 256 (before its host work was vectorized). An eager forward's launches cost the same at any length,
+# while its work grows with it: the longer the prompt, the less there is for the replays to save.
 AUTO_CHUNKED_TOKENS = 8192
 
 
@@ -183,6 +183,7 @@ class StaticBackend(TreeBackend):
     Args beyond the base's:
         static_length: the request's cache length (prompt, new tokens and one tree). buckets: tree sizes captured.
         fuse: the runner's compiled regions (`compile_verify`). owner: the lease holder (lives as long as the call).
+        chunked: the prompt goes in as chains through the runner (`prefill="chunked"`, where the call allows it).
     """
 
     static = True
@@ -192,13 +193,13 @@ class StaticBackend(TreeBackend):
                  chunked: bool = False):
         super().__init__(model, hidden_layers, output_hidden_states, offsets)
         self.chunked = chunked
-        # Leased to this call: a concurrent call never gets the same runner. Drafters that read hidden states get
-        # the committed tokens' from the runner's history (written by the commit graph); a lossy arbiter reads every
-        # tree node's, returned by the forward.
         # A chunked prefill's chains get a bucket of their own width; the trees stay within the config's buckets.
         self._max_nodes = max(buckets)
         if chunked:
             buckets = tuple(sorted(set(buckets) | {PREFILL_CHUNK}))
+        # Leased to this call: a concurrent call never gets the same runner. Drafters that read hidden states get
+        # the committed tokens' from the runner's history (written by the commit graph); a lossy arbiter reads every
+        # tree node's, returned by the forward.
         self.runner: StaticTreeRunner = static_runner(
             model, static_length, buckets, output_hidden_states, owner=owner, history_layers=self.hidden_layers,
             fuse=fuse, rope_rows=0 if offsets is None else offsets.shape[0])

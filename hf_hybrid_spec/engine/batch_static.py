@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from dataclasses import dataclass
 
 import torch
 from torch import nn
