@@ -136,9 +136,10 @@ class AssistantConfig:
             verify forward, 64 tokens at a time (a bucket of its own, not one drafts use), from an empty state (no
             padding in the cache): replays instead of an eager forward whose kernel launches can cost more than a
             short generation's steps. "eager": the prompt in one forward of the model (a batch's left-padded), as
-            stock generate runs it. "auto" (the default): chunked up to 8192 prompt tokens in the call (rows x
-            padded length), where the H200 measured it faster, else eager. At batch size 1, a call that continues a
-            cache or has padding, multimodal inputs or asks for the prompt's attentions prefills eagerly.
+            stock generate runs it. "auto" (the default): chunked for prompts of at most 512 tokens and 8192 in
+            the call (rows x padded length), where the H200 measured it faster, else eager. At batch size 1, a call
+            that continues a cache or has padding, multimodal inputs or asks for the prompt's attentions prefills
+            eagerly.
 
     Lossy verification (opt-in, greedy only; `hf_hybrid_spec.cospec`): where the draft's own choice differs from
     the target's, an arbiter decides which token is kept (`spec_stats.arbiter_overrides` counts the draft's):

@@ -32,16 +32,20 @@ __all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "BatchEagerBackend", 
 # The width of a chunked prefill's chains (`AssistantConfig(prefill="chunked")`), captured besides the buckets (a narrow
 # bucket would take a replay per few prompt tokens; the tree kernels hold at most 128 nodes).
 PREFILL_CHUNK = 64
-# prefill="auto" runs the chunked prefill up to this many prompt tokens in the call (rows x padded length). Measured on
-# the H200 (256-token prompts, the fixtures): set-ups 1.6-4x shorter chunked from 1 x 256 to 32 x 256 tokens, 13 ms
-# longer at 64 x 256 (before its host work was vectorized). An eager forward's launches cost the same at any length,
-# while its work grows with it: the longer the prompt, the less there is for the replays to save.
+# prefill="auto" runs the chunked prefill for prompts padded to at most AUTO_CHUNKED_LENGTH tokens (8 chains) and at
+# most AUTO_CHUNKED_TOKENS in the call (rows x padded length). Measured on the H200 (256-token prompts, 4 chains, the
+# fixtures): set-ups 1.6-4x shorter chunked from 1 x 256 to 32 x 256 tokens, 13 ms longer at 64 x 256 (before its
+# host work was vectorized). Each chain is a replay and a commit (~2.5 ms at B = 1) where an eager forward's launches
+# cost about the same at any length (25-36 ms on the fixtures): past a few chains the eager forward wins.
+AUTO_CHUNKED_LENGTH = 512
 AUTO_CHUNKED_TOKENS = 8192
 
 
 def chunked_prefill(prefill: str, rows: int, length: int) -> bool:
     """Whether a call of `rows` prompts padded to `length` tokens prefills chunked (`AssistantConfig.prefill`)."""
-    return prefill == "chunked" or (prefill == "auto" and rows * length <= AUTO_CHUNKED_TOKENS)
+    if prefill == "auto":
+        return length <= AUTO_CHUNKED_LENGTH and rows * length <= AUTO_CHUNKED_TOKENS
+    return prefill == "chunked"
 
 
 @dataclass
