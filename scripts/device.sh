@@ -15,7 +15,7 @@
 #             MTP_EVAL_ARGS=--compile-drafter to fuse the drafters' passes)
 #   batch     batched speculation against stock batched decoding at B = 1..64 (the fixture; BATCH_MODEL=random:... for a
 #             random-weight model with the acceptance-controlled drafter; BATCH_SIZES, BATCH_DRAFTERS to choose, BATCH_ARGS
-#             more bench flags, e.g. "--profile 64")
+#             more bench flags, e.g. "--profile 64"; BATCH_STAGES="gate" or "bench" for one of the two)
 #   serve     agentic sessions under Poisson arrivals: stock static AR one request at a time vs our continuous batching
 #             without and with speculation (and without prefix reuse); SERVE_RATES sessions per second, SERVE_ARGS
 #             more bench flags (e.g. "--prefill chunked")
@@ -51,11 +51,14 @@ case "${1:-}" in
         --compile-verify --dtype bfloat16 --workload code_edit tool_calls agent_loop --methods suffix eagle threshold \
         hvd --sessions-per-workload 6 --repeats 3 --max-minutes 8 --out "$OUT/hvd" ;;
   batch)
-    # First the exactness of the captured batched graphs, in fp32 on a tiny model (the gate fails on any differing row;
-    # SKIP_GATE=1 to skip it).
+    # First the exactness of the captured graphs (B = 1 and 3, both prefills), in fp32 on a tiny model (the gate fails
+    # on any differing row; SKIP_GATE=1 to skip it). BATCH_STAGES="gate bench" by default: gate and bench together can
+    # outrun one device call, so run BATCH_STAGES=gate and BATCH_STAGES=bench as two calls.
     GD=${GATE_DRAFTERS:-suffix suffix:eager eagle eagle:fused acceptance:0.8 eagle:fused+eager acceptance:0.8+eager}
-    [ -n "${SKIP_GATE:-}" ] || TAILN=4 run 300 batch_gate python3 benchmarks/batch_bench.py --model tiny:qwen3_5_text --batch-sizes 1 3 \
-        --drafters $GD --prompt-tokens 64 --max-new-tokens 48
+    [[ -z "${SKIP_GATE:-}" && " ${BATCH_STAGES:-gate bench} " == *" gate "* ]] && TAILN=4 run 540 batch_gate \
+        python3 benchmarks/batch_bench.py --model tiny:qwen3_5_text --batch-sizes 1 3 --drafters $GD --prompt-tokens 64 \
+        --max-new-tokens 48
+    [[ " ${BATCH_STAGES:-gate bench} " == *" bench "* ]] || exit 0
     BM=${BATCH_MODEL:-$M}
     if [[ "$BM" == random:* ]]; then BD="acceptance:0.6 acceptance:0.8"; else BD="suffix acceptance:0.8"; fi
     TAILN=${TAILN:-16} CUTC=400 run "${BATCH_SECONDS:-480}" "batch_${BM//[:\/.]/_}" python3 benchmarks/batch_bench.py --model "$BM" \
