@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionLayer
 
-__all__ = ["StaticCursor", "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer", "kv_length", "kv_crop",
-           "kv_commit", "is_linear", "has_kv", "scatter_slots", "gather_slots"]
+__all__ = ["StaticCursor", "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer", "buffers_missing", "kv_length",
+           "kv_crop", "kv_commit", "is_linear", "has_kv", "scatter_slots", "gather_slots"]
 
 
 class StaticCursor:
@@ -122,6 +122,12 @@ def kv_length(layer) -> int | None:
     if has_kv(layer) and layer.keys is not None and layer.keys.numel() > 0:
         return layer.keys.shape[-2]
     return None
+
+
+def buffers_missing(cache) -> bool:
+    """Whether a static cache's attention buffers do not exist yet (they are made by the first forward through it, so
+    a sequence started from nothing, as trees, needs a one-token forward first)."""
+    return any(isinstance(layer, StaticKVMixin) and not layer.is_initialized for layer in cache.layers)
 
 
 def kv_crop(layer, length: int) -> None:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..cache import CommittedState, HybridTreeCache, import_committed, zero_states
-from ..cache.layers import StaticKVMixin
+from ..cache.layers import buffers_missing
 from ..drafters import BatchHidden, HistoryHidden, TargetHidden
 from ..forward import forward_tokens, forward_tree
 from ..tree import VerifyResult, VerifyTree
@@ -245,7 +245,7 @@ class StaticBackend(TreeBackend):
         runner, cache = self.runner, self.cache
         prompt = input_ids.shape[1]
         self.prompt_length = self._valid_prompt = prompt
-        if any(isinstance(layer, StaticKVMixin) and not layer.is_initialized for layer in cache.layers):
+        if buffers_missing(cache):
             zero = torch.zeros(1, 1, dtype=torch.long, device=self.model.device)
             forward_tokens(self.model, zero, cache, position_ids=zero, attention_mask=torch.ones_like(zero),
                            logits_to_keep=1)

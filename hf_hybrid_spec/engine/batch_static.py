@@ -36,7 +36,7 @@ from torch import nn
 from transformers.utils import logging
 
 from ..cache import CommittedState, HybridTreeCache, export_committed, import_committed, zero_states
-from ..cache.layers import StaticKVMixin
+from ..cache.layers import buffers_missing
 from ..drafters import BatchHidden
 from ..forward import forward_tokens
 from ..graphs import Leased
@@ -348,7 +348,7 @@ class BatchStaticBackend:
         layers, the prompt's hidden states [B, L, H] laid out left-padded as the eager forward's."""
         runner = self.runner
         rows, width = input_ids.shape
-        if any(isinstance(layer, StaticKVMixin) and not layer.is_initialized for layer in self.cache.layers):
+        if buffers_missing(self.cache):
             self.start_empty()
         zero_states(self.cache)  # every row an empty sequence
         runner.key_valid.fill_(True)
