@@ -182,6 +182,7 @@ def acceptance_drafter(continuation: list[int], acceptance: float, depth: int = 
     class AcceptanceDrafter(Drafter):
         name = "acceptance"
         respects_budget = True  # never more than the budget's nodes and depth
+        catches_up = True  # it drafts from the committed length alone
 
         def __init__(self):
             self.rng = random.Random(seed)  # a few microseconds per step: the drafter must not be what is timed

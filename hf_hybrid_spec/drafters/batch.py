@@ -90,6 +90,9 @@ class BatchDrafter(ABC):
     # A drafter that drafts with the target's own forwards (`DraftContext.draft_forward`, under a restriction of the
     # model that captured graphs would not see) sets this: its batches run on the eager backend.
     drafts_on_target: bool = False
+    # A drafter that can be left out of steps (a run of plain steps) and brought level after them by `catch_up` sets
+    # this: a batch whose drafting stops paying then runs plain steps without it (`engine.batch`).
+    catches_up: bool = False
 
     def begin(self, prompts: list[torch.Tensor], context: DraftContext, hidden: BatchHidden | None) -> None:
         """The batch starts: `prompts[b]` is row b's prompt [1, P_b] without its padding."""
@@ -112,6 +115,10 @@ class BatchDrafter(ABC):
         """The running rows committed `results[i]`; `ids[i]` is row `rows[i]`'s whole committed sequence, and
         `hidden` their path's hidden states (None for the first token after the prompt)."""
 
+    def catch_up(self, rows: list[int], ids: RowTokens) -> None:
+        """For a drafter that `catches_up`: the running rows `rows` committed tokens in steps it drafted nothing for;
+        `ids[i]` is row `rows[i]`'s whole committed sequence."""
+
     def end(self, ids: list[torch.Tensor]) -> None:
         """The batch finished; `ids[b]` is row b's committed tokens."""
 
@@ -132,6 +139,7 @@ class PerRowDrafters(BatchDrafter):
         self.name = self.drafters[0].name
         self.target_hidden_layers = tuple(self.drafters[0].target_hidden_layers)
         self.ask_empty = ask_empty
+        self.catches_up = all(drafter.catches_up for drafter in self.drafters)
 
     def begin(self, prompts: list[torch.Tensor], context: DraftContext, hidden: BatchHidden | None) -> None:
         for b, (drafter, prompt) in enumerate(zip(self.drafters, prompts)):
@@ -149,6 +157,10 @@ class PerRowDrafters(BatchDrafter):
                hidden: BatchHidden | None) -> None:
         for i, (b, row_ids, result) in enumerate(zip(rows, ids, results)):
             self.drafters[b].accept(row_ids, result, None if hidden is None else hidden.row(i))
+
+    def catch_up(self, rows: list[int], ids: RowTokens) -> None:
+        for b, row_ids in zip(rows, ids):
+            self.drafters[b].catch_up(row_ids)
 
     def end(self, ids: list[torch.Tensor]) -> None:
         for drafter, row_ids in zip(self.drafters, ids):

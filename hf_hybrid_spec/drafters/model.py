@@ -50,6 +50,7 @@ def check_same_vocabulary(target: nn.Module, draft: nn.Module) -> None:
 
 class ModelDrafter(Drafter):
     name = "model"
+    catches_up = True  # each `propose` feeds the assistant every committed token since the last one
 
     def __init__(self, draft_model: nn.Module, top_k: int = 1, next_probs: bool = False):
         self.model = draft_model

@@ -17,6 +17,7 @@ from .base import DraftBudget, Drafter, committed_since
 
 class NgramDrafter(Drafter):
     name = "ngram"
+    catches_up = True  # `catch_up` indexes the tokens it has not seen
 
     def __init__(self, ngram_size: int = 3, num_tokens: int = 8):
         self.ngram_size = ngram_size
@@ -30,6 +31,9 @@ class NgramDrafter(Drafter):
 
     def accept(self, input_ids: torch.Tensor, result, hidden=None) -> None:
         self._extend(committed_since(input_ids, len(self._tokens), result))
+
+    def catch_up(self, input_ids: torch.Tensor) -> None:
+        self._extend(input_ids[0, len(self._tokens) :].tolist())
 
     def _extend(self, tokens: list[int]) -> None:
         seq, first = self._tokens, self._first

@@ -13,7 +13,11 @@ The drafter is a `drafters.BatchDrafter`: one drafter per row behind `PerRowDraf
 assistant caches, a list of the caller's own), or a drafter with a batched form (EAGLE: one tree expansion for all
 rows per step; with it, greedy decoding runs the pipelined step of `engine.pipeline`, which keeps all of the above
 on the device and reads each step once). On the static path with greedy decoding, a step where no row drafts, and a
-batch where no draft could pay, run plain decode steps without the tree machinery (`engine.plain`).
+batch where no draft could pay, run plain decode steps without the tree machinery (`engine.plain`); and where the
+drafts do not pay for their steps as measured (committed tokens per second against a plain step's,
+`budget.DraftingPayoff`: the drafters' values can promise far more than the text holds, and the budget prices the
+forward, not the drafter's host work), the batch decodes runs of plain steps without the drafter between probes
+(`budget.PlainRuns`, as the pipelined step does), for drafters that catch up on tokens alone (`catches_up`).
 
 Rows follow stock `generate`'s batch semantics: each row's tokens are what it would generate alone from its
 (left-padded) prompt; with an EOS criterion, a row that stops is padded with `pad_token_id` until the longest row
@@ -36,9 +40,9 @@ from ..kernels.tree import ancestor_mask
 from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, StepInputs, make_verifier, process_tree_logits, row_processors
 from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
-from .budget import VerifyCost, cached_cost, choose_batch, paying_width, time_forward
+from .budget import DraftingPayoff, PlainRuns, VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter, path_attentions
-from .pipeline import PipelineInputs, pipelines, run_pipelined
+from .pipeline import LONGEST_PLAIN_RUN, PATIENCE, PLAIN_RUN, PipelineInputs, pipelines, run_pipelined
 from .plain import plain_step, plain_steps, runs_plain
 from .request import Request
 from .rows import BatchRecorder
@@ -150,6 +154,11 @@ def decode_batch(request: Request):
         # Steps where no row drafts run as plain steps on the static path, unless the drafter reads the verify
         # forward's hidden states (a plain step returns none).
         fast_plain = runs_plain(backend, raw_greedy) and not layers
+        # Drafting against plain steps as measured, where a plain run can leave the drafter out (see the docstring).
+        payoff = runs = None
+        if fast_plain and cost is not None and node_budget > 0 and drafter.catches_up:
+            payoff = DraftingPayoff(cost, config.budget_slack)
+            runs = PlainRuns(PLAIN_RUN, LONGEST_PLAIN_RUN, PATIENCE)
         while running:
             limit = rec.limit(gen.max_length)
             t0 = time.perf_counter()
@@ -206,7 +215,19 @@ def decode_batch(request: Request):
                     s.drafted_tokens.append(drafted)
                 row_stats[b].target_forwards += 1
             drafter.accept(running, _row_tokens(rec, running, pads), results, hidden)
+            stepped = len(running)
             running = _still_running(running, rec, backend, gen.max_length)
+            if payoff is not None:
+                payoff.observe(sum(len(r.token_list) for r in results), stepped, 1 + max(drafts.counts, default=0),
+                               time.perf_counter() - t0)
+                length = runs.verdict(payoff.pays())
+                if length and running:
+                    logger.debug("batch of %d: drafts do not pay for their steps (%.0f tokens per row and second "
+                                 "against %.0f plain): %d plain steps", len(running), payoff.rate,
+                                 1.0 / cost(1), length)
+                    running = _plain_run(drafter, backend, rec, running, gen.max_length, stats, row_stats, pads,
+                                         length)
+                    payoff.restart()
         drafter.end(_row_tokens(rec, list(range(rows)), pads))
     finally:
         backend.release()
@@ -222,6 +243,18 @@ def decode_batch(request: Request):
     # finished rows removed), so it is no cache stock generate could continue from.
     return SpeculativeDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, hidden_states=states,
                                         attentions=attentions, spec_stats=stats, **{CACHE_FIELD: None})
+
+
+def _plain_run(drafter, backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
+               row_stats: list[SpecStats], pads: list[int], length: int) -> list[int]:
+    """`length` plain steps without the drafter (`engine.plain`), then its catch-up on the rows that still run.
+    Returns those rows."""
+    run = plain_steps(backend, rec, running, max_length, stats, row_stats, max_steps=length)
+    if run.running:
+        t0 = time.perf_counter()
+        drafter.catch_up(run.running, _row_tokens(rec, run.running, pads))
+        stats.draft_seconds += time.perf_counter() - t0
+    return run.running
 
 
 def _backend(request: Request, layers: tuple[int, ...], node_budget: int, all_hidden: bool = False,

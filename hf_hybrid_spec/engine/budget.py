@@ -31,7 +31,7 @@ from ..tree import DeviceDrafts, DraftBatch, DraftTree
 
 __all__ = ["VerifyCost", "BudgetChoice", "AcceptanceByWidth", "accepted_by_width", "DeviceSelection", "node_values",
            "choose_batch", "choose_nodes", "choose_width", "select_device", "paying_width", "cached_cost",
-           "time_forward", "DEFAULT_PRIOR"]
+           "time_forward", "DEFAULT_PRIOR", "PlainRuns", "DraftingPayoff"]
 
 # The acceptance estimate of a draft node whose drafter gives no scores: DEFAULT_PRIOR ** depth.
 DEFAULT_PRIOR = 0.6
@@ -235,6 +235,74 @@ class AcceptanceByWidth:
         for w in self.widths:
             out[w - 1] = rows * self.mean.get(w, 0.0)
         return out
+
+
+class PlainRuns:
+    """When a batch stops drafting for a run of plain steps, and for how many (both batch steps' rule).
+
+    After `patience` drafting steps in a row that do not pay, a run of `first` plain steps. The drafting step after a
+    run probes: if it does not pay either, the batch goes back at once for a run twice as long (up to `longest`, or
+    the run's own length if it started longer); a step that pays restores the patience and the first length. A
+    batch's acceptance changes as it decodes (on the fixtures it is low for the first few steps and rises), so no
+    decision holds for the rest of the batch, and a drafter that never pays costs one step per run, which doubles.
+    """
+
+    def __init__(self, first: int, longest: int, patience: int):
+        if first < 1 or patience < 1:
+            raise ValueError(f"a plain run needs first >= 1 and patience >= 1, got {first} and {patience}")
+        self.first, self.longest, self.patience = first, longest, patience
+        self.length, self.wait, self.refusals = first, patience, 0
+
+    def verdict(self, pays: bool) -> int:
+        """One drafting step's verdict: the plain steps to run now (0: go on drafting)."""
+        if pays:
+            self.length, self.wait, self.refusals = self.first, self.patience, 0
+            return 0
+        self.refusals += 1
+        if self.refusals < self.wait:
+            return 0
+        run = self.length
+        self.length = min(2 * self.length, max(self.longest, self.length))
+        self.wait, self.refusals = 1, 0
+        return run
+
+
+class DraftingPayoff:
+    """Whether the general batch step's drafting pays, from what its own steps measured.
+
+    The budget sizes each step's trees from the drafters' values, which can promise far more than the text holds (a
+    suffix trie's counts on text that does not repeat: the fixtures' rows accepted 1.3-2.5 tokens per step at B > 1
+    where the counts promised more), and it prices the verify forward only, not the drafter's host work. Here each
+    drafting step counts what it committed per row against what it cost: the verify forward's T(width) plus what the
+    step measured beyond it (the drafter, the trees' layout, the walk, the records; the median over the latest
+    `window` steps, so one slow step does not decide). Drafting pays while the committed tokens per row and second
+    (a moving average, `weight` for the newest step) beat a plain step's, 1 / T(1), by the `slack` factor.
+    """
+
+    def __init__(self, cost: VerifyCost, slack: float = 0.05, weight: float = 0.3, window: int = 9):
+        self.cost, self.slack, self.weight, self.window = cost, slack, weight, window
+        self.extras: list[float] = []  # seconds beyond the verify forward, latest steps
+        self.rate: float | None = None  # committed tokens per row and second, moving average
+
+    def observe(self, tokens: int, rows: int, width: int, seconds: float) -> None:
+        """A drafting step of `rows` running rows committed `tokens` in all, verifying trees `width` wide (root
+        included; 1 where the budget kept no draft), in `seconds` of wall time."""
+        if rows == 0:
+            return
+        modeled = self.cost(width)
+        self.extras = (self.extras + [min(max(seconds - modeled, 0.0), seconds)])[-self.window :]
+        extra = sorted(self.extras)[len(self.extras) // 2]
+        rate = tokens / rows / (modeled + extra)
+        self.rate = rate if self.rate is None else (1.0 - self.weight) * self.rate + self.weight * rate
+
+    def pays(self) -> bool:
+        """Whether the steps observed since the last `restart` commit more per second than plain steps would."""
+        return self.rate is None or self.rate >= (1.0 + self.slack) / self.cost(1)
+
+    def restart(self) -> None:
+        """After a run of plain steps: the next drafting step's own numbers decide (the text may have changed); what a
+        step costs beyond its forward is kept."""
+        self.rate = None
 
 
 def accepted_by_width(ranks: torch.Tensor, running: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:

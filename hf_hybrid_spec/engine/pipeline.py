@@ -36,7 +36,7 @@ from transformers.utils import logging
 
 from ..config import AssistantConfig
 from ..drafters import BatchDrafter
-from .budget import AcceptanceByWidth, VerifyCost, choose_width, time_forward
+from .budget import AcceptanceByWidth, PlainRuns, VerifyCost, choose_width, time_forward
 from .outputs import SpecStats
 from .plain import plain_steps
 from .rows import BatchRecorder
@@ -133,22 +133,20 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     totals_host = torch.zeros(len(measured.widths), dtype=torch.long, pin_memory=pinned)  # and the step's totals
     extras = [draft_seconds]  # seconds beyond the verify forward, per drafting step (the timed draft first)
     extra = draft_seconds
-    refusals = steps = 0
-    patience, run_length = PATIENCE, -(-PLAIN_RUN // path) * path
+    steps = 0
+    runs = PlainRuns(-(-PLAIN_RUN // path) * path, LONGEST_PLAIN_RUN, PATIENCE)
     width, probe = widest, True
     while running:
         if inputs.cost is not None and not probe:
             choice, pays = choose_width(measured.prefix(len(running)), len(running), inputs.cost, config.budget_slack,
                                         None, widths, extra)
-            refusals = 0 if pays else refusals + 1
-            if pays:
-                patience, run_length = PATIENCE, -(-PLAIN_RUN // path) * path
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("batch step %d: %d rows, accepted per row by width %s, drafting step %.3f ms beyond T, "
                              "T(1) %.3f ms -> width %d, %s", steps, len(running),
                              {w: round(v, 2) for w, v in measured.mean.items()}, extra * 1e3, inputs.cost(1) * 1e3,
                              choice, "pays" if pays else "does not pay")
-            if refusals >= patience:
+            run_length = runs.verdict(pays)
+            if run_length:
                 logger.debug("batch of %d: drafting does not pay (verify and drafter cost against the accepted "
                              "tokens): %d plain steps", len(running), run_length)
                 running = _plain_run(drafter, backend, rec, running, inputs, run_length, path)
@@ -157,8 +155,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
                 graphs.roots.copy_(torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long))
                 drafts = drafter.propose_device(nodes)
                 measured = AcceptanceByWidth(widths)  # what the batch accepted before the run is out of date
-                patience, refusals, probe = 1, 0, True
-                run_length = min(2 * run_length, max(LONGEST_PLAIN_RUN, run_length))
+                probe = True
                 continue
             width = widest if steps % PROBE_EVERY == 0 else choice
         elif probe:
