@@ -127,7 +127,10 @@ class AssistantConfig:
         batch_budget: "auto" (the default): on CUDA, a batch-wide budget calibrated to the verify forward on the
             machine (once per process, batch size and context length): each step keeps the draft nodes, across the
             batch and by path probability, that maximize expected committed tokens per second, and none when a plain
-            decode step is faster (a large batch); elsewhere as "fixed". "calibrated": that budget on any device.
+            decode step is faster (a large batch); and what drafting steps commit per second is measured against
+            plain steps, which run without the drafter while drafting does not pay (probed again after runs that
+            double; drafters that follow the committed tokens alone, `Drafter.catches_up`, and EAGLE / MTP
+            batches); elsewhere as "fixed". "calibrated": that budget on any device.
             "fixed": every row drafts up to `max_draft_tokens`, and a forward verifies at most `max_verify_nodes`
             (the likeliest nodes across the batch when the rows ask for more).
         budget_slack: how much more expected tokens per second than a plain decode step the budget asks of drafts

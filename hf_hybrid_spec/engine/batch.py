@@ -247,13 +247,17 @@ def decode_batch(request: Request):
 
 def _plain_run(drafter, backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
                row_stats: list[SpecStats], pads: list[int], length: int) -> list[int]:
-    """`length` plain steps without the drafter (`engine.plain`), then its catch-up on the rows that still run.
-    Returns those rows."""
-    run = plain_steps(backend, rec, running, max_length, stats, row_stats, max_steps=length)
-    if run.running:
+    """`length` plain steps without the drafter (`engine.plain`); the drafter catches up on each step's tokens while
+    the device runs the next. Returns the rows that still run."""
+    spent = [0.0]
+
+    def catch_up(rows: list[int]) -> None:
         t0 = time.perf_counter()
-        drafter.catch_up(run.running, _row_tokens(rec, run.running, pads))
-        stats.draft_seconds += time.perf_counter() - t0
+        drafter.catch_up(rows, _row_tokens(rec, rows, pads))
+        spent[0] += time.perf_counter() - t0
+
+    run = plain_steps(backend, rec, running, max_length, stats, row_stats, max_steps=length, recorded=catch_up)
+    stats.draft_seconds += spent[0]
     return run.running
 
 

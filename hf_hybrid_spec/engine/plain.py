@@ -19,6 +19,7 @@ token is the argmax of the target's own logits, as stock greedy takes it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -77,7 +78,8 @@ def plain_step(backend, roots: list[int], overlap=None) -> tuple[list[int], torc
 
 
 def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
-                row_stats: list[SpecStats], max_steps: int | None = None, columns: int = 0) -> PlainRun:
+                row_stats: list[SpecStats], max_steps: int | None = None, columns: int = 0,
+                recorded: Callable[[list[int]], None] | None = None) -> PlainRun:
     """Step the batch without drafts until no row runs, or for `max_steps` steps at most. `running` are the running
     rows, which index the runner's rows (a `generate` batch: row b is runner row b); the cache holds every row's
     committed tokens but its last, which is the next step's root (`rec.host[b][-1]`). A bounded run also keeps what
@@ -87,8 +89,9 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
     Each step is queued before the host has read the one before it: a plain step commits exactly one token per
     running row, so the host knows every row's next length without reading anything, and the next step's roots are
     the last step's argmax on the device. The host's bookkeeping (records, stopping criteria, statistics) of step t
-    then runs while the device computes step t + 1. A row that stops at step t has had step t + 1 computed too; that
-    token lands past its end (its slot is never read again) and is not recorded."""
+    then runs while the device computes step t + 1, and so does `recorded(rows)` (optional) after each step's records,
+    with the rows it recorded a token for (a drafter's catch-up on them). A row that stops at step t has had step t + 1
+    computed too; that token lands past its end (its slot is never read again) and is not recorded."""
     runner = backend.runner
     rows, device = runner.rows, runner.device
     pinned = device.type == "cuda"
@@ -128,10 +131,12 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
             break  # nothing in flight and nothing worth queueing: a bounded run's last step is recorded
         if pending is not None:
             before = len(running)
-            recorded, running = _record(pending, rec, running, max_length, backend, stats, row_stats, since)
+            rows_recorded, running = _record(pending, rec, running, max_length, backend, stats, row_stats, since)
+            if recorded is not None and rows_recorded:
+                recorded(rows_recorded)
             since = time.perf_counter()
             if kept is not None:
-                for b in recorded:
+                for b in rows_recorded:
                     kept.counts[b] += 1
             if len(running) < before:
                 on = None
