@@ -154,6 +154,9 @@ def test_cache_drafters_that_rarely_hold_stay_exact_with_plain_runs(name, monkey
     import hf_hybrid_spec.engine.batch as B
 
     monkeypatch.setattr(B, "_cost_model", lambda *args: FLAT)
+    runs = []
+    original = B._plain_run
+    monkeypatch.setattr(B, "_plain_run", lambda *a: runs.append(a[-1]) or original(*a))
     model = tiny_model("qwen3_5_text")
     ids, mask = padded_batch([12, 16, 9, 14], seed=7, period=5)
     kw = dict(max_new_tokens=48, eos_token_id=None)
@@ -161,6 +164,7 @@ def test_cache_drafters_that_rarely_hold_stay_exact_with_plain_runs(name, monkey
     out = greedy(model, ids, mask, custom_generate=H.speculative_generate, return_dict_in_generate=True,
                  assistant_config=H.AssistantConfig(drafter=name, compile=True), **kw)
     assert torch.equal(out.sequences, ref)
+    assert runs and max(out.spec_stats.accepted_lengths) > 1  # plain runs, and drafts that held between them
 
 
 def test_catch_up_is_the_same_as_accepting_step_by_step():
