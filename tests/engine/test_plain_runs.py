@@ -48,6 +48,11 @@ def test_drafting_payoff_counts_what_steps_commit_and_cost():
     fast = DraftingPayoff(cost, slack=0.05, weight=1.0)
     fast.observe(tokens=12, rows=4, width=8, seconds=1.5e-3)
     assert fast.pays()
+    # One slow step (the host preempted) among fast ones: the median of what steps cost beyond the forward holds.
+    for _ in range(3):
+        fast.observe(tokens=12, rows=4, width=8, seconds=1.5e-3)
+    fast.observe(tokens=12, rows=4, width=8, seconds=50e-3)
+    assert fast.pays()
 
 
 class Follower(Drafter):
