@@ -153,8 +153,8 @@ class Drafter(ABC):
     # False for a drafter that cannot serve one row of a batch as its own request (it reads or runs the target's
     # cache, which holds every row: the self-speculative drafters): batched generate then refuses it by name.
     per_row: bool = True
-    # True for a drafter that follows the committed tokens from `input_ids` alone: after steps it drafted nothing for
-    # (a batch's run of plain steps, `engine.batch`), `catch_up` brings it level with no verify result to read.
+    # True for a drafter that follows the committed tokens alone: after steps it drafted nothing for (a batch's run of
+    # plain steps, `engine.batch`), `catch_up` with their tokens brings it level, with no verify result to read.
     # A batch whose drafting stops paying runs such plain runs only with drafters that say so.
     catches_up: bool = False
 
@@ -177,10 +177,10 @@ class Drafter(ABC):
     def accept(self, input_ids: torch.Tensor, result: VerifyResult, hidden: TargetHidden | None = None) -> None:
         """The target committed `result.tokens`; `input_ids` [1, L'] is the whole committed sequence."""
 
-    def catch_up(self, input_ids: torch.Tensor) -> None:
-        """Only for a drafter that `catches_up`: `input_ids` [1, L] are the committed tokens, the last ones committed by
-        steps this drafter was not asked to draft for. Default: nothing (a `propose` that reads what it has not seen
-        from `input_ids` needs nothing more)."""
+    def catch_up(self, tokens: list[int]) -> None:
+        """Only for a drafter that `catches_up`: `tokens` (host ints, in order) were committed right after the last
+        tokens it saw (by `begin`, `accept` or `catch_up`), by steps it was not asked to draft for. Default: nothing
+        (a `propose` that reads what it has not seen from its `input_ids` needs nothing more)."""
 
     def end(self, input_ids: torch.Tensor) -> None:
         """The request finished with `input_ids` [1, L]."""

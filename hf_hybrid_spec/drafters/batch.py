@@ -115,9 +115,9 @@ class BatchDrafter(ABC):
         """The running rows committed `results[i]`; `ids[i]` is row `rows[i]`'s whole committed sequence, and
         `hidden` their path's hidden states (None for the first token after the prompt)."""
 
-    def catch_up(self, rows: list[int], ids: RowTokens) -> None:
-        """For a drafter that `catches_up`: the running rows `rows` committed tokens in steps it drafted nothing for;
-        `ids[i]` is row `rows[i]`'s whole committed sequence."""
+    def catch_up(self, rows: list[int], tokens: list[list[int]]) -> None:
+        """For a drafter that `catches_up`: row `rows[i]` committed `tokens[i]` (host ints) right after the last tokens
+        the drafter saw, in steps it drafted nothing for."""
 
     def end(self, ids: list[torch.Tensor]) -> None:
         """The batch finished; `ids[b]` is row b's committed tokens."""
@@ -158,9 +158,9 @@ class PerRowDrafters(BatchDrafter):
         for i, (b, row_ids, result) in enumerate(zip(rows, ids, results)):
             self.drafters[b].accept(row_ids, result, None if hidden is None else hidden.row(i))
 
-    def catch_up(self, rows: list[int], ids: RowTokens) -> None:
-        for b, row_ids in zip(rows, ids):
-            self.drafters[b].catch_up(row_ids)
+    def catch_up(self, rows: list[int], tokens: list[list[int]]) -> None:
+        for b, new in zip(rows, tokens):
+            self.drafters[b].catch_up(new)
 
     def end(self, ids: list[torch.Tensor]) -> None:
         for drafter, row_ids in zip(self.drafters, ids):

@@ -32,8 +32,8 @@ class NgramDrafter(Drafter):
     def accept(self, input_ids: torch.Tensor, result, hidden=None) -> None:
         self._extend(committed_since(input_ids, len(self._tokens), result))
 
-    def catch_up(self, input_ids: torch.Tensor) -> None:
-        self._extend(input_ids[0, len(self._tokens) :].tolist())
+    def catch_up(self, tokens: list[int]) -> None:
+        self._extend(tokens)
 
     def _extend(self, tokens: list[int]) -> None:
         seq, first = self._tokens, self._first

@@ -418,7 +418,7 @@ class SuffixDrafter(Drafter):
 
     name = "suffix"
     respects_budget = True  # `_grow` stops at the budget's nodes and depth
-    catches_up = True  # the tries take whatever tokens they have not seen (`catch_up`, `propose`)
+    catches_up = True  # the tries take the tokens they did not see (`catch_up`; `propose` resynchronizes)
 
     def __init__(
         self,
@@ -495,8 +495,8 @@ class SuffixDrafter(Drafter):
     def accept(self, input_ids, result, hidden=None) -> None:
         self._feed(committed_since(input_ids, self._seen, result))
 
-    def catch_up(self, input_ids: torch.Tensor) -> None:
-        self._feed(input_ids[0, self._seen :].tolist())
+    def catch_up(self, tokens: list[int]) -> None:
+        self._feed(tokens)
 
     def end(self, input_ids: torch.Tensor) -> None:
         if self.global_cache is not None:

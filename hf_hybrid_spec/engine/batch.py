@@ -225,8 +225,7 @@ def decode_batch(request: Request):
                     logger.debug("batch of %d: drafts do not pay for their steps (%.0f tokens per row and second "
                                  "against %.0f plain): %d plain steps", len(running), payoff.rate,
                                  1.0 / cost(1), length)
-                    running = _plain_run(drafter, backend, rec, running, gen.max_length, stats, row_stats, pads,
-                                         length)
+                    running = _plain_run(drafter, backend, rec, running, gen.max_length, stats, row_stats, length)
                     payoff.restart()
         drafter.end(_row_tokens(rec, list(range(rows)), pads))
     finally:
@@ -246,14 +245,14 @@ def decode_batch(request: Request):
 
 
 def _plain_run(drafter, backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
-               row_stats: list[SpecStats], pads: list[int], length: int) -> list[int]:
+               row_stats: list[SpecStats], length: int) -> list[int]:
     """`length` plain steps without the drafter (`engine.plain`); the drafter catches up on each step's tokens while
     the device runs the next. Returns the rows that still run."""
     spent = [0.0]
 
-    def catch_up(rows: list[int]) -> None:
+    def catch_up(rows: list[int], tokens: list[int]) -> None:
         t0 = time.perf_counter()
-        drafter.catch_up(rows, _row_tokens(rec, rows, pads))
+        drafter.catch_up(rows, [[t] for t in tokens])
         spent[0] += time.perf_counter() - t0
 
     run = plain_steps(backend, rec, running, max_length, stats, row_stats, max_steps=length, recorded=catch_up)

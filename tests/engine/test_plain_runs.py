@@ -58,20 +58,25 @@ def test_drafting_payoff_counts_what_steps_commit_and_cost():
 class Follower(Drafter):
     """A per-row drafter that catches up: a chain of `depth` tokens of the row's stock output from the committed
     length it reads off `input_ids`, every token wrong until the row has committed `start` tokens past its prompt.
-    Counts its proposals and the lengths its `catch_up` saw."""
+    Counts its proposals and the lengths it reached by `catch_up`, whose tokens must be the row's next ones."""
 
     catches_up = True
 
     def __init__(self, reference, start, depth=4):
         self.reference, self.start, self.depth = reference[0].tolist(), start, depth
-        self.prompt = 0
+        self.prompt = self.seen = 0
         self.proposals, self.caught_up = 0, []
 
     def begin(self, input_ids, context=None, hidden=None):
-        self.prompt = input_ids.shape[1]
+        self.prompt = self.seen = input_ids.shape[1]
 
-    def catch_up(self, input_ids):
-        self.caught_up.append(input_ids.shape[1])
+    def accept(self, input_ids, result, hidden=None):
+        self.seen = input_ids.shape[1]
+
+    def catch_up(self, tokens):
+        assert tokens == self.reference[self.seen : self.seen + len(tokens)], "caught up on the wrong tokens"
+        self.seen += len(tokens)
+        self.caught_up.append(self.seen)
 
     def propose(self, input_ids, budget):
         self.proposals += 1
@@ -182,7 +187,7 @@ def test_catch_up_is_the_same_as_accepting_step_by_step():
         for n in range(5, tokens.shape[1] + 1):
             stepped.accept(tokens[:, :n], VerifyResult(path=[0], tokens=tokens[0, n - 1 : n], score_nodes=[0],
                                                        token_list=[int(tokens[0, n - 1])]))
-        caught.catch_up(tokens)
+        caught.catch_up(tokens[0, 4:].tolist())
         budget = DraftBudget(max_nodes=8, max_depth=4)
         a, b = stepped.propose(tokens, budget), caught.propose(tokens, budget)
         assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
