@@ -399,8 +399,10 @@ def test_rows_that_stop_in_a_plain_run_stay_stopped_when_drafting_resumes(monkey
 def test_drafts_that_never_hold_probe_at_runs_that_double(monkeypatch):
     """Drafts that never hold: `PATIENCE` drafting steps, then plain runs of `PLAIN_RUN`, twice that, ... steps, each
     followed by one probe at the widest trees that sends the batch back at once; stock's output."""
+    from engine.test_plain_runs import drafting_steps_when_nothing_holds
+
     import hf_hybrid_spec.engine.batch as B
-    from hf_hybrid_spec.engine.pipeline import LONGEST_PLAIN_RUN, PATIENCE, PLAIN_RUN
+    from hf_hybrid_spec.engine.pipeline import PATIENCE, PLAIN_RUN
 
     flat = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.0, 1.01, 1.02, 1.04])
     monkeypatch.setattr(B, "_cost_model", lambda *args: flat)
@@ -411,15 +413,9 @@ def test_drafts_that_never_hold_probe_at_runs_that_double(monkeypatch):
     drafter = LateStarter(row_references(ref, mask), start=10**6, seed=6)
     out = generate_with(model, ids, mask, drafter, **kw)
     assert torch.equal(out.sequences, ref)
-    # The rule, step by step: 79 forwards after the prompt's.
+    # The rule over the 79 forwards after the prompt's.
     path = drafter.max_depth + 1
-    left, drafting, run = kw["max_new_tokens"] - 1, PATIENCE, -(-PLAIN_RUN // path) * path
-    left -= PATIENCE
-    while left > 0:
-        left -= min(run, left)
-        run = min(2 * run, max(LONGEST_PLAIN_RUN, run))
-        if left > 0:
-            left, drafting = left - 1, drafting + 1
+    drafting = drafting_steps_when_nothing_holds(kw["max_new_tokens"] - 1, -(-PLAIN_RUN // path) * path)
     stats = out.spec_stats
     assert stats.target_forwards == kw["max_new_tokens"] - 1
     assert stats.target_forwards - stats.plain_steps == drafting and drafting >= PATIENCE + 2  # probes between runs

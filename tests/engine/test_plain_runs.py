@@ -19,6 +19,18 @@ VOCAB = 96
 FLAT = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.0, 1.01, 1.02, 1.04])
 
 
+def drafting_steps_when_nothing_holds(forwards: int, first_run: int) -> int:
+    """The drafting steps among a batch's `forwards` steps when no draft ever holds: `PATIENCE` of them, then plain
+    runs of `first_run`, twice that, ... steps (at most `LONGEST_PLAIN_RUN`), with one probe between runs."""
+    left, drafting, length = forwards - PATIENCE, PATIENCE, first_run
+    while left > 0:
+        left -= min(length, left)
+        length = min(2 * length, max(LONGEST_PLAIN_RUN, length))
+        if left > 0:
+            left, drafting = left - 1, drafting + 1
+    return drafting
+
+
 def test_plain_runs_wait_for_patience_then_double_until_a_step_pays():
     runs = PlainRuns(first=8, longest=32, patience=3)
     assert [runs.verdict(False) for _ in range(3)] == [0, 0, 8]
@@ -108,13 +120,7 @@ def test_drafts_that_never_hold_sit_out_runs_that_double(monkeypatch):
     drafters = [Follower(r, start=10**6) for r in row_references(ref, mask)]
     out = run(model, ids, mask, drafters, **kw)
     assert torch.equal(out.sequences, ref)
-    left, drafting, length = kw["max_new_tokens"] - 1, PATIENCE, PLAIN_RUN
-    left -= PATIENCE
-    while left > 0:
-        left -= min(length, left)
-        length = min(2 * length, max(LONGEST_PLAIN_RUN, length))
-        if left > 0:
-            left, drafting = left - 1, drafting + 1
+    drafting = drafting_steps_when_nothing_holds(kw["max_new_tokens"] - 1, PLAIN_RUN)
     stats = out.spec_stats
     assert stats.target_forwards == kw["max_new_tokens"] - 1
     assert stats.target_forwards - stats.plain_steps == drafting and drafting >= PATIENCE + 2
