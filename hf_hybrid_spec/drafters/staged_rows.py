@@ -4,7 +4,7 @@ device buffer that the pass re-reads at every call, so one captured pass serves 
 
 A store mixing this in has `rows`, `capacity`, `MAX_ADVANCE`, `LABEL` (its name in errors), the device buffers
 `steps` / `counts` [R], `hidden` [R, H], `logp` [R, V], `adv_features` [R, MAX_ADVANCE, H], `adv_tokens`
-[R, MAX_ADVANCE], the staging `_row_ints` (host, pinned on CUDA) and `_row_ints_device` [R * (2 + MAX_ADVANCE)], and
+[R, MAX_ADVANCE], the staging `_row_ints` (a `staging.HostStaging`) and `_row_ints_device` [R * (2 + MAX_ADVANCE)], and
 `_advance(count, features=None, tokens=None) -> (hidden [R, H], logp [R, V])` (row r's step `counts[r] - 1`) and
 `_advance_pass(count)` (the staged pass, `_unstage` then `_advance` then `_keep_newest`, eager or replayed).
 """
@@ -29,12 +29,12 @@ class StagedRows:
         end = max(s + c for s, c in zip(steps, counts))
         if end > self.capacity:
             raise RuntimeError(f"{self.LABEL} holds {self.capacity} steps per row, {end} needed")
-        ints = self._row_ints
+        ints = self._row_ints.host()
         ints[:rows].copy_(torch.tensor(steps, dtype=torch.long))
         ints[rows : 2 * rows].copy_(torch.tensor(counts, dtype=torch.long))
         if count <= self.MAX_ADVANCE:
             ints[2 * rows :].view(rows, self.MAX_ADVANCE)[:, :count].copy_(tokens)
-        self._row_ints_device.copy_(ints, non_blocking=True)
+        self._row_ints.send(self._row_ints_device)
         if count > self.MAX_ADVANCE:
             self._unstage(tokens=False)
             self._keep_newest(*self._advance(count, features.to(self.dtype), tokens.to(self.device)))

@@ -41,6 +41,7 @@ from transformers.utils import logging
 from ..drafters.base import DraftBudget
 from ..drafters.staged_rows import StagedRows
 from ..graphs import Leased, capture
+from ..staging import HostStaging
 from .modeling import EagleDrafter
 from .tree import TreeCandidates, expand_tree
 
@@ -96,9 +97,8 @@ class StaticEagleTree(StagedRows, Leased):
         self.adv_tokens = torch.zeros(rows, self.MAX_ADVANCE, dtype=torch.long, device=self.device)
         self.counts = torch.zeros(rows, dtype=torch.long, device=self.device)
         # Host twin of the rows' per-pass integers (steps, counts, tokens): one copy per accept pass.
-        self._row_ints = torch.zeros(rows * (2 + self.MAX_ADVANCE), dtype=torch.long,
-                                     pin_memory=self.device.type == "cuda")
-        self._row_ints_device = torch.zeros_like(self._row_ints, device=self.device)
+        self._row_ints = HostStaging(rows * (2 + self.MAX_ADVANCE), self.device)
+        self._row_ints_device = torch.zeros(rows * (2 + self.MAX_ADVANCE), dtype=torch.long, device=self.device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, TreeCandidates]] = {}
         self._advance_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._pool = None

@@ -42,6 +42,7 @@ from ..forward import forward_tokens
 from ..graphs import Leased
 from ..kernels.tree import ancestor_mask
 from ..models import get_adapter
+from ..staging import HostStaging
 from ..tree import VerifyTree, tree_attention_mask
 from .backend import PrefillOutputs, VerifyOutputs, gather_paths
 from .static import DEFAULT_BUCKETS, FusedForward, capture_bucket, capture_key
@@ -59,7 +60,7 @@ class _Bucket:
         # tokens [R, n], parents [R, n], committed lengths [R], root positions [R]: one buffer, one copy per step.
         size = rows * (2 * n + 2)
         self.inputs = torch.zeros(size, dtype=torch.long, device=device)
-        self.staging = torch.zeros(size, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.staging = HostStaging(size, device)
         self.tokens = self.inputs[: rows * n].view(rows, n)
         self.parent = self.inputs[rows * n : 2 * rows * n].view(rows, n)
         self.parent.fill_(-1)
@@ -67,7 +68,7 @@ class _Bucket:
         self.roots = self.inputs[2 * rows * n + rows :]
         self.write_pos = torch.zeros(rows, n, dtype=torch.long, device=device)
         self.leaf = torch.full((rows,), -1, dtype=torch.long, device=device)
-        self.leaf_staging = torch.full((rows,), -1, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.leaf_staging = HostStaging(rows, device, fill=-1)
         self.key_valid = key_valid  # [R, L] the prompts' padding mask (ones past it), shared by the buckets
         self.mask_dtype = mask_dtype
         self.graph = self.commit_graph = None
@@ -142,9 +143,9 @@ class BatchStaticRunner(Leased):
         padded_parent = torch.full((rows, n), -1, dtype=torch.long)
         padded_tokens[:, :width] = tokens
         padded_parent[:, :width] = parent
-        bucket.staging.copy_(torch.cat([padded_tokens.view(-1), padded_parent.view(-1),
-                                        torch.tensor(lengths, dtype=torch.long), torch.tensor(roots, dtype=torch.long)]))
-        bucket.inputs.copy_(bucket.staging, non_blocking=True)
+        bucket.staging.host().copy_(torch.cat([padded_tokens.view(-1), padded_parent.view(-1),
+                                               torch.tensor(lengths + roots, dtype=torch.long)]))
+        bucket.staging.send(bucket.inputs)
         return self._launch(bucket)
 
     def forward_device(self, tokens: torch.Tensor, parent: torch.Tensor, lengths: list[int],
@@ -170,8 +171,8 @@ class BatchStaticRunner(Leased):
         bucket = self.bucket_for(width)
         self._active = None
         scalars = 2 * self.rows * bucket.n
-        bucket.staging[scalars:].copy_(torch.tensor(lengths + roots, dtype=torch.long))
-        bucket.inputs[scalars:].copy_(bucket.staging[scalars:], non_blocking=True)
+        bucket.staging.host()[scalars:].copy_(torch.tensor(lengths + roots, dtype=torch.long))
+        bucket.staging.send(bucket.inputs[scalars:], scalars)
         return self._launch(bucket)
 
     def _launch(self, bucket: _Bucket) -> torch.Tensor:
@@ -226,8 +227,9 @@ class BatchStaticRunner(Leased):
         bucket = self._active
         if bucket is None or self.cache.tree is None:
             raise RuntimeError("commit called without a pending tree from this runner's forward")
-        bucket.leaf_staging.copy_(torch.tensor(leaves, dtype=torch.long))
-        self.commit_device(bucket.leaf_staging)
+        bucket.leaf_staging.host().copy_(torch.tensor(leaves, dtype=torch.long))
+        bucket.leaf_staging.send(bucket.leaf)
+        self.commit_device(bucket.leaf)
         self.finish_commit(committed_length)
 
     def abort(self) -> None:

@@ -44,6 +44,7 @@ from ..kernels.rows import gather_rows
 from ..kernels.tree import ancestor_mask
 from ..models import get_adapter
 from ..models.tree_attention import routed_attention, tree_attention_enabled
+from ..staging import HostStaging
 from ..tree import VerifyTree, tree_attention_mask
 
 logger = logging.get_logger(__name__)
@@ -86,7 +87,7 @@ class _Bucket:
         # [prefix_length, root_position] (committed tokens in the cache, the root's position id). The graph reads
         # the views below; `staging` is its host twin (pinned on CUDA, so the copy is asynchronous).
         self.inputs = torch.zeros(2 * n + 2, dtype=torch.long, device=device)
-        self.staging = torch.zeros(2 * n + 2, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.staging = HostStaging(2 * n + 2, device)
         self.tokens = self.inputs[:n].view(1, n)
         self.parent = self.inputs[n : 2 * n].view(1, n)
         self.parent.fill_(-1)
@@ -233,12 +234,11 @@ class StaticTreeRunner(Leased):
         self._active = None
         # Padding nodes get token 0 and parent -1. A tree laid out on the host goes in with one copy.
         if tree.tokens.device.type == "cpu" and tree.parent.device.type == "cpu":
-            # The previous copy out of `staging` is done: the host has read this step's draft since.
             pad = bucket.n - n
             values = (tree.tokens[0].tolist() + [0] * pad + tree.parent[0].tolist() + [-1] * pad
                       + [int(prefix_length), int(root_position)])
-            bucket.staging.copy_(torch.tensor(values, dtype=torch.long))
-            bucket.inputs.copy_(bucket.staging, non_blocking=True)
+            bucket.staging.host().copy_(torch.tensor(values, dtype=torch.long))
+            bucket.staging.send(bucket.inputs)
         else:
             bucket.tokens.zero_()
             bucket.tokens[:, :n].copy_(tree.tokens, non_blocking=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..graphs import GraphPasses
+from ..staging import HostStaging
 from ..tree import DeviceDrafts
 from ..verification import greedy_device
 from .budget import accepted_by_width, select_device
@@ -82,7 +83,7 @@ class StepGraphs(GraphPasses):
         self.values = torch.zeros_like(drafts.values)
         self.depth = torch.ones_like(drafts.depth)
         self.flags = torch.zeros(2 * rows, dtype=torch.long, device=self.device)  # caps, then running (0/1)
-        self.flags_staging = torch.zeros(2 * rows, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        self.flags_staging = HostStaging(2 * rows, self.device)
         self.roots = torch.zeros(rows, dtype=torch.long, device=self.device)
         self._selected: tuple[torch.Tensor, torch.Tensor] | None = None  # the last select's count [R], rank [R, W]
 
@@ -102,8 +103,8 @@ class StepGraphs(GraphPasses):
 
     def set_rows(self, caps: list[int], running: list[bool]) -> None:
         """Each runner row's depth cap (0: drafts nothing) and whether it runs, in one host-to-device copy."""
-        self.flags_staging.copy_(torch.tensor(caps + [int(r) for r in running], dtype=torch.long))
-        self.flags.copy_(self.flags_staging, non_blocking=True)
+        self.flags_staging.host().copy_(torch.tensor(caps + [int(r) for r in running], dtype=torch.long))
+        self.flags_staging.send(self.flags)
 
     def select(self, width: int) -> None:
         """Each row's likeliest nodes within `width` into the tree buffers of the bucket that verifies `width`."""

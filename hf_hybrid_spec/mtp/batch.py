@@ -21,6 +21,7 @@ from ..drafters.batch_hidden import BatchHiddenStepDrafter
 from ..drafters.expansion import TreeCandidates, grow_tree
 from ..drafters.staged_rows import StagedRows
 from ..graphs import GraphPasses, Leased
+from ..staging import HostStaging
 from ..tree import additive_mask
 from .modeling import MtpHead
 
@@ -83,9 +84,8 @@ class BatchMtpStore(StagedRows, GraphPasses, Leased):
         self.adv_features = torch.zeros(rows, self.MAX_ADVANCE, c.hidden_size, dtype=self.dtype, device=self.device)
         self.adv_tokens = torch.zeros(rows, self.MAX_ADVANCE, dtype=torch.long, device=self.device)
         # Host twin of a pass's integers (steps, counts, tokens): one copy per host-staged accept pass.
-        self._row_ints = torch.zeros(rows * (2 + self.MAX_ADVANCE), dtype=torch.long,
-                                 pin_memory=self.device.type == "cuda")
-        self._row_ints_device = torch.zeros_like(self._row_ints, device=self.device)
+        self._row_ints = HostStaging(rows * (2 + self.MAX_ADVANCE), self.device)
+        self._row_ints_device = torch.zeros(rows * (2 + self.MAX_ADVANCE), dtype=torch.long, device=self.device)
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
         self._pool = None
 

@@ -1,0 +1,39 @@
+"""`staging.HostStaging`: what a send carries, and (on CUDA) that rewriting the buffer never changes a queued copy."""
+
+import pytest
+import torch
+
+from hf_hybrid_spec.staging import HostStaging
+
+
+def test_send_carries_the_buffer_and_its_slices():
+    staging = HostStaging(6, torch.device("cpu"), fill=-1)
+    assert staging.host().tolist() == [-1] * 6
+    target = torch.zeros(6, dtype=torch.long)
+    staging.host().copy_(torch.arange(6))
+    staging.send(target)
+    assert target.tolist() == [0, 1, 2, 3, 4, 5]
+    staging.host()[4:].copy_(torch.tensor([40, 50]))
+    staging.send(target[4:], 4)
+    assert target.tolist() == [0, 1, 2, 3, 40, 50]
+    grid = torch.zeros(2, 2, dtype=torch.long)
+    staging.send(grid, 0, 4)
+    assert grid.tolist() == [[0, 1], [2, 3]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: on the CPU every copy is synchronous")
+def test_rewrite_waits_for_the_queued_copy():
+    # The device is kept busy, so the first copy is still queued when the host rewrites the buffer: without the wait,
+    # the first target would receive the second contents.
+    device = torch.device("cuda")
+    staging = HostStaging(4, device)
+    first, second = (torch.zeros(4, dtype=torch.long, device=device) for _ in range(2))
+    for _ in range(3):
+        torch.cuda._sleep(50_000_000)  # ~tens of ms of device time queued ahead of the copy
+        staging.host().copy_(torch.tensor([1, 2, 3, 4]))
+        staging.send(first)
+        staging.host().copy_(torch.tensor([5, 6, 7, 8]))
+        staging.send(second)
+        torch.cuda.synchronize()
+        assert first.tolist() == [1, 2, 3, 4]
+        assert second.tolist() == [5, 6, 7, 8]
