@@ -24,7 +24,8 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
    the pipelined step as EAGLE does). `random:` models get `testing.decisive_head` (the argmax is the current token
    by a wide margin: bf16 rounding cannot flip it, so the continuation the acceptance drafters follow holds). Any
    method with `+chunked` or `+eager` appended runs with that `prefill` (the prompts through the captured verify
-   forward, or one eager forward; the default "auto" picks by the call's prompt tokens) for a side-by-side comparison.
+   forward, or one eager forward; the default "auto" picks by the call's prompt tokens) for a side-by-side comparison;
+   `+nographs` (a diagnostic) runs the batched static runner without CUDA graphs, its ops launched one by one.
 
 A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
 chose, the speedup over stock static), a PNG of tokens/s against B, and a JSON line last.
@@ -33,6 +34,8 @@ chose, the speedup over stock static), a PNG of tokens/s against B, and a JSON l
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import sys
 import time
@@ -54,6 +57,13 @@ def batch_of(prompts: list[torch.Tensor], rows: int) -> torch.Tensor:
     return torch.cat([prompts[i % len(prompts)] for i in range(rows)], dim=0)
 
 
+def first_differences(sequences: torch.Tensor, reference: torch.Tensor, prompt_length: int) -> str:
+    """Where each differing row first leaves the reference ([B, L] both), counted in new tokens: "row: index"."""
+    differ = sequences != reference
+    return ", ".join(f"row {b} at {differ[b].nonzero()[0].item() - prompt_length}"
+                     for b in range(sequences.shape[0]) if differ[b].any())
+
+
 def timed(fn, device) -> tuple[float, object]:
     _sync(device)
     t0 = time.perf_counter()
@@ -62,9 +72,30 @@ def timed(fn, device) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
+@contextlib.contextmanager
+def graphs(model, on: bool):
+    """With `on` False, the batched static runners built inside run without CUDA graphs (the `+nographs` diagnostic):
+    the model's pooled runners are dropped on the way in and out, so no runner crosses the boundary."""
+    if on:
+        yield
+        return
+    from hf_hybrid_spec.engine import batch_static
+
+    init = batch_static.BatchStaticRunner.__init__
+    batch_static._RUNNERS.pop(model, None)
+    batch_static.BatchStaticRunner.__init__ = functools.partialmethod(init, use_graphs=False)
+    try:
+        yield
+    finally:
+        batch_static.BatchStaticRunner.__init__ = init
+        batch_static._RUNNERS.pop(model, None)
+
+
 def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, eagle=None, mtp=None) -> dict:
     """generate kwargs of method `name` (see the module docstring) for a batch whose stock output is `reference`;
     `eagle` the EagleDrafter of the eagle methods, `mtp` the MtpHead of the mtp methods."""
+    if name.endswith("+nographs"):
+        return method_kwargs(name.removesuffix("+nographs"), reference, vocab, max_new, eagle, mtp)
     for mode in ("chunked", "eager"):
         if name.endswith(f"+{mode}"):
             kwargs = method_kwargs(name.removesuffix(f"+{mode}"), reference, vocab, max_new, eagle, mtp)
@@ -204,14 +235,16 @@ def run(argv: list[str] | None = None) -> dict:
         for name in args.drafters:
             kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
                                    args.max_new_tokens, eagle, mtp)
-            model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs)  # warm-up, calibration
-            kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
-                                   args.max_new_tokens, eagle, mtp)  # fresh drafters
-            seconds, out = timed(lambda: model.generate(ids, custom_generate=speculative_generate,
-                                                        return_dict_in_generate=True, **gen, **kwargs), args.device)
+            with graphs(model, not name.endswith("+nographs")):
+                model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs)  # warm-up, calibration
+                kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
+                                       args.max_new_tokens, eagle, mtp)  # fresh drafters
+                seconds, out = timed(lambda: model.generate(ids, custom_generate=speculative_generate,
+                                                            return_dict_in_generate=True, **gen, **kwargs), args.device)
             same = (out.sequences == reference).all(-1).float().mean().item()
             if same < 1.0:
-                gate_failures.append(f"B={rows} {name}: {same:.0%} of rows identical to stock greedy")
+                gate_failures.append(f"B={rows} {name}: {same:.0%} of rows identical to stock greedy "
+                                     f"({first_differences(out.sequences, reference, ids.shape[1])})")
             stats = out.spec_stats
             entry[name] = tokens / seconds
             entry[f"{name}.row_ms_per_token"] = 1000 * seconds / args.max_new_tokens

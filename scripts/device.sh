@@ -52,12 +52,16 @@ case "${1:-}" in
         hvd --sessions-per-workload 6 --repeats 3 --max-minutes 8 --out "$OUT/hvd" ;;
   batch)
     # First the exactness of the captured graphs (B = 1 and 3, both prefills), in fp32 on a tiny model (the gate fails
-    # on any differing row; SKIP_GATE=1 to skip it). BATCH_STAGES="gate bench" by default: gate and bench together can
-    # outrun one device call, so run BATCH_STAGES=gate and BATCH_STAGES=bench as two calls.
+    # on any differing row; SKIP_GATE=1 to skip it): prompts of three chunks of the chunked prefill, which queues chunk
+    # after chunk without a read (the host staging must not be rewritten under a queued copy; its own test first).
+    # GATE_MODEL (e.g. the fixture, "$M"), GATE_SIZES and GATE_DRAFTERS to choose. BATCH_STAGES="gate bench" by
+    # default: gate and bench together can outrun one device call, so run BATCH_STAGES=gate and =bench as two calls.
     GD=${GATE_DRAFTERS:-suffix suffix:eager eagle eagle:fused acceptance:0.8 eagle:fused+eager acceptance:0.8+eager}
-    [[ -z "${SKIP_GATE:-}" && " ${BATCH_STAGES:-gate bench} " == *" gate "* ]] && TAILN=4 run 540 batch_gate \
-        python3 benchmarks/batch_bench.py --model tiny:qwen3_5_text --batch-sizes 1 3 --drafters $GD --prompt-tokens 64 \
-        --max-new-tokens 48
+    if [[ -z "${SKIP_GATE:-}" && " ${BATCH_STAGES:-gate bench} " == *" gate "* ]]; then
+      TAILN=2 run 60 staging_test python3 -P -m pytest -q tests/engine/test_staging.py
+      TAILN=4 run 540 batch_gate python3 benchmarks/batch_bench.py --model "${GATE_MODEL:-tiny:qwen3_5_text}" \
+          --batch-sizes ${GATE_SIZES:-1 3} --drafters $GD --prompt-tokens 160 --max-new-tokens 48 --no-stock-static
+    fi
     [[ " ${BATCH_STAGES:-gate bench} " == *" bench "* ]] || exit 0
     BM=${BATCH_MODEL:-$M}
     if [[ "$BM" == random:* ]]; then BD="acceptance:0.6 acceptance:0.8"; else BD="suffix acceptance:0.8"; fi
