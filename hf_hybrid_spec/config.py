@@ -139,9 +139,10 @@ class AssistantConfig:
             verify forward, 64 tokens at a time (a bucket of its own, not one drafts use), from an empty state (no
             padding in the cache): replays instead of an eager forward whose kernel launches can cost more than a
             short generation's steps. "eager": the prompt in one forward of the model (a batch's left-padded), as
-            stock generate runs it. "auto" (the default): chunked for prompts of at most 512 tokens and 8192 in
-            the call (rows x padded length), else eager (the H200 measured chunked faster up to 32 x 256 tokens; the
-            512 bound is reasoned from what each chain costs, not measured). At batch size 1, a call
+            stock generate runs it. "auto" (the default): chunked for prompts of at most 512 tokens and 16384 in
+            the call (rows x padded length), else eager (the H200 measured chunked faster up to 64 x 256 tokens on
+            falcon_h1-small, 3 ms slower at 64 x 256 on qwen3_5-small; the 512 bound is reasoned from what each
+            chain costs, not measured). At batch size 1, a call
             that continues a cache or has padding, multimodal inputs or asks for the prompt's attentions prefills
             eagerly.
 

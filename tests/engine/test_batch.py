@@ -507,3 +507,12 @@ def test_batches_with_the_chunked_prefill_match_stock(family, name):
         assert torch.equal(out.sequences, ref)
     with pytest.raises(ValueError, match="prefill must be one of"):
         H.AssistantConfig(prefill="lazy")
+
+
+def test_auto_prefill_bounds():
+    # "auto" chunks up to 512-token prompts and 16,384 tokens in the call (measured to 64 x 256 on the H200).
+    from hf_hybrid_spec.engine.backend import chunked_prefill
+
+    assert chunked_prefill("auto", 64, 256) and chunked_prefill("auto", 1, 512) and chunked_prefill("auto", 32, 512)
+    assert not chunked_prefill("auto", 1, 513) and not chunked_prefill("auto", 33, 512)
+    assert chunked_prefill("chunked", 128, 4096) and not chunked_prefill("eager", 1, 16)
