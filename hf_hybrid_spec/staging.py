@@ -42,6 +42,7 @@ class HostStaging:
         """Queue the copy of the flattened buffer's elements `start:end` into `target` (as many elements)."""
         source = self._host.view(-1)[start:end]
         target.view(-1).copy_(source, non_blocking=True)
-        if self._sent is not None:
-            self._sent.record()
+        if self._sent is not None and target.device.type == "cuda":
+            # On the stream the copy went to: the target's device's current stream (not the current device's).
+            self._sent.record(torch.cuda.current_stream(target.device))
             self._pending = True

@@ -85,7 +85,7 @@ class _Bucket:
         self.offsets = offsets  # [R, 1] multimodal RoPE offsets (the runner's, shared by its buckets), or None
         # Every per-step input in one device buffer, so one copy fills it: tokens [n], parent pointers [n] and
         # [prefix_length, root_position] (committed tokens in the cache, the root's position id). The graph reads
-        # the views below; `staging` is its host twin (pinned on CUDA, so the copy is asynchronous).
+        # the views below; `staging` is its host twin (`HostStaging`: pinned on CUDA, the copy asynchronous).
         self.inputs = torch.zeros(2 * n + 2, dtype=torch.long, device=device)
         self.staging = HostStaging(2 * n + 2, device)
         self.tokens = self.inputs[:n].view(1, n)
