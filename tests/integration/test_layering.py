@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 LAYERS = {
     "hf_hybrid_spec.kernels": 0, "hf_hybrid_spec._lazy": 0, "hf_hybrid_spec.registry": 0,
     "hf_hybrid_spec.config": 1, "hf_hybrid_spec.tree": 1, "hf_hybrid_spec.graphs": 1, "hf_hybrid_spec.stopping": 1,
+    "hf_hybrid_spec.staging": 1,
     "hf_hybrid_spec.hub": 1, "hf_hybrid_spec.prompts": 1,
     "hf_hybrid_spec.cache": 2,
     "hf_hybrid_spec.routing": 3, "hf_hybrid_spec.fusion": 3, "hf_hybrid_spec.forward": 3,
