@@ -44,7 +44,7 @@ from transformers.utils import logging
 from ..cache import HybridTreeCache, export_committed, import_committed
 from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext, Drafter, make_drafter
-from ..engine.batch import apply_budget, batch_buckets, batch_tree, measure_verify_cost, verify_rows
+from ..engine.batch import apply_budget, batch_buckets, batch_tree, greedy_rows, measure_verify_cost, verify_rows
 from ..engine.batch_static import BatchStaticBackend, BatchStaticRunner
 from ..engine.budget import cached_cost
 from ..engine.outputs import SpecStats
@@ -202,6 +202,32 @@ class _Active:
         return self.rec.finished[0] or self.length >= self.limit
 
 
+@dataclass
+class _Launched:
+    """A step whose verify forward is queued and not read yet (`ServingEngine.launch`; `finish` reads it).
+
+    Attributes:
+        slots / actives: the running slots and their requests, in the forward's row order. decoding: the rows that
+            decode (the others run a prefill chunk). drafts: each row's draft (a chunk's chain for prefilling rows).
+        rows: the drafts as one batch. tree: the verify tree [rows, n]. logits: the forward's [rows, n, V] (the
+            runner's buffer: valid until this engine's next forward). failed: (slot, error) of requests that failed
+            while drafting. best: the argmax [rows, n] on the host once `ready` (an event; None on the CPU) has
+            fired, when every decoding row is greedy over raw logits. launch_seconds: the forward's launch.
+    """
+
+    slots: list[int]
+    actives: list[_Active]
+    decoding: list[int]
+    drafts: list[DraftTree]
+    rows: DraftBatch
+    tree: VerifyTree
+    logits: torch.Tensor
+    failed: list
+    best: torch.Tensor | None
+    ready: object | None
+    launch_seconds: float
+
+
 class ServingEngine:
     """Continuous batching of `ServingRequest`s on `model` with tree speculation (see the module docstring).
 
@@ -252,6 +278,8 @@ class ServingEngine:
         runner = BatchStaticRunner(model, slots, self.serving.max_total_tokens + self.max_width, buckets,
                                    use_graphs=use_graphs and self.device.type == "cuda")
         self.backend = BatchStaticBackend(model, slots, runner.static_length, buckets, owner=None, runner=runner)
+        # A launched step's argmax, read back by `finish` (one step in flight per engine).
+        self._best_host = torch.zeros(slots * self.max_width, dtype=torch.long, pin_memory=self.device.type == "cuda")
         with torch.inference_mode():
             self.backend.start_empty()
         self.prefixes = PrefixStore(self.serving.prefix_cache_bytes, self.serving.prefix_cache_entries) \
@@ -340,14 +368,22 @@ class ServingEngine:
         return request.generation_config if request.generation_config is not None else self.generation_config
 
     # ------------------------------------------------------------------ the step
-    @torch.inference_mode()
     def step(self) -> list[SpecGenerationOutput]:
         """Admit waiting requests into free slots, then one speculative step of every running request. Returns the
         outputs that changed: finished or failed ones, and streaming ones with new tokens."""
+        updates, launched = self.launch()
+        return updates if launched is None else self.finish(launched)
+
+    @torch.inference_mode()
+    def launch(self) -> tuple[list[SpecGenerationOutput], _Launched | None]:
+        """The first half of `step`: admit waiting requests, draft for every running one, and queue the verify
+        forward without reading it (and, where every decoding request is greedy over raw logits, its argmax's copy to
+        the host). Returns the outputs that changed on admission, and the step to `finish` (None: nothing runs). A
+        `ServingLanes` runs another engine's host work while the device computes this forward."""
         updates: list[SpecGenerationOutput] = []
         self._admit(updates)
         if not self._active:
-            return updates
+            return updates, None
         slots = self.backend.running_slots
         actives = [self._active[s] for s in slots]
         decoding = [row for row, a in enumerate(actives) if a.pending is None]
@@ -380,7 +416,30 @@ class ServingEngine:
         except Exception as error:
             self.backend.abort()
             logger.error("serving: the verify forward failed (%r); failing the running requests", error)
-            return updates + self.fail_all(f"forward failed: {error!r}")
+            return updates + self.fail_all(f"forward failed: {error!r}"), None
+        best = ready = None
+        if decoding and all(actives[row].raw_greedy for row in decoding):
+            # The argmax's copy to the host queued right behind the forward: `finish` waits for this step alone,
+            # not for a forward queued after it.
+            logits = verified.logits
+            flat = self._best_host.view(-1)[: logits.shape[0] * logits.shape[1]].view(logits.shape[0], -1)
+            flat.copy_(logits.argmax(dim=-1), non_blocking=True)
+            best = flat
+            if self.device.type == "cuda":
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(self.device))
+        self.stats.draft_seconds += t1 - t0
+        return updates, _Launched(slots, actives, decoding, drafts, rows, tree, verified.logits, failed, best, ready,
+                                  time.perf_counter() - t1)
+
+    @torch.inference_mode()
+    def finish(self, launched: _Launched) -> list[SpecGenerationOutput]:
+        """The second half of `step`: read the launched step's verification, commit every request's path, record its
+        tokens, and let finished requests leave. Returns the outputs that changed."""
+        t1 = time.perf_counter()
+        slots, actives, decoding, drafts = launched.slots, launched.actives, launched.decoding, launched.drafts
+        failed, updates = launched.failed, []
+        chunk = self.serving.prefill_chunk
         for row in decoding:
             actives[row].drafter.overlap()
         for row, a in enumerate(actives):
@@ -389,15 +448,16 @@ class ServingEngine:
                     a.drafter.prefeed(a.request.input_ids[: len(a.cached) + drafts[row].num_nodes + 1])
                 except Exception as error:
                     failed.append((slots[row], f"drafter failed: {error!r}"))
-        results = self._verify(tree, rows, verified.logits, actives, failed, slots, decoding)
-        last = {row: verified.logits[row : row + 1, drafts[row].num_nodes].to(torch.float32)
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        results = self._verify(launched.tree, launched.rows, launched.logits, actives, failed, slots, decoding,
+                               launched.best)
+        last = {row: launched.logits[row : row + 1, drafts[row].num_nodes].to(torch.float32)
                 for row, a in enumerate(actives) if a.pending is not None and len(a.pending) <= chunk}
-        del verified
         self.backend.commit([r.path for r in results])
         t2 = time.perf_counter()
         self.stats.steps += 1
-        self.stats.draft_seconds += t1 - t0
-        self.stats.verify_seconds += t2 - t1
+        self.stats.verify_seconds += launched.launch_seconds + t2 - t1
         now = t2
         done = []
         bad = dict(failed)
@@ -450,17 +510,26 @@ class ServingEngine:
         self.stats.record_seconds += time.perf_counter() - t2
         return updates
 
+    def abandon(self, launched: _Launched) -> None:
+        """Drop a launched step unread (an engine-wide failure or stop follows): the cache leaves its tree mode."""
+        self.backend.abort()
+
     def _verify(self, tree: VerifyTree, rows: DraftBatch, logits, actives: list[_Active], failed: list,
-                slots: list[int], decoding: list[int]) -> list[VerifyResult]:
+                slots: list[int], decoding: list[int], best: torch.Tensor | None = None) -> list[VerifyResult]:
         """Each running request's result: a prefill chunk's whole chain; the verified path of a decoding request
         (root only for one that failed this step: its slot commits nothing that anyone keeps). `rows` are the step's
-        drafts, one row per running request."""
+        drafts, one row per running request; `best` the logits' argmax [rows, n] on the host, when `launch` copied
+        it (every decoding request greedy over raw logits)."""
         drafts = rows.drafts
         results: list[VerifyResult | None] = [
             None if a.pending is None else VerifyResult(path=list(range(d.num_nodes + 1)), tokens=torch.zeros(0),
                                                         score_nodes=[], token_list=[])
             for a, d in zip(actives, drafts)]
         if not decoding:
+            return results
+        if best is not None:
+            for row, result in zip(decoding, greedy_rows(rows.take(decoding), best[torch.tensor(decoding)])):
+                results[row] = result
             return results
         if all(actives[row].raw_greedy for row in decoding):
             if len(decoding) < len(actives):

@@ -43,11 +43,11 @@ def test_pinned_buffers_are_staged_or_read_back():
     # A pinned host buffer copied to the device with `non_blocking=True` and rewritten by the host can send its newer
     # contents (the race `HostStaging` closes, which no CPU test can show). So the package pins memory in two places
     # only: HostStaging, and the device-to-host buffers that the loops read after an event (plain steps, the pipelined
-    # step's results). A new pinned buffer belongs in one of the two.
+    # step's results, a serving step's argmax). A new pinned buffer belongs in one of the two.
     from pathlib import Path
 
     import hf_hybrid_spec
 
     root = Path(hf_hybrid_spec.__file__).parent
     pinning = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if "pin_memory=" in p.read_text())
-    assert pinning == ["engine/pipeline.py", "engine/plain.py", "staging.py"]
+    assert pinning == ["engine/pipeline.py", "engine/plain.py", "serving/engine.py", "staging.py"]
