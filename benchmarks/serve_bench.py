@@ -12,7 +12,9 @@ the moment call i returns, its prompt the token ids of call i's prompt, call i's
   time in arrival order, the way a user without a batching engine serves;
 - `cb`: our continuous batching with speculation off (every step a plain decode step over the running requests);
 - `cb+spec`: our continuous batching with tree speculation (`AssistantConfig()` as it comes), prefix reuse on;
-- `cb+spec-noreuse`: the same without the prefix store (what reuse saves on follow-up calls' time to first token).
+- `cb+spec-noreuse`: the same without the prefix store (what reuse saves on follow-up calls' time to first token);
+- `cb+spec-lanes2`: `cb+spec` with the slots split between two engines stepped in turn (`ServingConfig(lanes=2)`:
+  one's host work while the device runs the other's forward).
 
 First a correctness gate (each CB method's greedy replies against plain `generate` on the same prompts: exact in fp32;
 bf16 reports the share of identical replies), an untimed pass over the sessions (autotuning and compiles of every
@@ -46,7 +48,7 @@ from hf_hybrid_spec.serving import ContinuousBatchingManager, ServingConfig
 
 logger = logging.get_logger(__name__)
 
-METHODS = ("stock", "cb", "cb+spec", "cb+spec-noreuse")
+METHODS = ("stock", "cb", "cb+spec", "cb+spec-noreuse", "cb+spec-lanes2")
 
 
 @dataclass
@@ -191,7 +193,8 @@ def summarize(calls: list[Call]) -> dict:
 def make_manager(model, method: str, prefill: str, args, gen: GenerationConfig) -> ContinuousBatchingManager:
     serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens,
                             prefix_cache_bytes=0 if method in ("cb", "cb+spec-noreuse") else args.prefix_cache_mb << 20,
-                            speculation=method != "cb", prefill=prefill, prefill_chunk=args.prefill_chunk)
+                            speculation=method != "cb", prefill=prefill, prefill_chunk=args.prefill_chunk,
+                            lanes=2 if method.endswith("-lanes2") else 1)
     return ContinuousBatchingManager(model, AssistantConfig(global_cache=False), serving, gen)
 
 

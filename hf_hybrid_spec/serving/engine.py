@@ -79,6 +79,8 @@ class ServingConfig:
             forward of its own (with `batch_prefill`, shared with those joining at the same time) before it decodes
             and the running requests wait (slower on the H200 in both time to first token and time per output
             token: docs/benchmarks.md).
+        lanes: engines the slots are split between, stepped in turn so that one's host work runs while the device
+            computes another's forward (`serving.lanes.ServingLanes`, built by `make_engine`; 1: one engine).
     """
 
     max_slots: int = 8
@@ -89,11 +91,15 @@ class ServingConfig:
     batch_prefill: bool = True
     prefill: str = "chunked"
     prefill_chunk: int = 64
+    lanes: int = 1
 
     def __post_init__(self):
         if self.max_slots < 1 or self.max_total_tokens < 2:
             raise ValueError(f"ServingConfig needs max_slots >= 1 and max_total_tokens >= 2, got {self.max_slots}, "
                              f"{self.max_total_tokens}")
+        if not 1 <= self.lanes <= self.max_slots:
+            raise ValueError(f"ServingConfig needs 1 <= lanes <= max_slots, got lanes={self.lanes}, max_slots="
+                             f"{self.max_slots}")
         if self.prefill not in ("eager", "chunked") or self.prefill_chunk < 2:
             raise ValueError(f"ServingConfig needs prefill 'eager' or 'chunked' and prefill_chunk >= 2, got "
                              f"{self.prefill!r}, {self.prefill_chunk}")
@@ -265,6 +271,9 @@ class ServingEngine:
         finally:
             probe.release()
         self.serving = serving_config or ServingConfig()
+        if self.serving.lanes > 1:
+            raise ValueError("a ServingEngine is one lane: build ServingConfig(lanes > 1) with "
+                             "hf_hybrid_spec.serving.make_engine (or ServingLanes)")
         head = model.get_output_embeddings()
         self.vocab_size = head.weight.shape[0] if head is not None else model.config.get_text_config().vocab_size
         self.generation_config = generation_config or model.generation_config

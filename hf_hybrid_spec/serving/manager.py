@@ -28,7 +28,8 @@ from transformers.generation.continuous_batching.requests import RequestStatus
 from transformers.utils import logging
 
 from ..config import AssistantConfig
-from .engine import ServingConfig, ServingEngine, ServingRequest, SpecGenerationOutput
+from .engine import ServingConfig, ServingRequest, SpecGenerationOutput
+from .lanes import make_engine
 
 logger = logging.get_logger(__name__)
 
@@ -41,13 +42,13 @@ class ContinuousBatchingManager:
     """Requests in, results out, the engine on a background thread (see the module docstring).
 
     Args: those of `ServingEngine` (`model`, `assistant_config`, `serving_config`, `generation_config`,
-    `draft_model`).
+    `draft_model`); `serving_config.lanes` > 1 runs `ServingLanes`.
     """
 
     def __init__(self, model: nn.Module, assistant_config: AssistantConfig | None = None,
                  serving_config: ServingConfig | None = None, generation_config: GenerationConfig | None = None,
                  draft_model: nn.Module | None = None):
-        self.engine = ServingEngine(model, assistant_config, serving_config, generation_config, draft_model)
+        self.engine = make_engine(model, assistant_config, serving_config, generation_config, draft_model)
         self._inbox: queue.Queue = queue.Queue()
         self._cond = threading.Condition()
         self._finished: OrderedDict[str, SpecGenerationOutput] = OrderedDict()
@@ -234,7 +235,7 @@ def generate_batch(model: nn.Module, inputs: list[list[int]], generation_config:
         new = max_new_tokens if max_new_tokens is not None else (gen.max_new_tokens or 0)
         serving_config = ServingConfig(max_slots=min(len(inputs), ServingConfig.max_slots),
                                        max_total_tokens=max(longest + max(new, 1), 2))
-    engine = ServingEngine(model, assistant_config, serving_config, generation_config, draft_model)
+    engine = make_engine(model, assistant_config, serving_config, generation_config, draft_model)
     results: dict[str, SpecGenerationOutput] = {}
     for i, ids in enumerate(inputs):
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)

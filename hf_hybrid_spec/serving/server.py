@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the longest request (prompt and new tokens)")
     parser.add_argument("--prefix-cache-mb", type=int, default=ServingConfig.prefix_cache_bytes >> 20,
                         help="the bound on prefix-reuse states (0: off)")
+    parser.add_argument("--lanes", type=int, default=ServingConfig.lanes,
+                        help="engines the slots are split between, stepped in turn (ServingConfig.lanes)")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
         config = AssistantConfig.from_dict(json.loads(text)) if text.startswith("{") else \
             AssistantConfig.from_pretrained(text)
     serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens,
-                            prefix_cache_bytes=args.prefix_cache_mb << 20)
+                            prefix_cache_bytes=args.prefix_cache_mb << 20, lanes=args.lanes)
     manager = ContinuousBatchingManager(model, config, serving)
     uvicorn.run(create_app(manager, tokenizer, args.served_model_name or args.model), host=args.host, port=args.port)
 
