@@ -154,28 +154,55 @@ class SuffixTrie:
         # this sequence's suffix ending at the previous token (it occurred once: here), so its child is implicit too;
         # and every longer suffix occurred at most as often, so the active nodes after the first implicit one are
         # implicit as well: their children are all `here`, appended at once.
-        nodes = (0, *active[: self.depth - 1])
+        # `_set_child` and `_alloc` are inlined below (a few calls per token were a fifth of the time).
+        NONE, MANY, many = self._NONE, self._MANY, self._many
+        free, max_depth = self._free, self.depth
+        nodes = (0, *active[: max_depth - 1])
         for depth, node in enumerate(nodes, start=1):
             if node < 0:
                 new.extend([here] * (len(nodes) - depth + 1))
                 break
             kt = kid_token[node]
-            child = kid[node] if kt == token else (self._many[node].get(token) if kt == self._MANY else None)
+            if kt == token:
+                child = kid[node]
+            elif kt == MANY:
+                child = many[node].get(token)
+            else:
+                child = None
             if child is None:
                 child = here
-                self._set_child(node, token, child)
+                if kt == NONE:
+                    kid_token[node], kid[node] = token, here
+                elif kt == MANY:
+                    many[node][token] = here
+                else:
+                    many[node] = {kt: kid[node], token: here}
+                    kid_token[node] = MANY
             elif child >= 0:
                 count[child] += 1
             else:
                 # The substring occurred once before: it becomes an explicit node, that occurrence's continuation its
                 # (implicit) child.
-                old_seq, old_pos = self._where(child)
-                child = self._alloc(2)
+                code = -child - 1
+                old_seq, old_pos = code >> 32, code & 0xFFFFFFFF
+                if free:
+                    child = free.pop()
+                    count[child], total[child], kid_token[child] = 2, 0, NONE
+                else:
+                    child = len(count)
+                    count.append(2)
+                    total.append(0)
+                    kid_token.append(NONE)
+                    kid.append(0)
                 old = self._seqs[old_seq]
-                if depth < self.depth and old_pos + 1 < len(old):
-                    self._set_child(child, old[old_pos + 1], self._implicit(old_seq, old_pos + 1))
+                if depth < max_depth and old_pos + 1 < len(old):
+                    kid_token[child] = old[old_pos + 1]
+                    kid[child] = -((old_seq << 32) | (old_pos + 1)) - 1  # _implicit(old_seq, old_pos + 1)
                     total[child] = 1
-                self._set_child(node, token, child)
+                if kt == token:
+                    kid[node] = child
+                else:
+                    many[node][token] = child
             total[node] += 1
             append(child)
         return new
