@@ -69,9 +69,9 @@ case "${1:-}" in
         --batch-sizes ${BATCH_SIZES:-1 4 8 16 32 64} --drafters ${BATCH_DRAFTERS:-$BD} --dtype bfloat16 \
         --prompt-tokens 256 --max-new-tokens 128 --allow-mismatch ${BATCH_ARGS:-} --out "$OUT/${BATCH_OUT:-batch}" ;;
   serve)
-    # The serving engine's captured graphs first, in fp32 on the fixture: every gate reply identical to plain generate.
-    # SERVE_STAGES="gate bench" by default (each stage fits one device call on its own).
-    [[ " ${SERVE_STAGES:-gate bench} " == *" gate "* ]] && TAILN=4 run 240 serve_gate python3 benchmarks/serve_bench.py \
+    # The serving engine's captured graphs first, in fp32 on the fixture: every gate reply of every CB method (lanes
+    # included) identical to plain generate. SERVE_STAGES="gate bench" by default (each stage fits one device call).
+    [[ " ${SERVE_STAGES:-gate bench} " == *" gate "* ]] && TAILN=4 run 330 serve_gate python3 benchmarks/serve_bench.py \
         --model "$M" --dtype float32 --sessions 4 --rates 8 --methods cb+spec --max-new-tokens 32 \
         --max-total-tokens 1280 --gate 4 ${SERVE_ARGS:-}
     [[ " ${SERVE_STAGES:-gate bench} " == *" bench "* ]] && TAILN=${TAILN:-18} CUTC=400 run "${SERVE_SECONDS:-540}" serve \
