@@ -209,18 +209,32 @@ class SuffixTrie:
 
     def follow(self, active: list[int], token: int) -> list[int]:
         """Like `extend` but read-only: the nodes of the context's suffixes that exist in the trie."""
-        new = []
-        for depth, node in enumerate((0, *active[: self.depth - 1]), start=1):
-            if node >= 0:
-                child = self._child(node, token)
+        # An active list is explicit nodes, then implicit ones that are all one reference (a suffix that occurred
+        # once, and every longer one, end at the same position of the same sequence): the first implicit node's
+        # continuation decides the whole tail. Reads tolerate a concurrent writer (see `children`).
+        new: list[int] = []
+        append = new.append
+        kid_token, kid, many, MANY = self._kid_token, self._kid, self._many, self._MANY
+        nodes = (0, *active[: self.depth - 1])
+        for depth, node in enumerate(nodes, start=1):
+            if node < 0:
+                code = -node - 1
+                tokens = self._seqs.get(code >> 32, ())
+                pos = code & 0xFFFFFFFF
+                if pos + 1 < len(tokens) and tokens[pos + 1] == token:
+                    new.extend([node - 1] * (len(nodes) - depth + 1))  # node - 1 is (seq, pos + 1)
+                break
+            kt = kid_token[node]
+            if kt == token:
+                child = kid[node]
+            elif kt == MANY:
+                child = many.get(node, {}).get(token)
             else:
-                seq, pos = self._where(node)
-                tokens = self._seqs.get(seq, ())
-                child = node - 1 if pos + 1 < len(tokens) and tokens[pos + 1] == token else None
+                child = None
             if child is None:
                 # If the (k+1)-gram is absent, so is every longer one (its suffix would be present).
                 break
-            new.append(child)
+            append(child)
         return new
 
     def active_after(self, tokens) -> list[int]:
