@@ -104,16 +104,6 @@ class SuffixTrie:
             return self._many.get(node, {}).get(token)
         return None
 
-    def _set_child(self, node: int, token: int, child: int) -> None:
-        kt = self._kid_token[node]
-        if kt == self._NONE or kt == token:
-            self._kid_token[node], self._kid[node] = token, child
-        elif kt == self._MANY:
-            self._many[node][token] = child
-        else:
-            self._many[node] = {kt: self._kid[node], token: child}
-            self._kid_token[node] = self._MANY
-
     def _del_child(self, node: int, token: int) -> None:
         kt = self._kid_token[node]
         if kt == token:
@@ -125,17 +115,6 @@ class SuffixTrie:
             (kt, child), = many.items()
             del self._many[node]
             self._kid_token[node], self._kid[node] = kt, child
-
-    def _alloc(self, count: int) -> int:
-        if self._free:
-            n = self._free.pop()
-            self._count[n], self._total[n], self._kid_token[n] = count, 0, self._NONE
-            return n
-        self._count.append(count)
-        self._total.append(0)
-        self._kid_token.append(self._NONE)
-        self._kid.append(0)
-        return len(self._count) - 1
 
     # ------------------------------------------------------------------ building
     def extend(self, active: list[int], token: int, seq: int = 0) -> list[int]:
@@ -154,7 +133,8 @@ class SuffixTrie:
         # this sequence's suffix ending at the previous token (it occurred once: here), so its child is implicit too;
         # and every longer suffix occurred at most as often, so the active nodes after the first implicit one are
         # implicit as well: their children are all `here`, appended at once.
-        # `_set_child` and `_alloc` are inlined below (a few calls per token were a fifth of the time).
+        # A node's child set and a new node's allocation are written inline (calls per token were a fifth of the
+        # time): one child in `_kid_token` / `_kid`, several in `_many`; released ids in `_free` reused first.
         NONE, MANY, many = self._NONE, self._MANY, self._many
         free, max_depth = self._free, self.depth
         nodes = (0, *active[: max_depth - 1])
