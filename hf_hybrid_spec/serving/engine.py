@@ -308,6 +308,15 @@ class ServingEngine:
     def running(self) -> int:
         return len(self._active)
 
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a slot."""
+        return len(self._waiting)
+
+    def holds(self, request_id: str) -> bool:
+        """Whether a request of that id waits or runs here."""
+        return request_id in self._ids
+
     def add(self, request: ServingRequest) -> SpecGenerationOutput:
         """Queue `request`. Returns its output: PENDING, or FAILED with `error` set when the request is invalid (it
         never reaches a slot)."""
@@ -524,11 +533,11 @@ class ServingEngine:
         self.backend.abort()
 
     def _verify(self, tree: VerifyTree, rows: DraftBatch, logits, actives: list[_Active], failed: list,
-                slots: list[int], decoding: list[int], best: torch.Tensor | None = None) -> list[VerifyResult]:
+                slots: list[int], decoding: list[int], best: torch.Tensor | None) -> list[VerifyResult]:
         """Each running request's result: a prefill chunk's whole chain; the verified path of a decoding request
         (root only for one that failed this step: its slot commits nothing that anyone keeps). `rows` are the step's
-        drafts, one row per running request; `best` the logits' argmax [rows, n] on the host, when `launch` copied
-        it (every decoding request greedy over raw logits)."""
+        drafts, one row per running request; `best` the logits' argmax [rows, n] on the host, which `launch` copies
+        whenever every decoding request is greedy over raw logits (else None: each request's own rule)."""
         drafts = rows.drafts
         results: list[VerifyResult | None] = [
             None if a.pending is None else VerifyResult(path=list(range(d.num_nodes + 1)), tokens=torch.zeros(0),
@@ -538,17 +547,6 @@ class ServingEngine:
             return results
         if best is not None:
             for row, result in zip(decoding, greedy_rows(rows.take(decoding), best[torch.tensor(decoding)])):
-                results[row] = result
-            return results
-        if all(actives[row].raw_greedy for row in decoding):
-            if len(decoding) < len(actives):
-                index = torch.tensor(decoding)
-                tree = VerifyTree(tokens=tree.tokens[index], parent=tree.parent[index])
-                logits = logits.index_select(0, index.to(logits.device))
-            found = verify_rows(tree, rows.take(decoding), logits,
-                                [actives[row].ids() for row in decoding], actives[decoding[0]].verifier,
-                                [None] * len(decoding), True)
-            for row, result in zip(decoding, found):
                 results[row] = result
             return results
         for row in decoding:
