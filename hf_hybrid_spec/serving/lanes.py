@@ -87,17 +87,17 @@ class ServingLanes:
 
     def add(self, request: ServingRequest) -> SpecGenerationOutput:
         """Queue `request` in the lane with the fewest requests (see `ServingEngine.add`)."""
-        if any(request.request_id in e._ids for e in self.engines):
+        if any(e.holds(request.request_id) for e in self.engines):
             output = SpecGenerationOutput(request_id=request.request_id, prompt_ids=list(request.input_ids))
             return ServingEngine._fail_output(output, f"request id {request.request_id!r} is already in use")
-        lane = min(self.engines, key=lambda e: len(e._waiting) + e.running)
+        lane = min(self.engines, key=lambda e: e.waiting + e.running)
         return lane.add(request)
 
     def cancel(self, request_id: str) -> SpecGenerationOutput | None:
         """Drop a waiting or running request (see `ServingEngine.cancel`); its lane's step in flight is finished
         first (its outputs come with the next `step`)."""
         for i, engine in enumerate(self.engines):
-            if request_id in engine._ids:
+            if engine.holds(request_id):
                 if self._launched[i] is not None:
                     self._held += engine.finish(self._launched[i])
                     self._launched[i] = None

@@ -45,7 +45,7 @@ def test_lanes_split_the_slots_and_sum_their_statistics():
     inputs = prompts(6, seed=12)
     for i, ids in enumerate(inputs):
         engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=7))
-    assert sorted(len(e._waiting) for e in engine.engines) == [3, 3]  # the emptier lane first
+    assert sorted(e.waiting for e in engine.engines) == [3, 3]  # the emptier lane first
     done = drain(engine)
     for i, ids in enumerate(inputs):
         assert done[f"r{i}"].generated_tokens == plain(model, ids, 7)
@@ -109,12 +109,12 @@ def test_a_follow_up_finds_its_state_in_another_lane():
                          ServingConfig(max_slots=2, max_total_tokens=128, lanes=2), greedy_config())
     ids = prompts(1, seed=15)[0]
     engine.add(ServingRequest("t0", ids, max_new_tokens=8))
-    assert "t0" in engine.engines[0]._ids
+    assert engine.engines[0].holds("t0")
     first = drain(engine)["t0"]
     follow = ids + first.generated_tokens + [7, 8, 9]
     engine.add(ServingRequest("busy", prompts(2, seed=16)[1], max_new_tokens=20))  # lane 0 (both empty: the first)
     engine.add(ServingRequest("t1", follow, max_new_tokens=8))
-    assert "t1" in engine.engines[1]._ids
+    assert engine.engines[1].holds("t1")
     second = drain(engine)["t1"]
     assert second.generated_tokens == plain(model, follow, 8)
     assert second.reused_prefix_tokens == len(ids) + 8 - 1
