@@ -90,8 +90,9 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
     running row, so the host knows every row's next length without reading anything, and the next step's roots are
     the last step's argmax on the device. The host's bookkeeping (records, stopping criteria, statistics) of step t
     then runs while the device computes step t + 1, and so does `recorded(rows, tokens)` (optional) after each step's
-    records: the rows it recorded a token for and those tokens (a drafter's catch-up on them, no device read). A row that stops at step t has had step t + 1
-    computed too; that token lands past its end (its slot is never read again) and is not recorded."""
+    records: the rows it recorded a token for and those tokens (a drafter's catch-up on them, no device read). A row
+    that stops at step t has had step t + 1 computed too; that token lands past its end (its slot is never read
+    again) and is not recorded."""
     runner = backend.runner
     rows, device = runner.rows, runner.device
     pinned = device.type == "cuda"
