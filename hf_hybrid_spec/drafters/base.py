@@ -177,6 +177,16 @@ class Drafter(ABC):
     def accept(self, input_ids: torch.Tensor, result: VerifyResult, hidden: TargetHidden | None = None) -> None:
         """The target committed `result.tokens`; `input_ids` [1, L'] is the whole committed sequence."""
 
+    @property
+    def ready(self) -> bool:
+        """Whether `propose` could draft without first catching up on bookkeeping it deferred (`settle`)."""
+        return True
+
+    def settle(self, stop: Callable[[], bool] | None = None) -> bool:
+        """Do deferred bookkeeping now, with `stop` (checked now and then) until it returns True; returns `ready`.
+        A batch calls it in the host's idle time (`PerRowDrafters.idle`); `propose` must not rely on it."""
+        return True
+
     def catch_up(self, tokens: list[int]) -> None:
         """Only for a drafter that `catches_up`: `tokens` (host ints, in order) were committed right after the last
         tokens it saw (by `begin`, `accept` or `catch_up`), by steps it was not asked to draft for. Default: nothing

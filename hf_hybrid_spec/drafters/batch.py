@@ -17,13 +17,14 @@ batch instead of one per row.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ..tree import DraftBatch, VerifyResult
+from ..tree import DraftBatch, VerifyResult, empty_draft
 from .base import DraftBudget, DraftContext, Drafter, TargetHidden, propose_within
 
 __all__ = ["BatchHidden", "BatchDrafter", "PerRowDrafters", "RowTokens"]
@@ -119,6 +120,14 @@ class BatchDrafter(ABC):
         """For a drafter that `catches_up`: row `rows[i]` committed `tokens[i]` (host ints) right after the last tokens
         the drafter saw, in steps it drafted nothing for."""
 
+    def idle(self, busy: Callable[[], bool]) -> None:
+        """The host has nothing to do while `busy()` (the device computes a step it launched): deferred bookkeeping
+        may run until it returns False."""
+
+    def limit_host(self, seconds: float | None) -> None:
+        """From now on, the host time `propose` may spend on bookkeeping it deferred before drafting, per call (rows
+        not caught up within it draft nothing this step); None: no limit (every row drafts from all it saw)."""
+
     def end(self, ids: list[torch.Tensor]) -> None:
         """The batch finished; `ids[b]` is row b's committed tokens."""
 
@@ -140,14 +149,37 @@ class PerRowDrafters(BatchDrafter):
         self.target_hidden_layers = tuple(self.drafters[0].target_hidden_layers)
         self.ask_empty = ask_empty
         self.catches_up = all(drafter.catches_up for drafter in self.drafters)
+        self.host_limit: float | None = None  # `limit_host`
 
     def begin(self, prompts: list[torch.Tensor], context: DraftContext, hidden: BatchHidden | None) -> None:
         for b, (drafter, prompt) in enumerate(zip(self.drafters, prompts)):
             drafter.begin(prompt, context, None if hidden is None else hidden.row(b))
 
     def propose(self, rows: list[int], ids: RowTokens, budgets: list[DraftBudget]) -> DraftBatch:
+        if self.host_limit is not None and not self.ask_empty:
+            # A row whose drafter still has deferred bookkeeping (a suffix trie not yet over its whole prompt) settles
+            # within what is left of the limit, or drafts nothing this step: its bookkeeping waits for idle time.
+            deadline = time.perf_counter() + self.host_limit
+            stop = lambda: time.perf_counter() > deadline  # noqa: E731
+            late = [b for b in rows if not self.drafters[b].ready and not self.drafters[b].settle(stop)]
+            if late:
+                skip = set(late)
+                return DraftBatch.from_drafts([
+                    empty_draft(1) if b in skip else propose_within(self.drafters[b], row_ids, budget, self.ask_empty)
+                    for b, row_ids, budget in zip(rows, ids, budgets)])
         return DraftBatch.from_drafts([propose_within(self.drafters[b], row_ids, budget, self.ask_empty)
                                        for b, row_ids, budget in zip(rows, ids, budgets)])
+
+    def idle(self, busy: Callable[[], bool]) -> None:
+        stop = lambda: not busy()  # noqa: E731
+        for drafter in self.drafters:
+            if drafter.ready:
+                continue
+            if stop() or not drafter.settle(stop):
+                return
+
+    def limit_host(self, seconds: float | None) -> None:
+        self.host_limit = seconds
 
     def overlap(self) -> None:
         for drafter in self.drafters:

@@ -16,6 +16,7 @@ import itertools
 import threading
 from array import array
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -468,7 +469,10 @@ class SuffixDrafter(Drafter):
         self.global_cache: GlobalSuffixCache | None = None
         self._local_active: list[int] = []
         self._global_active: list[int] = []
-        self._seen = 0  # tokens of the request fed to the tries
+        self._seen = 0  # tokens of the request received (fed to the tries, or pending)
+        # Tokens received but not yet in the request's trie (`settle` feeds them): a batch may leave a row's
+        # bookkeeping to the host's idle time (`PerRowDrafters.limit_host`); `propose` always settles first.
+        self._pending: list[int] = []
         self._prompt_length = 0
         self._ahead = False  # `local` holds tokens of the coming prompt (adopted or prefed) before `begin`
 
@@ -494,8 +498,7 @@ class SuffixDrafter(Drafter):
                 if taken is not None:
                     self.local, start = taken
                     self._local_active = self.local.active_after(tokens[:start])
-        for t in tokens[start:]:
-            self._local_active = self.local.extend(self._local_active, t)
+        self._pending = tokens[start:]  # the request trie's prompt tokens: `settle`, or the first `propose`
         if self.global_cache is not None:
             self._global_active = self.global_cache.trie.active_after(tokens)
         self._seen = len(tokens)
@@ -508,6 +511,7 @@ class SuffixDrafter(Drafter):
 
     def prefeed(self, tokens: list[int]) -> None:
         """Extend the trie with the tokens of `tokens` past those it holds (`begin` checks that they agree)."""
+        self.settle()
         if not self._ahead:
             self.local, self._local_active, self._ahead = SuffixTrie(self.local.depth), [], True
         for t in tokens[len(self.local.sequence(0)) :]:
@@ -535,26 +539,56 @@ class SuffixDrafter(Drafter):
         tokens = input_ids[0].tolist()
         if self._seen < len(tokens):
             self._feed(tokens[self._seen :])
+        self.settle()
         if self.global_cache is not None:
             self.global_cache.add(tokens[self._prompt_length :])
 
     def _give_up(self) -> SuffixTrie:
         """The request trie, now the caller's: this drafter starts from an empty one if it begins again."""
         trie, self.local, self._local_active, self._seen = self.local, SuffixTrie(self.local.depth), [], 0
+        self._pending = []
         return trie
 
     def _feed(self, tokens: list[int]) -> None:
-        for t in tokens:
-            self._local_active = self.local.extend(self._local_active, t)
-            if self.global_cache is not None:
-                self._global_active = self.global_cache.trie.follow(self._global_active, t)
+        """Tokens committed after those seen: the process-wide trie's context follows them now (cheap, read-only);
+        the request trie takes them when `settle` runs (at the latest, the next `propose`)."""
+        if self.global_cache is not None:
+            follow, active = self.global_cache.trie.follow, self._global_active
+            for t in tokens:
+                active = follow(active, t)
+            self._global_active = active
+        self._pending.extend(tokens)
         self._seen += len(tokens)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the request trie holds every token seen (`propose` would not have to `settle` first)."""
+        return not self._pending
+
+    def settle(self, stop: Callable[[], bool] | None = None) -> bool:
+        """Extend the request trie with the pending tokens, in order; with `stop`, checked every few tokens, only
+        until it returns True. Returns whether none is left."""
+        pending = self._pending
+        if not pending:
+            return True
+        extend, active, done = self.local.extend, self._local_active, 0
+        step = len(pending) if stop is None else 16
+        while done < len(pending):
+            for t in pending[done : done + step]:
+                active = extend(active, t)
+            done = min(done + step, len(pending))
+            if stop is not None and done < len(pending) and stop():
+                break
+        self._local_active = active
+        del pending[:done]
+        return not pending
 
     # ------------------------------------------------------------------ drafting
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
         if input_ids.shape[1] != self._seen:
             # The loop always calls accept() first; resynchronize if a caller did not.
             self._feed(input_ids[0, self._seen :].tolist())
+        self.settle()
         best = None
         sources = [("request", self.local, self._local_active)]
         if self.global_cache is not None:

@@ -109,6 +109,7 @@ def decode_batch(request: Request):
         else:
             out = backend.prefill(input_ids, mask, positions)
         logits = out.logits[:, -1].to(dtype=torch.float32)
+        prefilled = _launched(device)  # the prefill is queued, not read: the drafter's set-up may run meanwhile
         scores = processors(input_ids, logits.clone()) if processors else logits
         draft_forward = partial(_draft_forward, backend) if isinstance(backend, BatchEagerBackend) else None
         context = DraftContext(model, backend.cache, request.adapter, gen, None, draft_forward)
@@ -117,6 +118,7 @@ def decode_batch(request: Request):
             hidden = BatchHidden(layers, tuple(out.hidden_states[i] for i in layers), pads,
                                  [prompt_length - p for p in pads])
         drafter.begin([input_ids[b : b + 1, pads[b] :] for b in range(rows)], context, hidden)
+        drafter.idle(prefilled)  # what it deferred of its set-up (suffix tries over prompts) while the prefill runs
         # Each row's first token as the row alone would get it (an arbitrated rule asks the row's own drafter).
         firsts = [verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1, pads[b] :], _row_drafter(
             drafter, b), context, None, _row_outputs(out, b, verifier), node_budget)) for b in range(rows)]
@@ -162,6 +164,11 @@ def decode_batch(request: Request):
         while running:
             limit = rec.limit(gen.max_length)
             t0 = time.perf_counter()
+            if payoff is not None:
+                # Until drafting has paid for its steps, the drafter's deferred bookkeeping (a row's suffix trie over
+                # its prompt and what plain runs committed) gets a plain step's time per step and the host's idle
+                # time: a batch whose drafts do not pay must not pay for their bookkeeping either.
+                drafter.limit_host(None if payoff.proven() else cost(1))
             if node_budget > 0:
                 budgets = [DraftBudget(max_nodes=node_budget, max_depth=min(config.max_depth, limit - rec.lengths[b] - 1))
                            for b in running]
@@ -173,7 +180,8 @@ def decode_batch(request: Request):
             attentions = None  # each row's attention rows, when asked for (the verify step below)
             if fast_plain and not any(drafts.counts):
                 # No row drafts: a plain step without the tree machinery (`engine.plain`).
-                news, on_device = plain_step(backend, [rec.host[b][-1] for b in running], drafter.overlap)
+                news, on_device = plain_step(backend, [rec.host[b][-1] for b in running],
+                                             lambda: (drafter.overlap(), drafter.idle(_launched(device))))
                 results = [VerifyResult(path=[0], tokens=on_device[i : i + 1], score_nodes=[0], token_list=[t])
                            for i, t in enumerate(news)]
                 hidden = None
@@ -182,6 +190,7 @@ def decode_batch(request: Request):
                 verified = backend.forward(tree)
                 try:
                     drafter.overlap()
+                    drafter.idle(_launched(device))
                     chosen = [] if kept is not None else None
                     results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
                                           [per_row[b] for b in running], raw_greedy, chosen,
@@ -244,15 +253,25 @@ def decode_batch(request: Request):
                                         attentions=attentions, spec_stats=stats, **{CACHE_FIELD: None})
 
 
+def _launched(device: torch.device):
+    """`busy()` for the device's work queued so far: True while it computes (never on the CPU, where it has run)."""
+    if device.type != "cuda":
+        return lambda: False
+    event = torch.cuda.Event()
+    event.record()
+    return lambda: not event.query()
+
+
 def _plain_run(drafter, backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
                row_stats: list[SpecStats], length: int) -> list[int]:
     """`length` plain steps without the drafter (`engine.plain`); the drafter catches up on each step's tokens while
     the device runs the next. Returns the rows that still run."""
     spent = [0.0]
 
-    def catch_up(rows: list[int], tokens: list[int]) -> None:
+    def catch_up(rows: list[int], tokens: list[int], busy) -> None:
         t0 = time.perf_counter()
         drafter.catch_up(rows, [[t] for t in tokens])
+        drafter.idle(busy)  # deferred bookkeeping while the device computes the next step
         spent[0] += time.perf_counter() - t0
 
     run = plain_steps(backend, rec, running, max_length, stats, row_stats, max_steps=length, recorded=catch_up)

@@ -299,6 +299,11 @@ class DraftingPayoff:
         """Whether the steps observed since the last `restart` commit more per second than plain steps would."""
         return self.rate is None or self.rate >= (1.0 + self.slack) / self.cost(1)
 
+    def proven(self) -> bool:
+        """Whether the steps observed since the last `restart` have shown that drafting pays (`pays` also gives the
+        benefit of the doubt before any step)."""
+        return self.rate is not None and self.pays()
+
     def restart(self) -> None:
         """After a run of plain steps: the next drafting step's own numbers decide (the text may have changed); what a
         step costs beyond its forward is kept."""

@@ -220,3 +220,69 @@ def test_drafters_that_cannot_catch_up_are_never_left_out(monkeypatch):
     stats = out.spec_stats
     assert stats.plain_steps == 1 and all(d.proposals == stats.target_forwards - 1 for d in drafters), (
         stats.plain_steps, stats.target_forwards, [d.proposals for d in drafters])
+
+
+def test_deferred_suffix_bookkeeping_drafts_what_feeding_at_once_drafts():
+    """A suffix drafter queues what it sees (the prompt at `begin`, committed tokens at `accept` / `catch_up`) and
+    extends its trie in `settle`, a part at a time under `stop`; its drafts are those of the tries fed at once."""
+    g = torch.Generator().manual_seed(4)
+    pattern = torch.randint(3, VOCAB, (7,), generator=g)
+    tokens = torch.cat([pattern.repeat(9), torch.randint(3, VOCAB, (5,), generator=g), pattern[:3]]).view(1, -1)
+    budget = DraftBudget(max_nodes=8, max_depth=4)
+    eager, lazy = SuffixDrafter(use_global=False), SuffixDrafter(use_global=False)
+    eager.begin(tokens[:, :40])
+    eager.settle()
+    lazy.begin(tokens[:, :40])
+    assert not lazy.ready
+    assert not lazy.settle(stop=lambda: True) and not lazy.ready  # one part of the prompt, then it stops
+    eager.catch_up(tokens[0, 40:].tolist())
+    lazy.catch_up(tokens[0, 40:].tolist())
+    a, b = eager.propose(tokens, budget), lazy.propose(tokens, budget)  # propose settles what is left
+    assert lazy.ready and a.num_nodes > 0
+    assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+
+
+def test_rows_behind_on_bookkeeping_sit_out_steps_within_the_host_limit():
+    """`limit_host`: a row whose drafter has not caught up within the limit drafts nothing this step, a row caught
+    up drafts; `idle` settles rows in order while the device is busy; without a limit every row drafts."""
+    from hf_hybrid_spec.drafters.batch import PerRowDrafters
+
+    pattern = [5, 6, 7, 8, 9, 10]
+    prompt = torch.tensor([pattern * 12])
+    rows = PerRowDrafters([SuffixDrafter(use_global=False) for _ in range(3)])
+    for d in rows.drafters:
+        d.begin(prompt)
+    rows.drafters[1].settle()
+    budgets = [DraftBudget(max_nodes=4, max_depth=4)] * 3
+    ids = [prompt] * 3
+    rows.limit_host(0.0)  # the limit is spent at once: only the first part of a row's queue is fed
+    counts = rows.propose([0, 1, 2], ids, budgets).counts
+    assert counts[0] == 0 and counts[1] > 0 and counts[2] == 0, counts
+    calls = iter([True] * 3 + [False] * 100)
+    rows.idle(lambda: next(calls))  # busy for a few checks: row 0 gets further, row 2 not at all
+    assert not rows.drafters[2].ready and len(rows.drafters[2]._pending) == prompt.shape[1] - 16
+    rows.limit_host(None)
+    assert all(c > 0 for c in rows.propose([0, 1, 2], ids, budgets).counts)
+    assert all(d.ready for d in rows.drafters)
+
+
+def test_suffix_rows_that_settle_a_part_per_step_stay_exact(monkeypatch):
+    """A batch where the host limit is all but zero (a plain step costing a nanosecond): rows catch up on their
+    prompts a part per drafting step and through plain runs; the output is stock's."""
+    import hf_hybrid_spec.engine.batch as B
+
+    tiny = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1e-9, 1e-9, 1.01e-9, 1.02e-9, 1.04e-9])
+    monkeypatch.setattr(B, "_cost_model", lambda *args: tiny)
+    limits = []
+    from hf_hybrid_spec.drafters.batch import PerRowDrafters
+
+    original = PerRowDrafters.limit_host
+    monkeypatch.setattr(PerRowDrafters, "limit_host", lambda self, s: limits.append(s) or original(self, s))
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([40, 56, 33], seed=5, period=5)
+    kw = dict(max_new_tokens=40, eos_token_id=None)
+    ref = greedy(model, ids, mask, **kw)
+    out = greedy(model, ids, mask, custom_generate=H.speculative_generate, return_dict_in_generate=True,
+                 assistant_config=H.AssistantConfig(compile=True, global_cache=False), **kw)
+    assert torch.equal(out.sequences, ref)
+    assert limits and all(s is not None and s < 1e-6 for s in limits)
