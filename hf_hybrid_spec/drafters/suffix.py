@@ -435,6 +435,11 @@ def clear_global_suffix_cache() -> None:
         _GLOBAL.clear()
 
 
+# Tokens `settle` feeds between two checks of its `stop`: small, since a check that comes late holds the host past the
+# device's idle time (a token costs ~5-25 us on the fixtures' repetitive text).
+SETTLE_CHUNK = 8
+
+
 class SuffixDrafter(Drafter):
     """See the module docstring. One instance per request."""
 
@@ -572,7 +577,7 @@ class SuffixDrafter(Drafter):
         if not pending:
             return True
         extend, active, done = self.local.extend, self._local_active, 0
-        step = len(pending) if stop is None else 16
+        step = len(pending) if stop is None else SETTLE_CHUNK
         while done < len(pending):
             for t in pending[done : done + step]:
                 active = extend(active, t)

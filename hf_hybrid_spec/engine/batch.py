@@ -268,10 +268,11 @@ def _plain_run(drafter, backend, rec: BatchRecorder, running: list[int], max_len
     the device runs the next. Returns the rows that still run."""
     spent = [0.0]
 
-    def catch_up(rows: list[int], tokens: list[int], busy) -> None:
+    def catch_up(rows: list[int], tokens: list[int]) -> None:
+        # Queued only, for a drafter that defers its bookkeeping (`limit_host`): settling here, while the device
+        # computes the step in flight, would hold the next step's launch until that step ends.
         t0 = time.perf_counter()
         drafter.catch_up(rows, [[t] for t in tokens])
-        drafter.idle(busy)  # deferred bookkeeping while the device computes the next step
         spent[0] += time.perf_counter() - t0
 
     run = plain_steps(backend, rec, running, max_length, stats, row_stats, max_steps=length, recorded=catch_up)

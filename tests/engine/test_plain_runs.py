@@ -246,6 +246,7 @@ def test_rows_behind_on_bookkeeping_sit_out_steps_within_the_host_limit():
     """`limit_host`: a row whose drafter has not caught up within the limit drafts nothing this step, a row caught
     up drafts; `idle` settles rows in order while the device is busy; without a limit every row drafts."""
     from hf_hybrid_spec.drafters.batch import PerRowDrafters
+    from hf_hybrid_spec.drafters.suffix import SETTLE_CHUNK
 
     pattern = [5, 6, 7, 8, 9, 10]
     prompt = torch.tensor([pattern * 12])
@@ -260,7 +261,7 @@ def test_rows_behind_on_bookkeeping_sit_out_steps_within_the_host_limit():
     assert counts[0] == 0 and counts[1] > 0 and counts[2] == 0, counts
     calls = iter([True] * 3 + [False] * 100)
     rows.idle(lambda: next(calls))  # busy for a few checks: row 0 gets further, row 2 not at all
-    assert not rows.drafters[2].ready and len(rows.drafters[2]._pending) == prompt.shape[1] - 16
+    assert not rows.drafters[2].ready and len(rows.drafters[2]._pending) == prompt.shape[1] - SETTLE_CHUNK
     rows.limit_host(None)
     assert all(c > 0 for c in rows.propose([0, 1, 2], ids, budgets).counts)
     assert all(d.ready for d in rows.drafters)

@@ -488,6 +488,7 @@ def test_suffix_drafter_adopts_and_prefeeds_the_trie_it_would_build():
         taken.begin(nxt)
         own = drafter()
         own.begin(nxt)
+        assert taken.settle() and own.settle()  # `begin` leaves the prompt's tokens to `settle` (or `propose`)
         assert _trie_table(taken.local) == _trie_table(own.local), name
         ids = nxt
         for _ in range(3):
@@ -535,6 +536,7 @@ def test_suffix_drafter_takes_over_the_trie_of_an_earlier_call():
     suffix._GLOBAL[(("handoff-test",), 14)] = reference_cache
     own.begin(nxt)
     assert own.global_cache is reference_cache
+    assert taken.settle() and own.settle()  # the prompt's tokens wait for `settle` / `propose`
     assert _trie_table(taken.local) == _trie_table(own.local)
     ids = nxt
     for step in range(4):  # drafts at the prompt's end, then after a few accepted tokens
@@ -553,6 +555,7 @@ def test_suffix_drafter_takes_over_the_trie_of_an_earlier_call():
     unrelated = H.SuffixDrafter(cache_key=("handoff-test",), max_match_length=8, max_depth=6)
     other = torch.randint(0, 7, (1, 50), generator=g)
     unrelated.begin(other)
+    unrelated.settle()
     assert len(reference_cache.finished) == 1 and unrelated.local.num_nodes > 1
     # The kept tries stay within the token budget (oldest out first); one over it on its own is not kept.
     reference_cache.max_tokens = unrelated.local.num_tokens - 1
