@@ -7,6 +7,7 @@ nodes, runs it through the target in one forward, and commits the accepted root-
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -97,15 +98,13 @@ class DraftTree:
                              f"{len(parents)} and {None if scores is None else len(scores)}")
         if any(not -1 <= p < i for i, p in enumerate(parents)):
             raise ValueError("parent[b, i] must satisfy -1 <= parent[b, i] < i (nodes in topological order)")
-        tree = cls.__new__(cls)  # the fields below are every field; the lists were checked above
-        tree.tokens = torch.tensor([tokens], dtype=torch.long).view(1, len(tokens))
-        tree.parents = torch.tensor([parents], dtype=torch.long).view(1, len(parents))
+        tree = _ListDraft.__new__(_ListDraft)  # the lists were checked above; the tensors are made when first read
         tree.probs = tree.next_probs = None
-        tree.scores = None if scores is None else torch.tensor([scores], dtype=torch.float32).view(1, len(scores))
         tree.info = info
-        # Scores as the float32 tensor holds them: features read from either agree to the bit.
+        # Scores as a float32 tensor holds them (`array("f")` rounds as torch does): features read from the lists or
+        # the tensor agree to the bit.
         tree.__dict__["_host"] = HostTree(list(tokens), list(parents),
-                                          None if scores is None else tree.scores[0].tolist())
+                                          None if scores is None else array("f", scores).tolist())
         return tree
 
     def relabeled(self, info: dict | None) -> DraftTree:
@@ -113,7 +112,7 @@ class DraftTree:
         deterministic draft (no `probs` / `next_probs`) with `info` replaced: what a drafter that picks among other
         drafters' trees (HVD) returns every step. Not re-validated (the nodes were, when this tree was built), and
         ~1 us where `copy.copy` plus the dataclass fields cost several."""
-        tree = DraftTree.__new__(DraftTree)
+        tree = type(self).__new__(type(self))
         tree.__dict__.update(self.__dict__)
         tree.probs = tree.next_probs = None
         tree.info = info
@@ -152,6 +151,43 @@ class DraftTree:
             next_probs=None if self.next_probs is None
             else self.next_probs[:, torch.cat([keep.new_zeros(1), keep + 1]).to(self.next_probs.device)],
         )
+
+
+def _from_host(name: str):
+    """Field `name` (tokens, parents or scores) of a `_ListDraft`: a [1, M] tensor made from its host lists when first
+    read, then kept; assigning it (dataclasses.replace builds through `__init__`) stores the value given."""
+    dtype = torch.float32 if name == "scores" else torch.long
+
+    def get(self):
+        found = self.__dict__.get(name, _UNSET)
+        if found is _UNSET:
+            values = getattr(self.__dict__["_host"], name)
+            found = None if values is None else torch.tensor(values, dtype=dtype).view(1, len(values))
+            self.__dict__[name] = found
+        return found
+
+    def put(self, value):
+        self.__dict__[name] = value
+
+    return property(get, put)
+
+
+_UNSET = object()
+
+
+class _ListDraft(DraftTree):
+    """A `DraftTree` built from host lists (`DraftTree.from_lists`): cache drafters build one per row and step, and
+    the batch and serving steps read only the lists (`host()`, `DraftBatch.from_drafts`), so its tensors are made
+    only if something reads them (a single request's verify tree, a tensor trim): ~10 us each saved otherwise."""
+
+    tokens = _from_host("tokens")
+    parents = _from_host("parents")
+    scores = _from_host("scores")
+
+    @property
+    def num_nodes(self) -> int:
+        host = self.__dict__.get("_host")
+        return len(host.tokens) if host is not None else self.tokens.shape[1]
 
 
 # Empty drafts by (batch size, device): a cache drafter without a match returns one every step, and drafts are never
