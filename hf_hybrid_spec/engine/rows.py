@@ -35,6 +35,9 @@ class BatchRecorder:
         self.buffer = torch.full((rows, max(max_length, length)), 0 if pad_token_id is None else int(pad_token_id),
                                  dtype=torch.long, device=input_ids.device)
         self.buffer[:, :length] = input_ids
+        # On the host (the serving engine's requests, a CPU batch), writes go through a NumPy view: a slice assigned
+        # from a list, without a tensor per write (~10 us each, every request every step).
+        self._host_view = self.buffer.numpy() if self.buffer.device.type == "cpu" else None
         self.host: list[list[int]] = input_ids.tolist()
         self.lengths = [length] * rows
         self.stopping = stopping
@@ -71,6 +74,13 @@ class BatchRecorder:
     def _write(self, rows: list[int], tokens: list[list[int]]) -> None:
         """`tokens[i]` into the buffer after row `rows[i]`'s committed tokens, in one copy."""
         device = self.buffer.device
+        if self._host_view is not None:
+            view = self._host_view
+            for row, new in zip(rows, tokens):
+                if new:
+                    start = self.lengths[row]
+                    view[row, start : start + len(new)] = new
+            return
         if len(rows) == 1:  # one row (the serving engine's requests): one slice, no index tensors
             start, new = self.lengths[rows[0]], tokens[0]
             if new:
