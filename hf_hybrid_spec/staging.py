@@ -7,13 +7,28 @@ silently. `HostStaging.host()` waits for the copy queued last out of the buffer 
 long done) before it hands the buffer out again; `send` queues a copy and marks it.
 
 On the CPU (and for a CPU target) the buffer is ordinary memory and every copy is synchronous.
+
+`device_busy` is the other side of the same overlap: whether the work queued so far still runs, for host work that
+may fill the wait.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-__all__ = ["HostStaging"]
+__all__ = ["HostStaging", "device_busy"]
+
+
+def device_busy(device: torch.device) -> Callable[[], bool]:
+    """`busy()`: True while the work queued on `device`'s current stream so far (when this is called) still runs; never
+    on the CPU, where queued work has run. For host work that fills the wait (deferred drafter bookkeeping)."""
+    if torch.device(device).type != "cuda":
+        return lambda: False
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return lambda: not event.query()
 
 
 class HostStaging:

@@ -37,6 +37,7 @@ from transformers.utils import logging
 
 from ..drafters import BatchHidden, DraftBudget, DraftContext, PerRowDrafters, RowTokens
 from ..kernels.tree import ancestor_mask
+from ..staging import device_busy
 from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, StepInputs, make_verifier, process_tree_logits, row_processors
 from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
@@ -109,7 +110,7 @@ def decode_batch(request: Request):
         else:
             out = backend.prefill(input_ids, mask, positions)
         logits = out.logits[:, -1].to(dtype=torch.float32)
-        prefilled = _launched(device)  # the prefill is queued, not read: the drafter's set-up may run meanwhile
+        prefilled = device_busy(device)  # the prefill is queued, not read: the drafter's set-up may run meanwhile
         scores = processors(input_ids, logits.clone()) if processors else logits
         draft_forward = partial(_draft_forward, backend) if isinstance(backend, BatchEagerBackend) else None
         context = DraftContext(model, backend.cache, request.adapter, gen, None, draft_forward)
@@ -181,7 +182,7 @@ def decode_batch(request: Request):
             if fast_plain and not any(drafts.counts):
                 # No row drafts: a plain step without the tree machinery (`engine.plain`).
                 news, on_device = plain_step(backend, [rec.host[b][-1] for b in running],
-                                             lambda: (drafter.overlap(), drafter.idle(_launched(device))))
+                                             lambda: (drafter.overlap(), drafter.idle(device_busy(device))))
                 results = [VerifyResult(path=[0], tokens=on_device[i : i + 1], score_nodes=[0], token_list=[t])
                            for i, t in enumerate(news)]
                 hidden = None
@@ -190,7 +191,7 @@ def decode_batch(request: Request):
                 verified = backend.forward(tree)
                 try:
                     drafter.overlap()
-                    drafter.idle(_launched(device))
+                    drafter.idle(device_busy(device))
                     chosen = [] if kept is not None else None
                     results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
                                           [per_row[b] for b in running], raw_greedy, chosen,
@@ -251,15 +252,6 @@ def decode_batch(request: Request):
     # finished rows removed), so it is no cache stock generate could continue from.
     return SpeculativeDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, hidden_states=states,
                                         attentions=attentions, spec_stats=stats, **{CACHE_FIELD: None})
-
-
-def _launched(device: torch.device):
-    """`busy()` for the device's work queued so far: True while it computes (never on the CPU, where it has run)."""
-    if device.type != "cuda":
-        return lambda: False
-    event = torch.cuda.Event()
-    event.record()
-    return lambda: not event.query()
 
 
 def _plain_run(drafter, backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
@@ -430,38 +422,41 @@ def greedy_rows(drafts: DraftBatch, best: torch.Tensor) -> list[VerifyResult]:
     0 the root, draft node j at j + 1). A draft node is accepted when its token is the argmax at its parent and its
     parent is accepted; each row keeps its deepest accepted node's path (the lowest index among equally deep ones:
     siblings with one token commit the same tokens) and the argmax after it. Exact for any tree: every committed token
-    is the target's greedy choice after the committed ones before it."""
-    rows, m = drafts.tokens.shape
-    under = drafts.parents >= 0
-    at_parent = best.gather(1, torch.where(under, drafts.parents + 1, 0))  # the argmax at each node's parent
-    match = (drafts.tokens == at_parent) & drafts.valid
-    accepted = match
-    for _ in range(m):  # one level per pass, at most the tree's depth
-        parent_ok = torch.where(under, accepted.gather(1, drafts.parents.clamp(min=0)), True)
-        step = match & parent_ok
-        if torch.equal(step, accepted):
-            break
-        accepted = step
-    depth = torch.where(accepted, drafts.depth, 0)
-    deepest = depth.max(1) if m else None
-    leaf = torch.where(deepest.values > 0, deepest.indices, -1).tolist() if m else [-1] * rows
-    parents = drafts.parents.tolist()
-    tokens = drafts.tokens.tolist()
-    best_rows = best.tolist()
-    paths, news = [], []
-    for row in range(rows):
-        node, path = leaf[row], []
+    is the target's greedy choice after the committed ones before it.
+
+    One pass over each row's nodes on Python lists (a row's nodes are in topological order, so a parent is decided
+    before its children): the trees are host tensors of a few hundred nodes, where a dozen small tensor ops per level
+    cost more than the walk (`engine.pipeline`'s `greedy_device` is the device version)."""
+    parents, tokens, best_rows = drafts.parents.tolist(), drafts.tokens.tolist(), best.tolist()
+    results, width = [], 1
+    news, paths = [], []
+    for par, tok, at, count in zip(parents, tokens, best_rows, drafts.counts):
+        depth = [0] * count  # 0: not accepted; else the accepted node's depth
+        leaf, deepest = -1, 0
+        for j in range(count):
+            p = par[j]
+            if p < 0:
+                d = 1 if tok[j] == at[0] else 0
+            else:
+                d = depth[p] + 1 if depth[p] and tok[j] == at[p + 1] else 0
+            if d:
+                depth[j] = d
+                if d > deepest:
+                    leaf, deepest = j, d
+        path, node = [], leaf
         while node >= 0:
             path.append(node)
-            node = parents[row][node]
+            node = par[node]
         path.reverse()
+        new = [tok[j] for j in path] + [at[leaf + 1]]
         paths.append([0] + [j + 1 for j in path])
-        news.append([tokens[row][j] for j in path] + [best_rows[row][leaf[row] + 1]])
+        news.append(new)
+        width = max(width, len(new))
     # Every row's tokens in one tensor, each result a view of its row (one allocation for the batch).
-    width = max(len(new) for new in news)
     table = torch.tensor([new + [0] * (width - len(new)) for new in news], dtype=torch.long)
-    return [VerifyResult(path=path, tokens=table[row, : len(new)], score_nodes=path[:], token_list=new)
-            for row, (path, new) in enumerate(zip(paths, news))]
+    for row, (path, new) in enumerate(zip(paths, news)):
+        results.append(VerifyResult(path=path, tokens=table[row, : len(new)], score_nodes=path[:], token_list=new))
+    return results
 
 
 # ---------------------------------------------------------------------- the verify cost model

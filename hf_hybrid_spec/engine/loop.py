@@ -24,6 +24,7 @@ from transformers.utils import logging
 from ..cache import CommittedState, committed_length, export_committed
 from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext
+from ..staging import device_busy
 from ..tree import VerifyResult, build_verify_tree
 from ..verification import FirstToken, StepInputs, Verifier, make_verifier, process_tree_logits, row_processors
 from .backend import PREFILL_CHUNK, EagerBackend, StaticBackend, TreeBackend, chunked_prefill
@@ -90,6 +91,9 @@ def decode(request: Request):
         scores = processors(rec.input_ids, logits.clone()) if processors else logits
         context = DraftContext(model, backend.cache, request.adapter, gen, offsets)
         drafter.begin(input_ids, context, prompt_hidden)
+        # What the drafter deferred of its set-up (a suffix trie over a long prompt) while the prefill runs; the rest
+        # at its first proposal.
+        drafter.settle(stop=lambda b=device_busy(device): not b())
         node_budget = _node_budget(config, backend, stats)
         first = verifier.first_token(scores, FirstToken(input_ids, drafter, context, prompt_hidden, out, node_budget))
         count_arbiter(first, stats)

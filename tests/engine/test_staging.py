@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_hybrid_spec.staging import HostStaging
+from hf_hybrid_spec.staging import HostStaging, device_busy
 
 
 def test_send_carries_the_buffer_and_its_slices():
@@ -37,6 +37,20 @@ def test_rewrite_waits_for_the_queued_copy():
         torch.cuda.synchronize()
         assert first.tolist() == [1, 2, 3, 4]
         assert second.tolist() == [5, 6, 7, 8]
+
+
+def test_device_busy_follows_the_work_queued_before_it():
+    assert device_busy(torch.device("cpu"))() is False  # on the CPU queued work has run
+    if not torch.cuda.is_available():
+        return
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    for _ in range(20):
+        a = a @ a / 64.0  # ~tens of ms queued
+    busy = device_busy(torch.device("cuda"))
+    assert busy()
+    torch.cuda.synchronize()
+    assert not busy()
 
 
 def test_pinned_buffers_are_staged_or_read_back():
