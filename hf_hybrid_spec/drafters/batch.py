@@ -156,19 +156,16 @@ class PerRowDrafters(BatchDrafter):
             drafter.begin(prompt, context, None if hidden is None else hidden.row(b))
 
     def propose(self, rows: list[int], ids: RowTokens, budgets: list[DraftBudget]) -> DraftBatch:
+        late: set[int] = set()
         if self.host_limit is not None and not self.ask_empty:
             # A row whose drafter still has deferred bookkeeping (a suffix trie not yet over its whole prompt) settles
             # within what is left of the limit, or drafts nothing this step: its bookkeeping waits for idle time.
             deadline = time.perf_counter() + self.host_limit
             stop = lambda: time.perf_counter() > deadline  # noqa: E731
-            late = [b for b in rows if not self.drafters[b].ready and not self.drafters[b].settle(stop)]
-            if late:
-                skip = set(late)
-                return DraftBatch.from_drafts([
-                    empty_draft(1) if b in skip else propose_within(self.drafters[b], row_ids, budget, self.ask_empty)
-                    for b, row_ids, budget in zip(rows, ids, budgets)])
-        return DraftBatch.from_drafts([propose_within(self.drafters[b], row_ids, budget, self.ask_empty)
-                                       for b, row_ids, budget in zip(rows, ids, budgets)])
+            late = {b for b in rows if not self.drafters[b].ready and not self.drafters[b].settle(stop)}
+        return DraftBatch.from_drafts([
+            empty_draft(1) if b in late else propose_within(self.drafters[b], row_ids, budget, self.ask_empty)
+            for b, row_ids, budget in zip(rows, ids, budgets)])
 
     def idle(self, busy: Callable[[], bool]) -> None:
         stop = lambda: not busy()  # noqa: E731

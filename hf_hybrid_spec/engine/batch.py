@@ -162,6 +162,12 @@ def decode_batch(request: Request):
         if fast_plain and cost is not None and node_budget > 0 and drafter.catches_up:
             payoff = DraftingPayoff(cost, config.budget_slack)
             runs = PlainRuns(PLAIN_RUN, LONGEST_PLAIN_RUN, PATIENCE)
+
+        def overlap() -> None:
+            """The host's idle time while the device runs a step's forward: the drafter's deferred bookkeeping."""
+            drafter.overlap()
+            drafter.idle(device_busy(device))
+
         while running:
             limit = rec.limit(gen.max_length)
             t0 = time.perf_counter()
@@ -181,8 +187,7 @@ def decode_batch(request: Request):
             attentions = None  # each row's attention rows, when asked for (the verify step below)
             if fast_plain and not any(drafts.counts):
                 # No row drafts: a plain step without the tree machinery (`engine.plain`).
-                news, on_device = plain_step(backend, [rec.host[b][-1] for b in running],
-                                             lambda: (drafter.overlap(), drafter.idle(device_busy(device))))
+                news, on_device = plain_step(backend, [rec.host[b][-1] for b in running], overlap)
                 results = [VerifyResult(path=[0], tokens=on_device[i : i + 1], score_nodes=[0], token_list=[t])
                            for i, t in enumerate(news)]
                 hidden = None
@@ -190,8 +195,7 @@ def decode_batch(request: Request):
                 tree = batch_tree([rec.host[b][-1] for b in running], drafts, backend.tree_device)
                 verified = backend.forward(tree)
                 try:
-                    drafter.overlap()
-                    drafter.idle(device_busy(device))
+                    overlap()
                     chosen = [] if kept is not None else None
                     results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
                                           [per_row[b] for b in running], raw_greedy, chosen,
@@ -428,8 +432,7 @@ def greedy_rows(drafts: DraftBatch, best: torch.Tensor) -> list[VerifyResult]:
     before its children): the trees are host tensors of a few hundred nodes, where a dozen small tensor ops per level
     cost more than the walk (`engine.pipeline`'s `greedy_device` is the device version)."""
     parents, tokens, best_rows = drafts.parents.tolist(), drafts.tokens.tolist(), best.tolist()
-    results, width = [], 1
-    news, paths = [], []
+    paths, news, width = [], [], 1
     for par, tok, at, count in zip(parents, tokens, best_rows, drafts.counts):
         depth = [0] * count  # 0: not accepted; else the accepted node's depth
         leaf, deepest = -1, 0
@@ -454,9 +457,8 @@ def greedy_rows(drafts: DraftBatch, best: torch.Tensor) -> list[VerifyResult]:
         width = max(width, len(new))
     # Every row's tokens in one tensor, each result a view of its row (one allocation for the batch).
     table = torch.tensor([new + [0] * (width - len(new)) for new in news], dtype=torch.long)
-    for row, (path, new) in enumerate(zip(paths, news)):
-        results.append(VerifyResult(path=path, tokens=table[row, : len(new)], score_nodes=path[:], token_list=new))
-    return results
+    return [VerifyResult(path=path, tokens=table[row, : len(new)], score_nodes=path[:], token_list=new)
+            for row, (path, new) in enumerate(zip(paths, news))]
 
 
 # ---------------------------------------------------------------------- the verify cost model
