@@ -79,7 +79,7 @@ def plain_step(backend, roots: list[int], overlap=None) -> tuple[list[int], torc
 
 def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
                 row_stats: list[SpecStats], max_steps: int | None = None, columns: int = 0,
-                recorded: Callable[[list[int], list[int]], None] | None = None) -> PlainRun:
+                recorded: Callable[[list[int], list[int], Callable[[], bool]], None] | None = None) -> PlainRun:
     """Step the batch without drafts until no row runs, or for `max_steps` steps at most. `running` are the running
     rows, which index the runner's rows (a `generate` batch: row b is runner row b); the cache holds every row's
     committed tokens but its last, which is the next step's root (`rec.host[b][-1]`). A bounded run also keeps what
@@ -89,8 +89,9 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
     Each step is queued before the host has read the one before it: a plain step commits exactly one token per
     running row, so the host knows every row's next length without reading anything, and the next step's roots are
     the last step's argmax on the device. The host's bookkeeping (records, stopping criteria, statistics) of step t
-    then runs while the device computes step t + 1, and so does `recorded(rows, tokens)` (optional) after each step's
-    records: the rows it recorded a token for and those tokens (a drafter's catch-up on them, no device read). A row
+    then runs while the device computes step t + 1, and so does `recorded(rows, tokens, busy)` (optional) after each
+    step's records: the rows it recorded a token for, those tokens (a drafter's catch-up on them, no device read), and
+    `busy()`, True while step t + 1 still computes (never on the CPU). A row
     that stops at step t has had step t + 1 computed too; that token lands past its end (its slot is never read
     again) and is not recorded."""
     runner = backend.runner
@@ -134,7 +135,7 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
             before = len(running)
             rows_recorded, running = _record(pending, rec, running, max_length, backend, stats, row_stats, since)
             if recorded is not None and rows_recorded:
-                recorded(rows_recorded, [rec.host[b][-1] for b in rows_recorded])
+                recorded(rows_recorded, [rec.host[b][-1] for b in rows_recorded], _busy(launched))
             since = time.perf_counter()
             if kept is not None:
                 for b in rows_recorded:
@@ -174,6 +175,14 @@ def _queue(backend, roots: torch.Tensor, parent: torch.Tensor, leaves: torch.Ten
         counts[slot] = 1
     backend.finish_commit(counts)  # host bookkeeping only: the device's commit is queued
     return best
+
+
+def _busy(launched) -> Callable[[], bool]:
+    """Whether the step `launched` (None: none in flight) still computes on the device."""
+    event = None if launched is None else launched[1]
+    if event is None:
+        return lambda: False
+    return lambda: not event.query()
 
 
 def _room(rec: BatchRecorder, running: list[int], max_length: int, ahead: bool) -> bool:
