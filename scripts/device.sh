@@ -19,6 +19,8 @@
 #   serve     agentic sessions under Poisson arrivals: stock static AR one request at a time vs our continuous batching
 #             without and with speculation (and without prefix reuse); SERVE_RATES sessions per second, SERVE_ARGS
 #             more bench flags (e.g. "--prefill chunked")
+#   (batch and serve: WITH_BASE=1 runs the same bench again with the code of .carry/base, after
+#    `bash scripts/device_prepare.sh FIXTURE BASE_REF`: an A/B of two commits within one lease)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -38,7 +40,7 @@ case "${1:-}" in
     [ -d .carry/base ] || { echo "no .carry/base: bash scripts/device_prepare.sh FIXTURE BASE_REF"; exit 2; }
     echo "base: $(cat .carry/base/REF)"
     # Before the benchmarks moved out of the package, the bench was a module of it.
-    if [ -f .carry/base/benchmarks/bench.py ]; then B=(python3 .carry/base/benchmarks/bench.py); else B=(python3 -m hf_hybrid_spec.bench); fi
+    if [ -f .carry/base/benchmarks/bench.py ]; then B=(python3 "$PWD/.carry/base/benchmarks/bench.py"); else B=(python3 -m hf_hybrid_spec.bench); fi
     TAILN=14 base 560 e2e_base "${B[@]}" --model "$M" --drafters suffix "eagle:$D" --compiled-only --compile-verify \
         $E2E --out "$OUT/e2e_base" ;;
   launch)
@@ -65,19 +67,32 @@ case "${1:-}" in
     [[ " ${BATCH_STAGES:-gate bench} " == *" bench "* ]] || exit 0
     BM=${BATCH_MODEL:-$M}
     if [[ "$BM" == random:* ]]; then BD="acceptance:0.6 acceptance:0.8"; else BD="suffix acceptance:0.8"; fi
-    TAILN=${TAILN:-16} CUTC=400 run "${BATCH_SECONDS:-480}" "batch_${BM//[:\/.]/_}" python3 benchmarks/batch_bench.py --model "$BM" \
-        --batch-sizes ${BATCH_SIZES:-1 4 8 16 32 64} --drafters ${BATCH_DRAFTERS:-$BD} --dtype bfloat16 \
-        --prompt-tokens 256 --max-new-tokens 128 --allow-mismatch ${BATCH_ARGS:-} --out "$OUT/${BATCH_OUT:-batch}" ;;
+    BB=(--model "$BM" --batch-sizes ${BATCH_SIZES:-1 4 8 16 32 64} --drafters ${BATCH_DRAFTERS:-$BD} --dtype bfloat16
+        --prompt-tokens 256 --max-new-tokens 128 --allow-mismatch ${BATCH_ARGS:-})
+    TAILN=${TAILN:-16} CUTC=400 run "${BATCH_SECONDS:-480}" "batch_${BM//[:\/.]/_}" python3 benchmarks/batch_bench.py \
+        "${BB[@]}" --out "$OUT/${BATCH_OUT:-batch}"
+    # WITH_BASE=1: the same bench with the code of .carry/base right after (an A/B within one lease).
+    if [[ -n "${WITH_BASE:-}" && -d .carry/base ]]; then
+      echo "base: $(cat .carry/base/REF)"
+      TAILN=${TAILN:-16} CUTC=400 base "${BATCH_SECONDS:-480}" batch_base python3 \
+          "$PWD/.carry/base/benchmarks/batch_bench.py" "${BB[@]}" --out "$OUT/batch_base"
+    fi ;;
   serve)
     # The serving engine's captured graphs first, in fp32 on the fixture: every gate reply of every CB method (lanes
     # included) identical to plain generate. SERVE_STAGES="gate bench" by default (each stage fits one device call).
     [[ " ${SERVE_STAGES:-gate bench} " == *" gate "* ]] && TAILN=4 run 330 serve_gate python3 benchmarks/serve_bench.py \
         --model "$M" --dtype float32 --sessions 4 --rates 8 --methods cb+spec --max-new-tokens 32 \
         --max-total-tokens 1280 --gate 4 ${SERVE_ARGS:-}
-    [[ " ${SERVE_STAGES:-gate bench} " == *" bench "* ]] && TAILN=${TAILN:-18} CUTC=400 run "${SERVE_SECONDS:-540}" serve \
-        python3 benchmarks/serve_bench.py --model "$M" --dtype bfloat16 --rates ${SERVE_RATES:-1 4 16} \
-        --max-new-tokens 128 --max-slots 16 --max-total-tokens 1280 --allow-mismatch --max-seconds 45 ${SERVE_ARGS:-} \
-        --out "$OUT/serve"
+    SB=(--model "$M" --dtype bfloat16 --rates ${SERVE_RATES:-1 4 16} --max-new-tokens 128 --max-slots 16
+        --max-total-tokens 1280 --allow-mismatch --max-seconds 45 ${SERVE_ARGS:-})
+    [[ " ${SERVE_STAGES:-gate bench} " == *" bench "* ]] && TAILN=${TAILN:-18} CUTC=400 run "${SERVE_SECONDS:-540}" \
+        serve python3 benchmarks/serve_bench.py "${SB[@]}" --out "$OUT/serve"
+    # WITH_BASE=1: the same bench with the code of .carry/base right after (an A/B within one lease).
+    if [[ " ${SERVE_STAGES:-gate bench} " == *" bench "* && -n "${WITH_BASE:-}" && -d .carry/base ]]; then
+      echo "base: $(cat .carry/base/REF)"
+      TAILN=${TAILN:-18} CUTC=400 base "${SERVE_SECONDS:-540}" serve_base python3 \
+          "$PWD/.carry/base/benchmarks/serve_bench.py" "${SB[@]}" --out "$OUT/serve_base"
+    fi
     true ;;
   mtp)
     # The trained checkpoint stays in out/mtp (ignored, kept on a warm machine between calls); its MTP shard comes back.
