@@ -61,6 +61,14 @@ def test_host_lists_follow_the_tree_through_select_and_copies():
     assert relabeled.probs is None and relabeled.next_probs is None and relabeled.info == {"drafter": "hvd"}
     assert sampled.probs is not None and sampled.next_probs is not None and sampled.info == {"drafter": "model"}
     assert {f.name for f in dataclasses.fields(DraftTree)} <= set(vars(relabeled))
+    # A tree from lists, relabeled before its tensors were read (HVD over a suffix draft): its lists, then the same
+    # tensors as the original when read; a dataclasses.replace copy keeps every field.
+    fresh = DraftTree.from_lists([4, 5, 6], [-1, 0, 0], [0.9, 0.5, 0.4])
+    copy = fresh.relabeled({"drafter": "hvd"})
+    assert copy.num_nodes == 3 and copy.host() is fresh.host() and copy.info == {"drafter": "hvd"}
+    assert torch.equal(copy.tokens, fresh.tokens) and torch.equal(copy.scores, fresh.scores)
+    replaced = dataclasses.replace(fresh, info={"x": 1})
+    assert torch.equal(replaced.parents, fresh.parents) and replaced.num_nodes == 3 and replaced.info == {"x": 1}
 
 
 def reference_payoff(tree: DraftTree, tokens: list[int]) -> int:
