@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..staging import device_busy
 from .outputs import SpecStats
 from .rows import BatchRecorder
 
@@ -91,9 +92,9 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
     the last step's argmax on the device. The host's bookkeeping (records, stopping criteria, statistics) of step t
     then runs while the device computes step t + 1, and so does `recorded(rows, tokens, busy)` (optional) after each
     step's records: the rows it recorded a token for, those tokens (a drafter's catch-up on them, no device read), and
-    `busy()`, True while step t + 1 still computes (never on the CPU). A row
-    that stops at step t has had step t + 1 computed too; that token lands past its end (its slot is never read
-    again) and is not recorded."""
+    `busy()`, True while step t + 1 still computes (`staging.device_busy`; never on the CPU). A row that stops at
+    step t has had step t + 1 computed too; that token lands past its end (its slot is never read again) and is not
+    recorded."""
     runner = backend.runner
     rows, device = runner.rows, runner.device
     pinned = device.type == "cuda"
@@ -135,7 +136,8 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
             before = len(running)
             rows_recorded, running = _record(pending, rec, running, max_length, backend, stats, row_stats, since)
             if recorded is not None and rows_recorded:
-                recorded(rows_recorded, [rec.host[b][-1] for b in rows_recorded], _busy(launched))
+                # (queued so far: the step after the one just recorded, if any)
+                recorded(rows_recorded, [rec.host[b][-1] for b in rows_recorded], device_busy(device))
             since = time.perf_counter()
             if kept is not None:
                 for b in rows_recorded:
@@ -175,14 +177,6 @@ def _queue(backend, roots: torch.Tensor, parent: torch.Tensor, leaves: torch.Ten
         counts[slot] = 1
     backend.finish_commit(counts)  # host bookkeeping only: the device's commit is queued
     return best
-
-
-def _busy(launched) -> Callable[[], bool]:
-    """Whether the step `launched` (None: none in flight) still computes on the device."""
-    event = None if launched is None else launched[1]
-    if event is None:
-        return lambda: False
-    return lambda: not event.query()
 
 
 def _room(rec: BatchRecorder, running: list[int], max_length: int, ahead: bool) -> bool:

@@ -313,7 +313,7 @@ def test_plain_runs_settle_behind_rows_within_a_share_of_each_step(monkeypatch):
     kw = dict(max_new_tokens=40, eos_token_id=None)
     ref = greedy(model, ids, mask, **kw)
     for busy in (False, True):  # on the CPU nothing is in flight; then a device that is always computing
-        monkeypatch.setattr(P, "_busy", lambda launched, busy=busy: lambda: busy)
+        monkeypatch.setattr(P, "device_busy", lambda device, busy=busy: lambda: busy)
         ready_after.clear()
         out = greedy(model, ids, mask, custom_generate=H.speculative_generate, return_dict_in_generate=True,
                      assistant_config=H.AssistantConfig(compile=True, global_cache=False), **kw)
