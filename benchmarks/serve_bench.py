@@ -198,6 +198,51 @@ def make_manager(model, method: str, prefill: str, args, gen: GenerationConfig) 
     return ContinuousBatchingManager(model, AssistantConfig(global_cache=False), serving, gen)
 
 
+class _ThreadProfile:
+    """cProfile on the engine's own thread (cProfile sees only the thread that enables it), from `armed` on."""
+
+    def __init__(self):
+        import cProfile
+        import threading
+
+        self.profile = cProfile.Profile()
+        self.armed = threading.Event()
+
+
+def profile_thread(manager: ContinuousBatchingManager) -> _ThreadProfile:
+    """Wrap the manager's loop so that its steps after `armed` is set (the warm-up request done) are profiled."""
+    profiler, step = _ThreadProfile(), manager.engine.step
+
+    def profiled_step():
+        if not profiler.armed.is_set():
+            return step()
+        profiler.profile.enable()
+        try:
+            return step()
+        finally:
+            profiler.profile.disable()
+
+    manager.engine.step = profiled_step
+    return profiler
+
+
+def report_profile(profiler: _ThreadProfile, label: str, out: str | None, filename: str, top: int = 25) -> None:
+    """Print the `top` host functions of the profiled steps by own time (and the full lists to `out/filename`)."""
+    import io
+    import pstats
+
+    stream = io.StringIO()
+    pstats.Stats(profiler.profile, stream=stream).sort_stats("tottime").print_stats(top)
+    print(f"--- profile {label}\n" + "\n".join(stream.getvalue().splitlines()[-top - 2 :]))
+    if out:
+        stream = io.StringIO()
+        stats = pstats.Stats(profiler.profile, stream=stream)
+        stats.sort_stats("tottime").print_stats(60)
+        stats.sort_stats("cumulative").print_stats("hf_hybrid_spec", 60)
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / filename).write_text(stream.getvalue())
+
+
 def cb_runs(methods, modes) -> list[tuple[str, str, str]]:
     """(label, method, prefill mode) of every CB run at a rate; the label names the mode when several are given."""
     return [(m if len(modes) == 1 else f"{m}/{mode}", m, mode) for m in methods if m != "stock" for mode in modes]
@@ -268,6 +313,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-warm-pass", action="store_true", help="skip the untimed pass over the sessions")
     parser.add_argument("--out", default=None, help="folder for the PNG and the JSON")
     parser.add_argument("--dry-run", action="store_true", help="2 sessions, one rate, small bounds (a smoke test)")
+    parser.add_argument("--profile", nargs="*", default=[], choices=METHODS[1:],
+                        help="CB methods whose timed runs also run the engine's thread under cProfile (host functions "
+                             "by own time printed, all of them to --out/profile_<method>_<rate>.txt, punctuation as _)")
     args = parser.parse_args(argv)
     if args.dry_run:
         args.sessions, args.rates, args.max_new_tokens, args.max_seconds = 2, args.rates[:1], 8, 60.0
@@ -309,16 +357,22 @@ def main(argv: list[str] | None = None) -> dict:
                 calls = run_stock(model, tokenizer, pieces, times, args.max_new_tokens, args.max_seconds, bar)
             else:
                 manager = make_manager(model, method, mode, args, gen)
+                profiler = profile_thread(manager) if method in args.profile else None
                 with manager:
                     warm = manager.add_request(pieces[0][0], max_new_tokens=args.max_new_tokens)  # captures, budget
                     manager.get_result(warm, timeout=600)
                     if manager.engine.prefixes is not None:
                         manager.engine.prefixes.clear()
                     before = dataclasses.replace(manager.engine.stats)
+                    if profiler is not None:
+                        profiler.armed.set()
                     calls = run_cb(manager, pieces, times, args.max_new_tokens, args.max_seconds, bar)
                     after = manager.engine.stats
                     engine = {f.name: round(getattr(after, f.name) - getattr(before, f.name), 4)
                               for f in dataclasses.fields(after)}
+                if profiler is not None:
+                    name = "".join(c if c.isalnum() else "_" for c in f"{label}_{rate:g}")
+                    report_profile(profiler, f"{label} @ {rate}/s", args.out, f"profile_{name}.txt")
             bar.close()
             summary = summarize(calls)
             rows.append({"method": label, "rate": rate, **summary, "complete": summary["calls"] == total_calls,
