@@ -11,9 +11,7 @@ One drafter object serves one `generate` call (one request). The generate loop c
 
 Only `propose` is required. `overlap` is where a drafter may do bookkeeping it deferred from an earlier `accept`:
 on a GPU the host would otherwise sit waiting for the verify forward there (callers other than the loop may never
-call it, so deferred work must also be done before anything reads it). A caller that does call it on every step says
-so with `defer_to_overlap()` (the serving engine): the drafter may then leave to `overlap` even bookkeeping that the
-next `propose` would read, drafting without it. A drafter that sets
+call it, so deferred work must also be done before anything reads it). A drafter that sets
 `target_hidden_layers` receives the target's hidden states of those layers for every token the target ran (the
 prompt at `begin`, the accepted path at `accept`), taken from the verify forward itself: no second target pass. Drafters that draft with the target's own
 weights (self-speculation) may run tree-mode forwards on `context.cache` between steps, and must `abort()`
@@ -175,12 +173,6 @@ class Drafter(ABC):
     def overlap(self) -> None:
         """The target's forward over this step's draft has been launched and its result is not read yet: on an
         asynchronous device the host is idle until then. For deferred bookkeeping (see the module docstring)."""
-
-    def defer_to_overlap(self) -> None:
-        """From now on `propose` may draft before doing the bookkeeping of the tokens it last accepted, and leave it
-        to `overlap`: the caller promises to call `overlap` on every step it drafts for, while the target's forward
-        runs (the serving engine does). That takes the bookkeeping off the host's critical path; drafts may then
-        miss what only those newest tokens show. Default: nothing (the drafter keeps its own order)."""
 
     def accept(self, input_ids: torch.Tensor, result: VerifyResult, hidden: TargetHidden | None = None) -> None:
         """The target committed `result.tokens`; `input_ids` [1, L'] is the whole committed sequence."""

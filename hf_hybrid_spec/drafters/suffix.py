@@ -438,9 +438,6 @@ def clear_global_suffix_cache() -> None:
 # Tokens `settle` feeds between two checks of its `stop`: small, since a check that comes late holds the host past the
 # device's idle time (a token costs ~5-25 us on the fixtures' repetitive text).
 SETTLE_CHUNK = 8
-# With `defer_to_overlap`, `propose` drafts over a trie that lacks the tokens received since the last `propose` by
-# following them read-only; more of them than this (a plain run's) are settled first instead.
-FOLLOW_LIMIT = 64
 
 
 class SuffixDrafter(Drafter):
@@ -483,15 +480,6 @@ class SuffixDrafter(Drafter):
         self._pending: list[int] = []
         self._prompt_length = 0
         self._ahead = False  # `local` holds tokens of the coming prompt (adopted or prefed) before `begin`
-        self._deferred = False  # `defer_to_overlap`: `overlap` settles, `propose` drafts over what is settled
-        self._fresh = 0  # tokens received since the last `propose` (the last step's, for a deferring drafter)
-
-    def defer_to_overlap(self) -> None:
-        self._deferred = True
-
-    def overlap(self) -> None:
-        if self._deferred:
-            self.settle()
 
     # ------------------------------------------------------------------ request lifecycle
     def begin(self, input_ids: torch.Tensor, context=None, hidden=None) -> None:
@@ -516,7 +504,6 @@ class SuffixDrafter(Drafter):
                     self.local, start = taken
                     self._local_active = self.local.active_after(tokens[:start])
         self._pending = tokens[start:]  # the request trie's prompt tokens: `settle`, or the first `propose`
-        self._fresh = 0
         if self.global_cache is not None:
             self._global_active = self.global_cache.trie.active_after(tokens)
         self._seen = len(tokens)
@@ -564,7 +551,7 @@ class SuffixDrafter(Drafter):
     def _give_up(self) -> SuffixTrie:
         """The request trie, now the caller's: this drafter starts from an empty one if it begins again."""
         trie, self.local, self._local_active, self._seen = self.local, SuffixTrie(self.local.depth), [], 0
-        self._pending, self._fresh = [], 0
+        self._pending = []
         return trie
 
     def _feed(self, tokens: list[int]) -> None:
@@ -577,7 +564,6 @@ class SuffixDrafter(Drafter):
             self._global_active = active
         self._pending.extend(tokens)
         self._seen += len(tokens)
-        self._fresh += len(tokens)
 
     @property
     def ready(self) -> bool:
@@ -588,40 +574,28 @@ class SuffixDrafter(Drafter):
         """Extend the request trie with the pending tokens, in order; with `stop`, checked every few tokens, only
         until it returns True. Returns whether none is left."""
         pending = self._pending
-        if stop is None:
-            self._take(len(pending))
-        while pending:
-            self._take(SETTLE_CHUNK)
-            if pending and stop():
+        if not pending:
+            return True
+        extend, active, done = self.local.extend, self._local_active, 0
+        step = len(pending) if stop is None else SETTLE_CHUNK
+        while done < len(pending):
+            for t in pending[done : done + step]:
+                active = extend(active, t)
+            done = min(done + step, len(pending))
+            if stop is not None and done < len(pending) and stop():
                 break
-        return not pending
-
-    def _take(self, n: int) -> None:
-        """The first `n` pending tokens into the request trie."""
-        extend, active = self.local.extend, self._local_active
-        for t in self._pending[:n]:
-            active = extend(active, t)
         self._local_active = active
-        del self._pending[:n]
+        del pending[:done]
+        return not pending
 
     # ------------------------------------------------------------------ drafting
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
         if input_ids.shape[1] != self._seen:
             # The loop always calls accept() first; resynchronize if a caller did not.
             self._feed(input_ids[0, self._seen :].tolist())
-        pending, fresh, self._fresh = self._pending, self._fresh, 0
-        if self._deferred and 0 < len(pending) and fresh <= FOLLOW_LIMIT:
-            # The request trie without the last step's tokens (`overlap` adds them while the forward runs), followed
-            # read-only: only an occurrence of the context's suffix that overlaps those tokens is missed.
-            self._take(len(pending) - min(fresh, len(pending)))  # older ones (a prompt's) first
-            local_active, follow = self._local_active, self.local.follow
-            for t in pending:
-                local_active = follow(local_active, t)
-        else:
-            self.settle()
-            local_active = self._local_active
+        self.settle()
         best = None
-        sources = [("request", self.local, local_active)]
+        sources = [("request", self.local, self._local_active)]
         if self.global_cache is not None:
             sources.append(("global", self.global_cache.trie, self._global_active))
         for source, trie, active in sources:

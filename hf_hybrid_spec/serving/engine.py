@@ -653,9 +653,6 @@ class ServingEngine:
             stopping.append(EosTokenCriteria(gen.eos_token_id))
         stopping.extend(request.stopping_criteria)
         drafter = make_drafter(self.config, self.model, self.draft_model) if self.serving.speculation else _NoDrafts()
-        # `finish` calls every decoding request's `overlap` while the forward runs: bookkeeping a drafter can defer
-        # (the suffix trie's growth by the last step's tokens) runs there instead of before the next draft.
-        drafter.defer_to_overlap()
         verifier = make_verifier(self.config, bool(gen.do_sample), drafter)
         active = _Active(request, output, gen, drafter, verifier, _processors(gen), stopping, limit, self.device)
         if request.record_timestamps:

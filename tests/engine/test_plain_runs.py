@@ -242,49 +242,6 @@ def test_deferred_suffix_bookkeeping_drafts_what_feeding_at_once_drafts():
     assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
 
 
-def test_suffix_drafts_deferred_to_overlap_miss_only_the_newest_tokens_occurrences():
-    """With `defer_to_overlap`, `propose` drafts over the trie without the last accepted tokens (followed read-only)
-    and `overlap` adds them: where the context's suffix occurred before those tokens the drafts are the eager
-    drafter's; an occurrence inside them is seen one step later; a backlog beyond `FOLLOW_LIMIT` is settled first."""
-    from hf_hybrid_spec.drafters.suffix import FOLLOW_LIMIT
-
-    g = torch.Generator().manual_seed(5)
-    pattern = torch.randint(3, VOCAB, (9,), generator=g)
-    tokens = torch.cat([torch.randint(3, VOCAB, (6,), generator=g), pattern, torch.randint(3, VOCAB, (4,), generator=g),
-                        pattern[:5]]).view(1, -1)
-    budget = DraftBudget(max_nodes=8, max_depth=4)
-    eager, deferred = SuffixDrafter(use_global=False), SuffixDrafter(use_global=False)
-    deferred.defer_to_overlap()
-    for d in (eager, deferred):
-        d.begin(tokens[:, :20])
-        d.catch_up(tokens[0, 20:].tolist())  # the last 4 tokens: pattern[1:5], whose earlier occurrence is older
-    a, b = eager.propose(tokens, budget), deferred.propose(tokens, budget)
-    assert not deferred.ready  # drafted without settling
-    assert a.num_nodes > 0 and (a.tokens.tolist(), a.parents.tolist()) == (b.tokens.tolist(), b.parents.tolist())
-    deferred.overlap()
-    assert deferred.ready and deferred.local.sequence(0).tolist() == tokens[0].tolist()
-
-    # A period shorter than the tokens not yet settled: the eager drafter sees the repeat, the deferred one next step.
-    run = torch.tensor([[7, 8, 9, 10, 11, 12, 5, 6, 5, 6, 5, 6]])
-    eager, deferred = SuffixDrafter(use_global=False), SuffixDrafter(use_global=False)
-    deferred.defer_to_overlap()
-    for d in (eager, deferred):
-        d.begin(run[:, :7])
-        d.settle()
-        d.catch_up(run[0, 7:].tolist())
-    assert eager.propose(run, budget).num_nodes > 0 and deferred.propose(run, budget).num_nodes == 0
-    deferred.overlap()
-    assert deferred.propose(run, budget).num_nodes > 0
-
-    # A backlog too long to follow is settled first.
-    deferred = SuffixDrafter(use_global=False)
-    deferred.defer_to_overlap()
-    deferred.begin(tokens[:, :1])
-    deferred.catch_up(torch.randint(3, VOCAB, (FOLLOW_LIMIT + 1,), generator=g).tolist())
-    deferred.propose(torch.zeros(1, FOLLOW_LIMIT + 2, dtype=torch.long), budget)
-    assert deferred.ready
-
-
 def test_rows_behind_on_bookkeeping_sit_out_steps_within_the_host_limit():
     """`limit_host`: a row whose drafter has not caught up within the limit drafts nothing this step, a row caught
     up drafts; `idle` settles rows in order while the device is busy; without a limit every row drafts."""
