@@ -53,10 +53,6 @@ logger = logging.get_logger(__name__)
 __all__ = ["decode_batch", "measure_verify_cost", "batch_tree", "verify_rows", "greedy_rows", "apply_budget",
            "batch_buckets"]
 
-# The share of a plain step (T(1)) a plain run's step may spend settling a drafter's deferred bookkeeping while the
-# device computes it: enough for rows to catch up over a long run, with room left for the host's own work per step.
-SETTLE_SHARE = 0.5
-
 # Widths (nodes per row, root included) at which the eager path's verify cost is measured; a static runner is
 # measured at its buckets.
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 16, 32)
@@ -243,8 +239,7 @@ def decode_batch(request: Request):
                     logger.debug("batch of %d: drafts do not pay for their steps (%.0f tokens per row and second "
                                  "against %.0f plain): %d plain steps", len(running), payoff.rate,
                                  1.0 / cost(1), length)
-                    running = _plain_run(drafter, backend, rec, running, gen.max_length, stats, row_stats, length,
-                                         SETTLE_SHARE * cost(1))
+                    running = _plain_run(drafter, backend, rec, running, gen.max_length, stats, row_stats, length)
                     payoff.restart()
         drafter.end(_row_tokens(rec, list(range(rows)), pads))
     finally:
@@ -264,20 +259,17 @@ def decode_batch(request: Request):
 
 
 def _plain_run(drafter, backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
-               row_stats: list[SpecStats], length: int, settle_seconds: float = 0.0) -> list[int]:
+               row_stats: list[SpecStats], length: int) -> list[int]:
     """`length` plain steps without the drafter (`engine.plain`); the drafter catches up on each step's tokens while
-    the device runs the next, and settles what it deferred for at most `settle_seconds` per step, only while that
-    step still computes (so the host still launches the step after it in time). Returns the rows that still run."""
+    the device runs the next. Returns the rows that still run."""
     spent = [0.0]
 
-    def catch_up(rows: list[int], tokens: list[int], busy) -> None:
+    def catch_up(rows: list[int], tokens: list[int]) -> None:
+        # Queued only, for a drafter that defers its bookkeeping (`limit_host`): settling here, while the device
+        # computes the step in flight, held the next step's launch until that step ended, and even bounded to half a
+        # plain step it cost more than the rows it caught up won back (both measured on a GPU).
         t0 = time.perf_counter()
         drafter.catch_up(rows, [[t] for t in tokens])
-        if settle_seconds > 0:
-            # A bounded share of the step: settling until the step in flight ends would hold the next launch (the
-            # device would wait for the host every step), and none at all would leave rows of a long run behind.
-            deadline = t0 + settle_seconds
-            drafter.idle(lambda: busy() and time.perf_counter() < deadline)
         spent[0] += time.perf_counter() - t0
 
     run = plain_steps(backend, rec, running, max_length, stats, row_stats, max_steps=length, recorded=catch_up)

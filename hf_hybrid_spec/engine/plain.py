@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..staging import device_busy
 from .outputs import SpecStats
 from .rows import BatchRecorder
 
@@ -80,7 +79,7 @@ def plain_step(backend, roots: list[int], overlap=None) -> tuple[list[int], torc
 
 def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
                 row_stats: list[SpecStats], max_steps: int | None = None, columns: int = 0,
-                recorded: Callable[[list[int], list[int], Callable[[], bool]], None] | None = None) -> PlainRun:
+                recorded: Callable[[list[int], list[int]], None] | None = None) -> PlainRun:
     """Step the batch without drafts until no row runs, or for `max_steps` steps at most. `running` are the running
     rows, which index the runner's rows (a `generate` batch: row b is runner row b); the cache holds every row's
     committed tokens but its last, which is the next step's root (`rec.host[b][-1]`). A bounded run also keeps what
@@ -90,11 +89,10 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
     Each step is queued before the host has read the one before it: a plain step commits exactly one token per
     running row, so the host knows every row's next length without reading anything, and the next step's roots are
     the last step's argmax on the device. The host's bookkeeping (records, stopping criteria, statistics) of step t
-    then runs while the device computes step t + 1, and so does `recorded(rows, tokens, busy)` (optional) after each
-    step's records: the rows it recorded a token for, those tokens (a drafter's catch-up on them, no device read), and
-    `busy()`, True while step t + 1 still computes (`staging.device_busy`; never on the CPU). A row that stops at
-    step t has had step t + 1 computed too; that token lands past its end (its slot is never read again) and is not
-    recorded."""
+    then runs while the device computes step t + 1, and so does `recorded(rows, tokens)` (optional) after each step's
+    records: the rows it recorded a token for and those tokens (a drafter's catch-up on them, no device read). A row
+    that stops at step t has had step t + 1 computed too; that token lands past its end (its slot is never read
+    again) and is not recorded."""
     runner = backend.runner
     rows, device = runner.rows, runner.device
     pinned = device.type == "cuda"
@@ -136,8 +134,7 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
             before = len(running)
             rows_recorded, running = _record(pending, rec, running, max_length, backend, stats, row_stats, since)
             if recorded is not None and rows_recorded:
-                # (queued so far: the step after the one just recorded, if any)
-                recorded(rows_recorded, [rec.host[b][-1] for b in rows_recorded], device_busy(device))
+                recorded(rows_recorded, [rec.host[b][-1] for b in rows_recorded])
             since = time.perf_counter()
             if kept is not None:
                 for b in rows_recorded:

@@ -287,35 +287,3 @@ def test_suffix_rows_that_settle_a_part_per_step_stay_exact(monkeypatch):
                  assistant_config=H.AssistantConfig(compile=True, global_cache=False), **kw)
     assert torch.equal(out.sequences, ref)
     assert limits and all(s is not None and s < 1e-6 for s in limits)
-
-
-def test_plain_runs_settle_behind_rows_within_a_share_of_each_step(monkeypatch):
-    """In a plain run, rows behind on their tries settle while the step in flight computes, for at most
-    `SETTLE_SHARE * T(1)` per step: with the device always busy and a generous share they catch up within the run;
-    the output stays stock's."""
-    import hf_hybrid_spec.engine.batch as B
-    import hf_hybrid_spec.engine.plain as P
-    from hf_hybrid_spec.drafters.batch import PerRowDrafters
-
-    tiny = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1e-9, 1e-9, 1.01e-9, 1.02e-9, 1.04e-9])
-    monkeypatch.setattr(B, "_cost_model", lambda *args: tiny)
-    monkeypatch.setattr(B, "SETTLE_SHARE", 1e9)  # a second per step: every row settles at the first chance
-    ready_after = []
-    original = PerRowDrafters.idle
-
-    def idle(self, busy):
-        original(self, busy)
-        ready_after.append(all(d.ready for d in self.drafters))
-
-    monkeypatch.setattr(PerRowDrafters, "idle", idle)
-    model = tiny_model("qwen3_5_text")
-    ids, mask = padded_batch([40, 56, 33], seed=5, period=5)
-    kw = dict(max_new_tokens=40, eos_token_id=None)
-    ref = greedy(model, ids, mask, **kw)
-    for busy in (False, True):  # on the CPU nothing is in flight; then a device that is always computing
-        monkeypatch.setattr(P, "device_busy", lambda device, busy=busy: lambda: busy)
-        ready_after.clear()
-        out = greedy(model, ids, mask, custom_generate=H.speculative_generate, return_dict_in_generate=True,
-                     assistant_config=H.AssistantConfig(compile=True, global_cache=False), **kw)
-        assert torch.equal(out.sequences, ref)
-        assert out.spec_stats.plain_steps > 0 and any(ready_after) == busy, (busy, ready_after)
