@@ -600,15 +600,17 @@ class SuffixDrafter(Drafter):
             sources.append(("global", self.global_cache.trie, self._global_active))
         for source, trie, active in sources:
             prev_count = None
+            counts = trie._count  # (`SuffixTrie.count` inlined: this loop runs for every row at every step)
             # Longest match first; a shorter match with the same count has the same continuations.
             for m in range(min(len(active), self.max_match_length), 0, -1):
                 node = active[m - 1]
-                count = trie.count(node)
+                count = counts[node] if node >= 0 else 1
                 # (the count first: a run of suffixes that occurred once, the usual case, skips the continuation check)
-                if count == prev_count or trie.total(node, m) == 0:
-                    prev_count = count
+                if count == prev_count:
                     continue
                 prev_count = count
+                if trie.total(node, m) == 0:
+                    continue
                 cand = self._grow(trie, node, m, budget)
                 if cand is not None and (best is None or cand[0] > best[0]):
                     best = cand + (source, m)
@@ -620,9 +622,29 @@ class SuffixDrafter(Drafter):
                                     info={"drafter": "suffix", "source": source, "match_length": m, "score": score})
 
     def _grow(self, trie: SuffixTrie, node: int, match_length: int, budget: DraftBudget):
+        """The best-first tree from match `node` (of `match_length`) within the budget and the length cap: (score,
+        tokens, parents, probs), or None when it has no node."""
         cap = min(budget.max_nodes, int(match_length * self.max_spec_factor + self.max_spec_offset))
         if cap <= 0:
             return None
+        if node < 0:
+            return self._grow_chain(trie, node, match_length, budget, cap)
+        return self._grow_tree(trie, node, match_length, budget, cap)
+
+    def _grow_chain(self, trie: SuffixTrie, node: int, match_length: int, budget: DraftBudget, cap: int):
+        """`_grow_tree` from an implicit node, the usual longest match: a substring that occurred once continues as
+        its one occurrence's sequence, each node a single child of probability 1, so the tree is that chain."""
+        if self.min_token_prob > 1.0:
+            return None
+        seq, pos = trie._where(node)
+        tokens = trie._seqs.get(seq, ())
+        # Nodes at draft depths 1..n: within the budget's depth, the trie's depth and the sequence.
+        n = min(cap, budget.max_depth, trie.depth - match_length, len(tokens) - 1 - pos)
+        if n <= 0:
+            return None
+        return float(n), list(tokens[pos + 1 : pos + 1 + n]), list(range(-1, n - 1)), [1.0] * n
+
+    def _grow_tree(self, trie: SuffixTrie, node: int, match_length: int, budget: DraftBudget, cap: int):
         tie = itertools.count()
         heap: list = []
         count = trie.count

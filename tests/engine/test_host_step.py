@@ -216,3 +216,71 @@ def test_a_batch_of_host_drafts_is_the_tensor_walks_batch_to_the_bit():
         for name in ("tokens", "parents", "values", "depth", "count"):
             assert torch.equal(getattr(batch, name), getattr(walked, name)), name
     assert empty_draft(1) is empty_draft(1) and empty_draft(1).num_nodes == 0  # one shared empty draft
+
+
+def test_from_drafts_lays_out_each_rows_lists():
+    """The NumPy-built tables hold each row's tokens and parents, padded (tokens 0, parents -1), as int64."""
+    rng = random.Random(1)
+    drafts = [DraftTree.from_lists(*random_tree(rng, n, vocab=50)) for n in (3, 7, 1)] + [empty_draft(1)]
+    batch = DraftBatch.from_drafts(drafts)
+    assert batch.tokens.dtype == batch.parents.dtype == batch.depth.dtype == torch.long
+    assert batch.values.dtype == torch.float32 and batch.tokens.shape == (4, 7)
+    for row, d in enumerate(drafts):
+        n = d.num_nodes
+        assert batch.tokens[row].tolist() == d.host().tokens + [0] * (7 - n)
+        assert batch.parents[row].tolist() == d.host().parents + [-1] * (7 - n)
+
+
+def test_suffix_chain_growth_from_an_implicit_node_is_the_best_first_trees():
+    """From a substring that occurred once the suffix drafter lays out its occurrence's continuation directly
+    (`_grow_chain`); the general best-first growth (`_grow_tree`) gives the same draft, for every implicit match in
+    random texts, under budgets and caps of every size and near the trie's depth and the sequence's end."""
+    rng = random.Random(2)
+    checked = 0
+    for trial in range(30):
+        drafter = SuffixDrafter(use_global=False, max_match_length=rng.choice([3, 6, 32]), max_depth=8)
+        period = rng.randint(2, 9)
+        text = [rng.randrange(4 if trial % 2 else 40) for _ in range(rng.randint(10, 60))]
+        text += text[:period] * rng.randint(0, 3)
+        trie, active = drafter.local, []
+        for t in text:
+            active = trie.extend(active, t)
+        for m, node in enumerate(active[: drafter.max_match_length], start=1):
+            if node >= 0:
+                continue
+            for nodes, depth in ((24, 8), (3, 8), (24, 2), (1, 1), (24, 12)):
+                budget = DraftBudget(max_nodes=nodes, max_depth=depth)
+                cap = rng.choice([min(nodes, m), nodes])  # (the whole budget too: the trie depth binds)
+                assert drafter._grow_chain(trie, node, m, budget, cap) == drafter._grow_tree(trie, node, m, budget,
+                                                                                             cap)
+                # Earlier positions of the same occurrence, whose continuations run into the text.
+                back = node + rng.randint(1, len(text))
+                if back < 0:
+                    assert drafter._grow_chain(trie, back, m, budget, cap) == drafter._grow_tree(trie, back, m,
+                                                                                                 budget, cap)
+                    checked += 1
+    assert checked > 100
+
+
+def test_selecting_a_host_batch_on_numpy_is_the_torch_selection():
+    """`DraftBatch.select` of a host batch runs on NumPy views (`_select_host`); the torch ops (`_select_tensors`,
+    which device batches use) give the same batch, field for field, trimmed drafts included."""
+    from hf_hybrid_spec.engine.budget import choose_batch
+
+    rng = random.Random(4)
+    for _ in range(200):
+        drafts = []
+        for _ in range(rng.randint(1, 16)):
+            n = rng.randint(0, 24)
+            tokens, parents, scores = random_tree(rng, n, vocab=50)
+            drafts.append(DraftTree.from_lists(tokens, parents, None if rng.random() < 0.3 else scores) if n
+                          else empty_draft(1))
+        batch = DraftBatch.from_drafts(drafts)
+        keep, _ = choose_batch(batch, None, 0.05, rng.choice([0, 3, 10, 40, 400]))
+        host, tensors = batch._select_host(keep), batch._select_tensors(keep)
+        for name in ("tokens", "parents", "values", "depth", "count"):
+            a, b = getattr(host, name), getattr(tensors, name)
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+        assert host.counts == tensors.counts
+        for a, b in zip(host.drafts, tensors.drafts):
+            assert a.host().tokens == b.host().tokens and a.host().parents == b.host().parents
