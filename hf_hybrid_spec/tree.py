@@ -10,7 +10,6 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from .kernels.tree import ancestor_mask, node_depth, validate_parent
@@ -291,29 +290,28 @@ class DraftBatch:
             return [row + [fill] * (width - len(row)) for row in rows]
 
         rows = len(hosts)
+        tokens = torch.tensor(padded([h.tokens for h in hosts], 0), dtype=torch.long).view(rows, width)
+        parents = torch.tensor(padded([h.parents for h in hosts], -1), dtype=torch.long).view(rows, width)
         # Depths and capped values walked on the host lists (parents come first): what `from_tensors` settles in one
         # pass of tensor ops per level, for a few microseconds per row (the serving engine does this every step).
-        # The tables go through NumPy: `torch.tensor` of small nested lists costs ~3x as much.
         depths = []
         for h in hosts:
             d: list[int] = []
             for p in h.parents:
                 d.append(1 if p < 0 else d[p] + 1)
             depths.append(d)
-        ints = np.array([padded([h.tokens for h in hosts], 0), padded([h.parents for h in hosts], -1),
-                         padded(depths, 0)], dtype=np.int64).reshape(3, rows, width)
-        tokens, parents, depth = torch.from_numpy(ints).unbind(0)
+        depth = torch.tensor(padded(depths, 0), dtype=torch.long).view(rows, width)
         count = torch.tensor(counts, dtype=torch.long)
         if scored:
             # A row without scores among scored ones: its nodes at the prior by depth, like an unscored batch.
             raw = [h.scores if h.scores is not None else _prior_scores(h.parents, prior) for h in hosts]
             # Rounded to float32 and clamped first, as the tensors hold them; the caps (minima) are then exact.
-            capped = np.array(padded(raw, 0.0), dtype=np.float32).reshape(rows, width).clip(0.0, 1.0).tolist()
+            capped = torch.tensor(padded(raw, 0.0), dtype=torch.float32).view(rows, width).clamp(0.0, 1.0).tolist()
             for h, v in zip(hosts, capped):
                 for i, p in enumerate(h.parents):
                     if p >= 0 and v[p] < v[i]:
                         v[i] = v[p]
-            values = torch.from_numpy(np.array(capped, dtype=np.float32).reshape(rows, width))
+            values = torch.tensor(capped, dtype=torch.float32).view(rows, width)
         else:
             valid = torch.arange(width) < count[:, None]
             values = torch.where(valid, torch.full((rows, width), prior) ** depth.float(), 0.0)
@@ -343,12 +341,6 @@ class DraftBatch:
     def select(self, keep: torch.Tensor) -> DraftBatch:
         """The nodes where `keep` [R, M] is True (closed under parents), each row's in index order, parents
         remapped. Per-row drafts are trimmed too where they carry more than their tokens (`probs`, `next_probs`)."""
-        if self.tokens.device.type == "cpu" and keep.device.type == "cpu":
-            return self._select_host(keep)
-        return self._select_tensors(keep)
-
-    def _select_tensors(self, keep: torch.Tensor) -> DraftBatch:
-        """`select` in torch ops, on any device."""
         keep = keep & self.valid
         position = keep.long().cumsum(1) - 1  # new index of every kept node
         count = keep.sum(1)
@@ -367,31 +359,6 @@ class DraftBatch:
             drafts = [trim_draft(d, [i for i, k in enumerate(row) if k]) for d, row in zip(self.drafts, keeps)]
         out = DraftBatch(tokens=place(self.tokens, 0), parents=place(parents, -1), values=place(self.values, 0.0),
                          depth=place(self.depth, 0), count=count, drafts=drafts)
-        return out
-
-    def _select_host(self, keep: torch.Tensor) -> DraftBatch:
-        """`select` of a host batch, on NumPy views (the serving engine selects every step; see `choose_batch`)."""
-        rows, m = self.tokens.shape
-        valid = np.arange(m)[None, :] < np.asarray(self.counts, dtype=np.int64).reshape(rows, 1)
-        keep = keep.numpy() & valid
-        position = keep.cumsum(1) - 1  # new index of every kept node
-        count = keep.sum(1)
-        width = int(count.max()) if rows else 0
-        target = np.where(keep, position, width)  # dropped nodes go to a spare column, cut below
-
-        def place(x, fill):
-            out = np.full((rows, width + 1), fill, dtype=x.dtype)
-            np.put_along_axis(out, target, x, 1)
-            return torch.from_numpy(np.ascontiguousarray(out[:, :width]))
-
-        parents = self.parents.numpy()
-        parents = np.where(parents >= 0, np.take_along_axis(position, parents.clip(min=0), 1), -1)
-        kept = [row.nonzero()[0].tolist() for row in keep]
-        drafts = None if self.drafts is None else [trim_draft(d, k) for d, k in zip(self.drafts, kept)]
-        out = DraftBatch(tokens=place(self.tokens.numpy(), 0), parents=place(parents, -1),
-                         values=place(self.values.numpy(), np.float32(0.0)), depth=place(self.depth.numpy(), 0),
-                         count=torch.from_numpy(count.astype(np.int64)), drafts=drafts)
-        out.__dict__["_counts"] = [len(k) for k in kept]
         return out
 
     def verify_inputs(self, roots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,6 @@ import time
 from collections.abc import Sequence
 from functools import partial
 
-import numpy as np
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import logging
@@ -458,7 +457,7 @@ def greedy_rows(drafts: DraftBatch, best: torch.Tensor) -> list[VerifyResult]:
         news.append(new)
         width = max(width, len(new))
     # Every row's tokens in one tensor, each result a view of its row (one allocation for the batch).
-    table = torch.from_numpy(np.array([new + [0] * (width - len(new)) for new in news], dtype=np.int64))
+    table = torch.tensor([new + [0] * (width - len(new)) for new in news], dtype=torch.long)
     return [VerifyResult(path=path, tokens=table[row, : len(new)], score_nodes=path[:], token_list=new)
             for row, (path, new) in enumerate(zip(paths, news))]
 

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..tree import DeviceDrafts, DraftBatch, DraftTree
@@ -111,30 +110,25 @@ def choose_batch(batch: DraftBatch, cost: VerifyCost | None, slack: float = 0.05
     width up to the widest draft's) of most expected tokens per second under `cost`, each row its likeliest nodes
     within it, at most `max_nodes` in all, the likeliest across rows first; with no cost model, every node up to
     `max_nodes`. Returns the kept nodes as a [R, M] bool mask and the choice (its `keep` lists unfilled)."""
-    # On NumPy views of the host tensors: the serving engine runs this every step, and at its sizes (16 rows of up
-    # to 64 nodes) a NumPy op costs a few microseconds where a torch op on the CPU costs 5-10.
     rows, m = batch.tokens.shape
-    counts = batch.counts
-    valid = np.arange(m)[None, :] < np.asarray(counts, dtype=np.int64).reshape(rows, 1)
-    raw = batch.values.numpy()
+    valid = batch.valid
     # Within a row: highest value first, ties in index order (a parent's index is below its children's), so every
     # prefix of the ranking is closed under parents. Padding ranks last.
-    values = np.where(valid, raw, np.float32(-1.0))
-    order = np.argsort(-values, axis=1, kind="stable")
-    ranked = np.take_along_axis(values, order, 1).clip(min=0.0)
-    widest = 1 + (max(counts) if rows else 0)
+    values = torch.where(valid, batch.values, -1.0)
+    order = torch.sort(values, dim=1, descending=True, stable=True).indices
+    ranked = values.gather(1, order).clamp(min=0.0)
+    widest = 1 + (max(batch.counts) if rows else 0)
     if cost is None:
         width = widest
     else:
-        prefix = [0.0] + ranked.cumsum(1).sum(0).tolist()  # [M + 1] over rows
+        prefix = torch.cat([torch.zeros(rows, 1), ranked.cumsum(1)], dim=1).sum(0).tolist()  # [M + 1] over rows
         candidates = sorted({min(w, widest) for w in (widths or range(1, widest + 1))} | {1})
         plain = rows / cost(1)
         width, best_rate = 1, plain
         for w in candidates[1:]:
             if max_nodes is not None and rows * (w - 1) > max_nodes:
-                top = ranked[:, : w - 1].ravel()
-                k = min(max_nodes, top.size)
-                expected = rows + float(np.sort(top)[top.size - k :].sum())
+                top = ranked[:, : w - 1].flatten()
+                expected = rows + float(top.topk(min(max_nodes, top.numel())).values.sum())
             else:
                 expected = rows + prefix[min(w - 1, m)]
             rate = expected / cost(w)
@@ -142,22 +136,21 @@ def choose_batch(batch: DraftBatch, cost: VerifyCost | None, slack: float = 0.05
                 width, best_rate = w, rate
         if best_rate < (1.0 + slack) * plain:
             width = 1
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.broadcast_to(np.arange(m), (rows, m)), 1)
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(m).expand(rows, m))
     keep = (rank < width - 1) & valid
     if max_nodes is not None and int(keep.sum()) > max_nodes:
         # The likeliest across rows; ties to the lower node index, then the lower row (two stable sorts on the
         # row-major candidates).
-        row_of, index_of = keep.nonzero()
-        by_index = np.argsort(index_of, kind="stable")
-        by_value = np.argsort(-raw[row_of, index_of][by_index], kind="stable")
+        row_of, index_of = keep.nonzero(as_tuple=True)
+        by_index = torch.sort(index_of, stable=True).indices
+        by_value = torch.sort(batch.values[row_of, index_of][by_index], descending=True, stable=True).indices
         chosen = by_index[by_value[:max_nodes]]
-        keep = np.zeros_like(keep)
+        keep = torch.zeros_like(keep)
         keep[row_of[chosen], index_of[chosen]] = True
     kept = keep.sum(1)
     choice = BudgetChoice(keep=[], width=1 + (int(kept.max()) if rows else 0), nodes=int(kept.sum()),
-                          expected_tokens=rows + float(np.where(keep, raw, 0.0).sum()))
-    return torch.from_numpy(keep), choice
+                          expected_tokens=rows + float(torch.where(keep, batch.values, 0.0).sum()))
+    return keep, choice
 
 
 def choose_nodes(values: list[list[float]], cost: VerifyCost | None, slack: float = 0.05,

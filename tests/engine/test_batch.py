@@ -15,7 +15,6 @@ from transformers import (
 from verification.test_sampling import RandomSampledDrafter, V, chi2_pvalue, target_joint
 
 import hf_hybrid_spec as H
-from hf_hybrid_spec.engine.budget import BudgetChoice as _BudgetChoice
 from hf_hybrid_spec.engine.budget import VerifyCost, choose_nodes, choose_width, node_values
 from hf_hybrid_spec.testing import TINY_FAMILIES, tiny_model
 from hf_hybrid_spec.tree import DraftTree, empty_draft
@@ -256,37 +255,6 @@ def test_budget_falls_to_zero_where_verifying_costs_more_than_it_gains():
     # A static runner's widths are its buckets (a plain step costs the smallest).
     buckets = VerifyCost(widths=[8, 16], seconds=[1.0, 1.9])
     assert choose_nodes(values, buckets, widths=[8, 16]).nodes == 5
-
-
-def test_budget_on_numpy_picks_what_the_torch_ops_picked():
-    """`choose_batch` runs on NumPy views; the torch version it replaced picks the same nodes, width and expected
-    tokens on random batches (scored and unscored rows, empty rows, with and without a cost model, node caps that
-    bind)."""
-    import random
-
-    from hf_hybrid_spec.engine.budget import choose_batch
-    from hf_hybrid_spec.tree import DraftBatch
-
-    rng = random.Random(3)
-    costs = [None, VerifyCost(widths=[1, 2, 4, 8, 16, 32], seconds=[1.0, 1.02, 1.05, 1.1, 1.3, 1.9]),
-             VerifyCost(widths=[8, 16, 32, 64], seconds=[1.0, 1.1, 1.4, 2.5], padded=True)]
-    for trial in range(150):
-        drafts = []
-        for _ in range(rng.randint(1, 16)):
-            n = rng.randint(0, 24)
-            parents = [rng.randrange(-1, i) for i in range(n)]
-            scores = None if rng.random() < 0.3 else [rng.random() for _ in range(n)]
-            drafts.append(DraftTree.from_lists([rng.randrange(50) for _ in range(n)], parents, scores) if n
-                          else empty_draft(1))
-        batch = DraftBatch.from_drafts(drafts)
-        cost = costs[trial % 3]
-        widths = [8, 16, 32, 64] if trial % 3 == 2 else None
-        max_nodes = rng.choice([None, 5, 40, 200]) if cost is not None else rng.choice([5, 40])
-        keep, choice = choose_batch(batch, cost, 0.05, max_nodes, widths)
-        ref_keep, ref_choice = reference_choose_batch(batch, cost, 0.05, max_nodes, widths)
-        assert torch.equal(keep, ref_keep), trial
-        assert (choice.width, choice.nodes) == (ref_choice.width, ref_choice.nodes)
-        assert choice.expected_tokens == pytest.approx(ref_choice.expected_tokens, rel=1e-6)
 
 
 def test_budget_shares_nodes_by_path_probability_across_rows():
@@ -548,48 +516,3 @@ def test_auto_prefill_bounds():
     assert chunked_prefill("auto", 64, 256) and chunked_prefill("auto", 1, 512) and chunked_prefill("auto", 32, 512)
     assert not chunked_prefill("auto", 1, 513) and not chunked_prefill("auto", 33, 512)
     assert chunked_prefill("chunked", 128, 4096) and not chunked_prefill("eager", 1, 16)
-
-
-def reference_choose_batch(batch, cost, slack=0.05, max_nodes=None, widths=None):
-    """`choose_batch` as it was written in torch ops, before its NumPy port."""
-    rows, m = batch.tokens.shape
-    valid = batch.valid
-    # Within a row: highest value first, ties in index order (a parent's index is below its children's), so every
-    # prefix of the ranking is closed under parents. Padding ranks last.
-    values = torch.where(valid, batch.values, -1.0)
-    order = torch.sort(values, dim=1, descending=True, stable=True).indices
-    ranked = values.gather(1, order).clamp(min=0.0)
-    widest = 1 + (max(batch.counts) if rows else 0)
-    if cost is None:
-        width = widest
-    else:
-        prefix = torch.cat([torch.zeros(rows, 1), ranked.cumsum(1)], dim=1).sum(0).tolist()  # [M + 1] over rows
-        candidates = sorted({min(w, widest) for w in (widths or range(1, widest + 1))} | {1})
-        plain = rows / cost(1)
-        width, best_rate = 1, plain
-        for w in candidates[1:]:
-            if max_nodes is not None and rows * (w - 1) > max_nodes:
-                top = ranked[:, : w - 1].flatten()
-                expected = rows + float(top.topk(min(max_nodes, top.numel())).values.sum())
-            else:
-                expected = rows + prefix[min(w - 1, m)]
-            rate = expected / cost(w)
-            if rate > best_rate:
-                width, best_rate = w, rate
-        if best_rate < (1.0 + slack) * plain:
-            width = 1
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(m).expand(rows, m))
-    keep = (rank < width - 1) & valid
-    if max_nodes is not None and int(keep.sum()) > max_nodes:
-        # The likeliest across rows; ties to the lower node index, then the lower row (two stable sorts on the
-        # row-major candidates).
-        row_of, index_of = keep.nonzero(as_tuple=True)
-        by_index = torch.sort(index_of, stable=True).indices
-        by_value = torch.sort(batch.values[row_of, index_of][by_index], descending=True, stable=True).indices
-        chosen = by_index[by_value[:max_nodes]]
-        keep = torch.zeros_like(keep)
-        keep[row_of[chosen], index_of[chosen]] = True
-    kept = keep.sum(1)
-    choice = _BudgetChoice(keep=[], width=1 + (int(kept.max()) if rows else 0), nodes=int(kept.sum()),
-                           expected_tokens=rows + float(torch.where(keep, batch.values, 0.0).sum()))
-    return keep, choice

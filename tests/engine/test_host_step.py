@@ -219,7 +219,7 @@ def test_a_batch_of_host_drafts_is_the_tensor_walks_batch_to_the_bit():
 
 
 def test_from_drafts_lays_out_each_rows_lists():
-    """The NumPy-built tables hold each row's tokens and parents, padded (tokens 0, parents -1), as int64."""
+    """The batch's tables hold each row's tokens and parents, padded (tokens 0, parents -1), as int64."""
     rng = random.Random(1)
     drafts = [DraftTree.from_lists(*random_tree(rng, n, vocab=50)) for n in (3, 7, 1)] + [empty_draft(1)]
     batch = DraftBatch.from_drafts(drafts)
@@ -261,26 +261,3 @@ def test_suffix_chain_growth_from_an_implicit_node_is_the_best_first_trees():
                     checked += 1
     assert checked > 100
 
-
-def test_selecting_a_host_batch_on_numpy_is_the_torch_selection():
-    """`DraftBatch.select` of a host batch runs on NumPy views (`_select_host`); the torch ops (`_select_tensors`,
-    which device batches use) give the same batch, field for field, trimmed drafts included."""
-    from hf_hybrid_spec.engine.budget import choose_batch
-
-    rng = random.Random(4)
-    for _ in range(200):
-        drafts = []
-        for _ in range(rng.randint(1, 16)):
-            n = rng.randint(0, 24)
-            tokens, parents, scores = random_tree(rng, n, vocab=50)
-            drafts.append(DraftTree.from_lists(tokens, parents, None if rng.random() < 0.3 else scores) if n
-                          else empty_draft(1))
-        batch = DraftBatch.from_drafts(drafts)
-        keep, _ = choose_batch(batch, None, 0.05, rng.choice([0, 3, 10, 40, 400]))
-        host, tensors = batch._select_host(keep), batch._select_tensors(keep)
-        for name in ("tokens", "parents", "values", "depth", "count"):
-            a, b = getattr(host, name), getattr(tensors, name)
-            assert a.dtype == b.dtype and torch.equal(a, b), name
-        assert host.counts == tensors.counts
-        for a, b in zip(host.drafts, tensors.drafts):
-            assert a.host().tokens == b.host().tokens and a.host().parents == b.host().parents
