@@ -11,7 +11,7 @@ the fixtures', without the model. Requests: the agentic workload suite's first p
 The replacement patches `BatchStaticRunner`'s `_run` / `commit` / `commit_device` / `finish_commit` in this process
 only. Correctness is not what this measures (the tokens are the fake forward's).
 
-Usage: python benchmarks/serve_host.py [--requests 32] [--max-new-tokens 128] [--slots 16] [--profile]
+Usage: python benchmarks/serve_host.py [--requests 32] [--max-new-tokens 128] [--slots 16] [--budget] [--profile]
 """
 
 from __future__ import annotations
@@ -96,6 +96,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--accept", type=float, default=0.8, help="chance that a node's first child is accepted")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="one more run under cProfile: the top functions")
+    parser.add_argument("--budget", action="store_true",
+                        help="run the batch-wide budget's choice and selection every step, as the engine does on "
+                             "CUDA (on the CPU it measures no cost model and skips them): a cost model shaped like "
+                             "the H200's 16-slot verify forward, 1.3 ms plus 9 us per node of width")
     args = parser.parse_args(argv)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -112,6 +116,15 @@ def main(argv=None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(path)
     vocab = model.get_output_embeddings().weight.shape[0]
     patch_runner(vocab, args.accept)
+    if args.budget:
+        from hf_hybrid_spec.engine.budget import VerifyCost
+
+        def cost_model(engine):
+            widths = list(engine.backend.widths or [1, 8, 16, 32, 64])
+            return VerifyCost(widths=widths, seconds=[1.3e-3 + 9e-6 * w for w in widths],
+                              padded=engine.backend.widths is not None)
+
+        ServingEngine._cost_model = cost_model
     suite = load_suite(os.path.join(os.path.dirname(os.path.abspath(__file__)), "workloads.json"))
     sessions = suite.select(workloads=("agent_loop", "code_edit", "tool_calls"), split="train",
                             interleave=True)[: args.requests]

@@ -73,8 +73,9 @@ def test_serve_bench_dry_run_runs_every_method_behind_its_gate(tmp_path, capsys)
 
 
 def test_serve_host_bench_runs_the_engine_without_the_model_and_exits_zero():
-    """The serving host-cost bench on the fixture, in a process of its own (it patches the batched runner): a JSON
-    line last with the steps it took and every request's tokens; exit status 0."""
+    """The serving host-cost bench on the fixture, in a process of its own (it patches the batched runner), with the
+    budget's synthetic cost model: a JSON line last with the steps it took and every request's tokens; exit status
+    0."""
     import json
     import os
     import subprocess
@@ -90,7 +91,8 @@ def test_serve_host_bench_runs_the_engine_without_the_model_and_exits_zero():
         pytest.skip(message)
     script = os.path.join(os.path.dirname(bench.__file__), "serve_host.py")
     run = subprocess.run([sys.executable, script, "--requests", "4", "--slots", "2", "--prompt-tokens", "64",
-                          "--max-new-tokens", "12", "--repeats", "1"], capture_output=True, text=True, timeout=300)
+                          "--max-new-tokens", "12", "--repeats", "1", "--budget"], capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["tokens"] == 4 * 12 and result["steps"] > 0 and result["host_ms_per_step"] > 0
