@@ -369,6 +369,8 @@ def apply_budget(drafts: DraftBatch, cost: VerifyCost | None, config, stats: Spe
     if cost is None:
         stats.budget_capped = True
     keep, _ = choose_batch(drafts, cost, config.budget_slack, config.max_verify_nodes, widths)
+    if int(keep.sum()) == total:  # every node kept (`keep` lies within the real nodes): nothing to select
+        return drafts
     return drafts.select(keep)
 
 

@@ -257,6 +257,22 @@ def test_budget_falls_to_zero_where_verifying_costs_more_than_it_gains():
     assert choose_nodes(values, buckets, widths=[8, 16]).nodes == 5
 
 
+def test_a_budget_that_keeps_every_node_hands_the_batch_back():
+    """`apply_budget` skips the selection when the choice keeps every node (the usual serving step on a GPU, where a
+    wide forward costs little more than a narrow one); when it cuts, the selection keeps the chosen nodes."""
+    from hf_hybrid_spec.engine.batch import apply_budget
+    from hf_hybrid_spec.engine.outputs import SpecStats
+    from hf_hybrid_spec.tree import DraftBatch
+
+    batch = DraftBatch.from_drafts([chain([0.9, 0.8, 0.7]), chain([0.5, 0.2])])
+    config = H.AssistantConfig()
+    cheap = VerifyCost(widths=[1, 64], seconds=[1.0, 1.0])
+    assert apply_budget(batch, cheap, config, SpecStats(), None) is batch
+    middle = VerifyCost(widths=[1, 2, 3, 4], seconds=[1.0, 1.05, 2.0, 3.0])
+    cut = apply_budget(batch, middle, config, SpecStats(), None)
+    assert cut is not batch and cut.counts == [1, 1] and cut.tokens[:, 0].tolist() == [0, 0]
+
+
 def test_budget_shares_nodes_by_path_probability_across_rows():
     drafts = [chain([0.95, 0.9, 0.85, 0.8]), chain([0.3, 0.1]), chain([0.9, 0.6])]
     choice = choose_nodes([node_values(d) for d in drafts], None, max_nodes=5)
