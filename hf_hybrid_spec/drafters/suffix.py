@@ -96,6 +96,15 @@ class SuffixTrie:
         tokens = self._seqs.get(seq, ())
         return [(tokens[pos + 1], ref - 1)] if pos + 1 < len(tokens) else []  # ref - 1 is (seq, pos + 1)
 
+    def occurrence_after(self, ref: int, depth: int, limit: int) -> list[int]:
+        """For an implicit `ref` (a substring of length `depth` that occurred once): the tokens that followed its one
+        occurrence, at most `limit`, within the trie's depth and its sequence. Its whole subtree is that chain, each
+        node its parent's only child."""
+        seq, pos = self._where(ref)
+        tokens = self._seqs.get(seq, ())  # (gone once evicted: no continuation, as `children` reads it)
+        n = min(limit, self.depth - depth, len(tokens) - 1 - pos)
+        return list(tokens[pos + 1 : pos + 1 + n]) if n > 0 else []
+
     def _child(self, node: int, token: int) -> int | None:
         """The child of explicit `node` for `token`, or None."""
         kt = self._kid_token[node]
@@ -636,13 +645,11 @@ class SuffixDrafter(Drafter):
         its one occurrence's sequence, each node a single child of probability 1, so the tree is that chain."""
         if self.min_token_prob > 1.0:
             return None
-        seq, pos = trie._where(node)
-        tokens = trie._seqs.get(seq, ())
-        # Nodes at draft depths 1..n: within the budget's depth, the trie's depth and the sequence.
-        n = min(cap, budget.max_depth, trie.depth - match_length, len(tokens) - 1 - pos)
-        if n <= 0:
+        tokens = trie.occurrence_after(node, match_length, min(cap, budget.max_depth))
+        if not tokens:
             return None
-        return float(n), list(tokens[pos + 1 : pos + 1 + n]), list(range(-1, n - 1)), [1.0] * n
+        n = len(tokens)
+        return float(n), tokens, list(range(-1, n - 1)), [1.0] * n
 
     def _grow_tree(self, trie: SuffixTrie, node: int, match_length: int, budget: DraftBudget, cap: int):
         tie = itertools.count()
