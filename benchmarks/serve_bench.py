@@ -44,6 +44,7 @@ from transformers.utils import logging
 from workloads import load_suite
 
 from hf_hybrid_spec.config import AssistantConfig
+from hf_hybrid_spec.drafters.suffix_native import native_available
 from hf_hybrid_spec.serving import ContinuousBatchingManager, ServingConfig
 
 logger = logging.get_logger(__name__)
@@ -394,7 +395,8 @@ def main(argv: list[str] | None = None) -> dict:
                            e["draft_seconds"], e["verify_seconds"], e["record_seconds"])
     result = {"bench": "serve", "model": args.model, "dtype": args.dtype, "device": str(model.device),
               "sessions": len(pieces), "calls": total_calls, "max_new_tokens": args.max_new_tokens,
-              "max_slots": args.max_slots, "prefill": args.prefill, "gate": shares, "rows": rows}
+              "max_slots": args.max_slots, "prefill": args.prefill, "gate": shares, "rows": rows,
+              "suffix_trie": "native" if native_available() else "python"}
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

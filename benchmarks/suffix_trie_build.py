@@ -1,17 +1,19 @@
-"""Host time of the suffix drafter's tries per committed token: appended to the request's trie (`SuffixTrie.extend`)
-and followed through the process-wide one (`SuffixTrie.follow`).
+"""Host time of the suffix drafter's tries per committed token: appended to the request's trie (`extend_many`) and
+followed through the process-wide one (`follow_many`), for the Python trie (`SuffixTrie`) and the C one
+(`NativeSuffixTrie`, where a compiler could build it) side by side.
 
 What a request's trie costs as its prompt goes in (`begin`, a serving engine's `prefeed`) and as tokens are committed
 (`accept`, `catch_up` in a batch's plain runs): on the H200 machine's host this growth is part of every speculative
 serving step and, at large batches, of every plain step. The texts are the agentic workload suite's
 (`benchmarks/workloads.json`: prompts, tool results, replies), tokenized with the fixture's tokenizer; each text builds
 a trie of its own at the drafter's default depth (`max_match_length` 32 + `max_depth` 8); for `follow`, the texts after
-the first `--trie-texts` (default: half) are followed token by token through one trie holding those (the process-wide
-cache's work per token when `global_cache=True`, the default; later calls of a session extend earlier ones, so more
-texts in the trie means longer matches).
+the first `--trie-texts` (default: half) are followed through one trie holding those (the process-wide cache's work
+per token when `global_cache=True`, the default; later calls of a session extend earlier ones, so more texts in the
+trie means longer matches). Tokens go in `--chunk` at a time (default 8: about what a serving step commits per row; a
+prompt goes in 256 at a time), the unit the drafter feeds them in.
 
-A correctness gate first (the compact trie's counts against every substring counted directly, on a few texts), then
-the best of `--repeats` timings, and a JSON line last.
+A correctness gate first (each trie's counts against every substring counted directly, on a few texts), then the best
+of `--repeats` timings, and a JSON line last.
 
     python benchmarks/suffix_trie_build.py --tokenizer ../shared/models/qwen3_5-small
 """
@@ -25,7 +27,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from hf_hybrid_spec.drafters.suffix import SuffixTrie
+from hf_hybrid_spec.drafters.suffix import NativeSuffixTrie, SuffixTrie
+from hf_hybrid_spec.drafters.suffix_native import native_available
 
 
 def texts_of(suite: Path, limit: int) -> list[str]:
@@ -46,17 +49,17 @@ def texts_of(suite: Path, limit: int) -> list[str]:
     return found[:limit]
 
 
-def build(tokens: list[int], depth: int) -> SuffixTrie:
-    trie, active = SuffixTrie(depth), []
-    for t in tokens:
-        active = trie.extend(active, t)
+def build(kind: type, tokens: list[int], depth: int, chunk: int):
+    trie, active = kind(depth), []
+    for i in range(0, len(tokens), chunk):
+        active = trie.extend_many(active, tokens[i : i + chunk])
     return trie
 
 
-def gate(sequences: list[list[int]], depth: int) -> None:
+def gate(kind: type, sequences: list[list[int]], depth: int) -> None:
     """Every substring's count in the trie equals its count in the text (walked from the root)."""
     for tokens in sequences:
-        trie = build(tokens, depth)
+        trie = build(kind, tokens, depth, 7)
         expected = Counter(tuple(tokens[i:j]) for i in range(len(tokens))
                            for j in range(i + 1, min(i + depth, len(tokens)) + 1))
         for sub, count in expected.items():
@@ -64,8 +67,31 @@ def gate(sequences: list[list[int]], depth: int) -> None:
             for k, t in enumerate(sub):
                 node = next(child for token, child in trie.children(node, k) if token == t)
             if trie.count(node) != count:
-                raise SystemExit(f"gate failed: a substring of {len(sub)} tokens counted {trie.count(node)}, "
-                                 f"expected {count}")
+                raise SystemExit(f"gate failed ({kind.__name__}): a substring of {len(sub)} tokens counted "
+                                 f"{trie.count(node)}, expected {count}")
+
+
+def timings(kind: type, sequences: list[list[int]], args) -> tuple[float, float]:
+    """Best seconds over `--repeats` to build every text's trie, and to follow the later texts through one trie."""
+    best = float("inf")
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        for s in sequences:
+            build(kind, s, args.depth, args.chunk)
+        best = min(best, time.perf_counter() - start)
+    shared = kind(args.depth)
+    half = len(sequences) // 2 if args.trie_texts is None else min(args.trie_texts, len(sequences) - 1)
+    for s in sequences[:half]:
+        shared.insert(s)
+    best_follow = float("inf")
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        for s in sequences[half:]:
+            active: list[int] = []
+            for i in range(0, len(s), args.chunk):
+                active = shared.follow_many(active, s[i : i + args.chunk])
+        best_follow = min(best_follow, time.perf_counter() - start)
+    return best, best_follow
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -77,37 +103,31 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--depth", type=int, default=40, help="trie depth (max_match_length + max_depth)")
     parser.add_argument("--trie-texts", type=int, default=None, help="texts in the followed trie (default: half)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--chunk", type=int, default=8, help="tokens fed per call (a serving step's commit per row)")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     sequences = [tokenizer(t).input_ids for t in texts_of(Path(args.suite), args.texts)]
-    gate(sequences[:3], args.depth)
+    kinds = [SuffixTrie] + ([NativeSuffixTrie] if native_available() else [])
+    for kind in kinds:
+        gate(kind, sequences[:3], args.depth)
     tokens = sum(len(s) for s in sequences)
-    best = float("inf")
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        for s in sequences:
-            build(s, args.depth)
-        best = min(best, time.perf_counter() - start)
-    shared = SuffixTrie(args.depth)
     half = len(sequences) // 2 if args.trie_texts is None else min(args.trie_texts, len(sequences) - 1)
-    for s in sequences[:half]:
-        shared.insert(s)
     followed = sum(len(s) for s in sequences[half:])
-    best_follow = float("inf")
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        for s in sequences[half:]:
-            active: list[int] = []
-            for t in s:
-                active = shared.follow(active, t)
-        best_follow = min(best_follow, time.perf_counter() - start)
     result = {"bench": "suffix_trie_build", "texts": len(sequences), "tokens": tokens, "depth": args.depth,
-              "extend_us_per_token": 1e6 * best / tokens, "follow_us_per_token": 1e6 * best_follow / followed}
-    print(f"| texts | tokens | depth | extend us / token | follow us / token (best of {args.repeats}) |\n"
-          f"| ---: | ---: | ---: | ---: | ---: |\n| {len(sequences)} | {tokens} | {args.depth} | "
-          f"{result['extend_us_per_token']:.2f} | {result['follow_us_per_token']:.2f} |")
+              "chunk": args.chunk}
+    print(f"| trie | texts | tokens | depth | extend us / token | follow us / token (best of {args.repeats}) |\n"
+          f"| --- | ---: | ---: | ---: | ---: | ---: |")
+    for kind in kinds:
+        build_s, follow_s = timings(kind, sequences, args)
+        name = "native" if kind is NativeSuffixTrie else "python"
+        result[f"{name}_extend_us_per_token"] = 1e6 * build_s / tokens
+        result[f"{name}_follow_us_per_token"] = 1e6 * follow_s / followed
+        print(f"| {kind.__name__} | {len(sequences)} | {tokens} | {args.depth} | {1e6 * build_s / tokens:.2f} | "
+              f"{1e6 * follow_s / followed:.2f} |")
+    if len(kinds) == 1:
+        print("(no C compiler here: the native trie was not built)")
     print(json.dumps(result))
     return result
 

@@ -8,6 +8,7 @@
 #             (+fused)
 #   base      the same benchmark (suffix and EAGLE) with the code of an earlier commit in .carry/base: run right after
 #             e2e on the same machine for an A/B of the two versions
+#   trie      the suffix tries' host cost per token, the Python and the C trie side by side
 #   launch    what a tree op costs the host when launched from Python (the eager path), and the eager loop end to end
 #   hvd       Hybrid Verified Decoding on the agentic workload suite
 #   mtp       train the fixture's MTP head (it ships none; recipes/train_mtp.py), then MTP chain / tree vs EAGLE vs
@@ -43,6 +44,11 @@ case "${1:-}" in
     if [ -f .carry/base/benchmarks/bench.py ]; then B=(python3 "$PWD/.carry/base/benchmarks/bench.py"); else B=(python3 -m hf_hybrid_spec.bench); fi
     TAILN=14 base 560 e2e_base "${B[@]}" --model "$M" --drafters suffix "eagle:$D" --compiled-only --compile-verify \
         $E2E --out "$OUT/e2e_base" ;;
+  trie)
+    # The suffix tries' host cost per token on this machine's CPU, Python and C side by side: tokens fed per call as a
+    # serving step commits them (8) and as a prompt goes in (256).
+    for c in 8 256; do TAILN=5 run 200 "trie_build_$c" python3 benchmarks/suffix_trie_build.py --tokenizer "$M" \
+        --chunk "$c"; done ;;
   launch)
     TAILN=12 run 200 launch_costs python3 benchmarks/tree_kernels.py --launch-costs --ops gdn mamba2 --batch 1 8 \
         --nodes 16 64

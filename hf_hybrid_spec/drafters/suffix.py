@@ -22,9 +22,10 @@ import torch
 
 from ..tree import DraftTree, empty_draft
 from .base import DraftBudget, Drafter, committed_since
+from .suffix_native import DraftCandidate, NativeSuffixTrie, new_trie
 
-__all__ = ["SuffixTrie", "SuffixDrafter", "GlobalSuffixCache", "clear_global_suffix_cache", "global_suffix_cache",
-           "from_config"]
+__all__ = ["SuffixTrie", "NativeSuffixTrie", "SuffixDrafter", "GlobalSuffixCache", "clear_global_suffix_cache",
+           "global_suffix_cache", "new_trie", "SUFFIX_TRIES", "from_config"]
 
 
 class SuffixTrie:
@@ -46,6 +47,9 @@ class SuffixTrie:
 
     ROOT = 0
     _NONE, _MANY = -1, -2
+    # Tokens `SuffixDrafter.settle` feeds between two checks of its deadline: few, since a check that comes late holds
+    # the host past the device's idle time (a token costs ~5-25 us here on the fixtures' repetitive text).
+    FEED_CHUNK = 8
 
     def __init__(self, depth: int):
         self.depth = depth
@@ -197,6 +201,18 @@ class SuffixTrie:
             append(child)
         return new
 
+    def extend_many(self, active: list[int], tokens, seq: int = 0) -> list[int]:
+        """`extend` for each of `tokens` in turn; returns the final active list."""
+        for t in tokens:
+            active = self.extend(active, t, seq)
+        return active
+
+    def follow_many(self, active: list[int], tokens) -> list[int]:
+        """`follow` for each of `tokens` in turn; returns the final active list."""
+        for t in tokens:
+            active = self.follow(active, t)
+        return active
+
     def follow(self, active: list[int], token: int) -> list[int]:
         """Like `extend` but read-only: the nodes of the context's suffixes that exist in the trie."""
         # An active list is explicit nodes, then implicit ones that are all one reference (a suffix that occurred
@@ -230,24 +246,22 @@ class SuffixTrie:
     def active_after(self, tokens) -> list[int]:
         """The `follow` state after `tokens`: it depends on their last `depth` tokens only (suffixes are at most that
         long), so a long context costs no more than a short one."""
-        active: list[int] = []
-        for t in list(tokens[-self.depth :]):
-            active = self.follow(active, t)
-        return active
+        return self.follow_many([], list(tokens[-self.depth :]))
 
     def insert(self, tokens) -> int:
         """Insert a new sequence; returns its id (for `remove`)."""
         seq = self._next_seq
         self._next_seq += 1
         self._seqs[seq] = array("i")
-        active: list[int] = []
-        for t in tokens:
-            active = self.extend(active, t, seq)
+        self.extend_many([], tokens, seq)
         return seq
 
     def sequence(self, seq: int = 0) -> array:
         """The tokens of sequence `seq` (the trie's own array: do not modify)."""
         return self._seqs.get(seq, array("i"))
+
+    def sequence_length(self, seq: int = 0) -> int:
+        return len(self._seqs.get(seq, ()))
 
     def truncate(self, seq: int, keep: int) -> None:
         """Cut sequence `seq` back to its first `keep` tokens (`keep = 0` removes it): what its later positions added
@@ -297,6 +311,90 @@ class SuffixTrie:
             self._kid_token[n] = self._NONE
             self._free.append(n)
 
+    # ------------------------------------------------------------------ drafting
+    def best_draft(self, active: list[int], max_match_length: int, spec_factor: float, spec_offset: float,
+                   max_nodes: int, max_depth: int, min_token_prob: float, tree: bool) -> DraftCandidate | None:
+        """The best draft from the matches of the context whose suffix nodes are `active` (`extend` / `follow`), or
+        None: for each match length m <= `max_match_length` (longest first) the best-first tree from its node, of at
+        most min(`max_nodes`, int(m * `spec_factor` + `spec_offset`)) nodes, `max_depth` deep, each path probability
+        >= `min_token_prob` (`tree=False`: the most frequent child only); the highest score wins, the longer match
+        among equals."""
+        best = None
+        prev_count = None
+        counts = self._count  # (`count` inlined: this loop runs for every row at every step)
+        for m in range(min(len(active), max_match_length), 0, -1):
+            node = active[m - 1]
+            count = counts[node] if node >= 0 else 1
+            # A shorter match with the same count has the same continuations. (The count first: a run of suffixes
+            # that occurred once, the usual case, skips the continuation check.)
+            if count == prev_count:
+                continue
+            prev_count = count
+            if self.total(node, m) == 0:
+                continue
+            cap = min(max_nodes, int(m * spec_factor + spec_offset))
+            if cap <= 0:
+                continue
+            if node < 0:
+                cand = self._grow_chain(node, m, max_depth, min_token_prob, cap)
+            else:
+                cand = self._grow_tree(node, m, max_depth, min_token_prob, tree, cap)
+            if cand is not None and (best is None or cand.score > best.score):
+                best = cand
+        return best
+
+    def _grow_chain(self, node: int, match_length: int, max_depth: int, min_token_prob: float,
+                    cap: int) -> DraftCandidate | None:
+        """`_grow_tree` from an implicit node, the usual longest match: a substring that occurred once continues as
+        its one occurrence's sequence, each node a single child of probability 1, so the tree is that chain."""
+        if min_token_prob > 1.0:
+            return None
+        tokens = self.occurrence_after(node, match_length, min(cap, max_depth))
+        if not tokens:
+            return None
+        n = len(tokens)
+        return DraftCandidate(float(n), tokens, list(range(-1, n - 1)), [1.0] * n, match_length)
+
+    def _grow_tree(self, node: int, match_length: int, max_depth: int, min_token_prob: float, tree: bool,
+                   cap: int) -> DraftCandidate | None:
+        """Best-first by path probability (products of child count / sibling total), ties to the earlier push."""
+        tie = itertools.count()
+        heap: list = []
+        count = self.count
+
+        def push_children(parent_node: int, parent_prob: float, parent_idx: int, depth: int):
+            # `depth`: the children's depth below the draft's root; the parent's in the trie is match_length + it - 1.
+            if depth > max_depth:
+                return
+            trie_depth = match_length + depth - 1
+            total = self.total(parent_node, trie_depth)
+            if total == 0:
+                return
+            items = self.children(parent_node, trie_depth)
+            if not items:
+                return
+            if not tree:
+                items = [max(items, key=lambda kv: count(kv[1]))]
+            for tok, child in items:
+                p = parent_prob * count(child) / total
+                if p >= min_token_prob:
+                    heapq.heappush(heap, (-p, next(tie), tok, child, parent_idx, depth))
+
+        push_children(node, 1.0, -1, 1)
+        tokens, parents, probs = [], [], []
+        while heap and len(tokens) < cap:
+            neg_p, _, tok, child, parent_idx, depth = heapq.heappop(heap)
+            tokens.append(tok)
+            parents.append(parent_idx)
+            probs.append(-neg_p)
+            push_children(child, -neg_p, len(tokens) - 1, depth + 1)
+        if not tokens:
+            return None
+        score = 0.0
+        for p in probs:  # in order, unrounded between terms: the C trie's sum (Python 3.12's `sum` compensates)
+            score += p
+        return DraftCandidate(score, tokens, parents, probs, match_length)
+
     # ------------------------------------------------------------------ size
     @property
     def num_nodes(self) -> int:
@@ -326,6 +424,9 @@ class SuffixTrie:
         return new
 
 
+SUFFIX_TRIES = (SuffixTrie, NativeSuffixTrie)  # what `new_trie` gives: the same methods and results
+
+
 class GlobalSuffixCache:
     """Process-wide state of the suffix drafters of one model / tokenizer (thread-safe):
 
@@ -345,7 +446,7 @@ class GlobalSuffixCache:
     MAX_FINISHED = 4
 
     def __init__(self, depth: int, max_outputs: int, max_tokens: int = 2_000_000):
-        self.trie = SuffixTrie(depth)
+        self.trie = new_trie(depth)
         self.max_outputs = max_outputs
         self.max_tokens = max_tokens
         self.outputs: deque[tuple[int, int]] = deque()  # (sequence id in `trie`, tokens), oldest first
@@ -444,11 +545,6 @@ def clear_global_suffix_cache() -> None:
         _GLOBAL.clear()
 
 
-# Tokens `settle` feeds between two checks of its `stop`: small, since a check that comes late holds the host past the
-# device's idle time (a token costs ~5-25 us on the fixtures' repetitive text).
-SETTLE_CHUNK = 8
-
-
 class SuffixDrafter(Drafter):
     """See the module docstring. One instance per request."""
 
@@ -476,7 +572,7 @@ class SuffixDrafter(Drafter):
         self.tree = tree
         # A match of length m can only draft depth - m tokens from a depth-limited trie.
         depth = max_match_length + max_depth
-        self.local = SuffixTrie(depth)
+        self.local = new_trie(depth)
         # The process-wide cache is looked up when a request begins, not here: a drafter built ahead of its request
         # (HVD's, or one made before `clear_global_suffix_cache()`) must learn from, and add to, the live cache.
         self._global_args = (cache_key, depth, max_cached_outputs, max_cached_tokens) if use_global else None
@@ -500,11 +596,11 @@ class SuffixDrafter(Drafter):
         if self._ahead:  # a trie adopted or prefed over the prompt's first tokens (checked: they must be its start)
             self._ahead = False
             start = _common_prefix(self.local.sequence(0), array("i", tokens))
-            if start < len(self.local.sequence(0)):
+            if start < self.local.sequence_length(0):
                 self.local.truncate(0, start)
                 self._local_active = self.local.active_after(tokens[:start])
         else:
-            self.local, self._local_active = SuffixTrie(self.local.depth), []
+            self.local, self._local_active = new_trie(self.local.depth), []
             if self.global_cache is not None:
                 # An earlier request whose tokens this prompt repeats (an agent loop's previous call) hands over its
                 # trie.
@@ -519,7 +615,7 @@ class SuffixDrafter(Drafter):
 
     def adopt(self, state) -> None:
         """Start from `state`, an earlier request's trie (`handoff`), instead of an empty one."""
-        if isinstance(state, SuffixTrie) and state.depth == self.local.depth:
+        if isinstance(state, SUFFIX_TRIES) and state.depth == self.local.depth:
             self.local, self._ahead = state, True
             self._local_active = state.active_after(state.sequence(0))
 
@@ -527,9 +623,9 @@ class SuffixDrafter(Drafter):
         """Extend the trie with the tokens of `tokens` past those it holds (`begin` checks that they agree)."""
         self.settle()
         if not self._ahead:
-            self.local, self._local_active, self._ahead = SuffixTrie(self.local.depth), [], True
-        for t in tokens[len(self.local.sequence(0)) :]:
-            self._local_active = self.local.extend(self._local_active, t)
+            self.local, self._local_active, self._ahead = new_trie(self.local.depth), [], True
+        held = self.local.sequence_length(0)
+        self._local_active = self.local.extend_many(self._local_active, tokens[held:])
 
     def accept(self, input_ids, result, hidden=None) -> None:
         self._feed(committed_since(input_ids, self._seen, result))
@@ -559,7 +655,7 @@ class SuffixDrafter(Drafter):
 
     def _give_up(self) -> SuffixTrie:
         """The request trie, now the caller's: this drafter starts from an empty one if it begins again."""
-        trie, self.local, self._local_active, self._seen = self.local, SuffixTrie(self.local.depth), [], 0
+        trie, self.local, self._local_active, self._seen = self.local, new_trie(self.local.depth), [], 0
         self._pending = []
         return trie
 
@@ -567,10 +663,7 @@ class SuffixDrafter(Drafter):
         """Tokens committed after those seen: the process-wide trie's context follows them now (cheap, read-only);
         the request trie takes them when `settle` runs (at the latest, the next `propose`)."""
         if self.global_cache is not None:
-            follow, active = self.global_cache.trie.follow, self._global_active
-            for t in tokens:
-                active = follow(active, t)
-            self._global_active = active
+            self._global_active = self.global_cache.trie.follow_many(self._global_active, tokens)
         self._pending.extend(tokens)
         self._seen += len(tokens)
 
@@ -585,11 +678,10 @@ class SuffixDrafter(Drafter):
         pending = self._pending
         if not pending:
             return True
-        extend, active, done = self.local.extend, self._local_active, 0
-        step = len(pending) if stop is None else SETTLE_CHUNK
+        extend, active, done = self.local.extend_many, self._local_active, 0
+        step = len(pending) if stop is None else self.local.FEED_CHUNK
         while done < len(pending):
-            for t in pending[done : done + step]:
-                active = extend(active, t)
+            active = extend(active, pending[done : done + step])
             done = min(done + step, len(pending))
             if stop is not None and done < len(pending) and stop():
                 break
@@ -603,88 +695,21 @@ class SuffixDrafter(Drafter):
             # The loop always calls accept() first; resynchronize if a caller did not.
             self._feed(input_ids[0, self._seen :].tolist())
         self.settle()
-        best = None
+        best, best_source = None, None
         sources = [("request", self.local, self._local_active)]
         if self.global_cache is not None:
             sources.append(("global", self.global_cache.trie, self._global_active))
         for source, trie, active in sources:
-            prev_count = None
-            counts = trie._count  # (`SuffixTrie.count` inlined: this loop runs for every row at every step)
-            # Longest match first; a shorter match with the same count has the same continuations.
-            for m in range(min(len(active), self.max_match_length), 0, -1):
-                node = active[m - 1]
-                count = counts[node] if node >= 0 else 1
-                # (the count first: a run of suffixes that occurred once, the usual case, skips the continuation check)
-                if count == prev_count:
-                    continue
-                prev_count = count
-                if trie.total(node, m) == 0:
-                    continue
-                cand = self._grow(trie, node, m, budget)
-                if cand is not None and (best is None or cand[0] > best[0]):
-                    best = cand + (source, m)
+            cand = trie.best_draft(active, self.max_match_length, self.max_spec_factor, self.max_spec_offset,
+                                   budget.max_nodes, budget.max_depth, self.min_token_prob, self.tree)
+            if cand is not None and (best is None or cand.score > best.score):
+                best, best_source = cand, source
         if best is None:
             return empty_draft(1, input_ids.device)
-        score, tokens, parents, probs, source, m = best
         # On the host: the loop trims and lays out the tree there, and moves it to the model's device once.
-        return DraftTree.from_lists(tokens, parents, probs,
-                                    info={"drafter": "suffix", "source": source, "match_length": m, "score": score})
-
-    def _grow(self, trie: SuffixTrie, node: int, match_length: int, budget: DraftBudget):
-        """The best-first tree from match `node` (of `match_length`) within the budget and the length cap: (score,
-        tokens, parents, probs), or None when it has no node."""
-        cap = min(budget.max_nodes, int(match_length * self.max_spec_factor + self.max_spec_offset))
-        if cap <= 0:
-            return None
-        if node < 0:
-            return self._grow_chain(trie, node, match_length, budget, cap)
-        return self._grow_tree(trie, node, match_length, budget, cap)
-
-    def _grow_chain(self, trie: SuffixTrie, node: int, match_length: int, budget: DraftBudget, cap: int):
-        """`_grow_tree` from an implicit node, the usual longest match: a substring that occurred once continues as
-        its one occurrence's sequence, each node a single child of probability 1, so the tree is that chain."""
-        if self.min_token_prob > 1.0:
-            return None
-        tokens = trie.occurrence_after(node, match_length, min(cap, budget.max_depth))
-        if not tokens:
-            return None
-        n = len(tokens)
-        return float(n), tokens, list(range(-1, n - 1)), [1.0] * n
-
-    def _grow_tree(self, trie: SuffixTrie, node: int, match_length: int, budget: DraftBudget, cap: int):
-        tie = itertools.count()
-        heap: list = []
-        count = trie.count
-
-        def push_children(parent_node: int, parent_prob: float, parent_idx: int, depth: int):
-            # `depth`: the children's depth below the draft's root; the parent's in the trie is match_length + it - 1.
-            if depth > budget.max_depth:
-                return
-            trie_depth = match_length + depth - 1
-            total = trie.total(parent_node, trie_depth)
-            if total == 0:
-                return
-            items = trie.children(parent_node, trie_depth)
-            if not items:
-                return
-            if not self.tree:
-                items = [max(items, key=lambda kv: count(kv[1]))]
-            for tok, child in items:
-                p = parent_prob * count(child) / total
-                if p >= self.min_token_prob:
-                    heapq.heappush(heap, (-p, next(tie), tok, child, parent_idx, depth))
-
-        push_children(node, 1.0, -1, 1)
-        tokens, parents, probs = [], [], []
-        while heap and len(tokens) < cap:
-            neg_p, _, tok, child, parent_idx, depth = heapq.heappop(heap)
-            tokens.append(tok)
-            parents.append(parent_idx)
-            probs.append(-neg_p)
-            push_children(child, -neg_p, len(tokens) - 1, depth + 1)
-        if not tokens:
-            return None
-        return sum(probs), tokens, parents, probs
+        return DraftTree.from_lists(best.tokens, best.parents, best.probs,
+                                    info={"drafter": "suffix", "source": best_source, "match_length": best.match_length,
+                                          "score": best.score})
 
 
 def from_config(config, target, draft_model=None) -> SuffixDrafter:

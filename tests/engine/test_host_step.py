@@ -232,32 +232,31 @@ def test_from_drafts_lays_out_each_rows_lists():
 
 
 def test_suffix_chain_growth_from_an_implicit_node_is_the_best_first_trees():
-    """From a substring that occurred once the suffix drafter lays out its occurrence's continuation directly
+    """From a substring that occurred once the suffix trie lays out its occurrence's continuation directly
     (`_grow_chain`); the general best-first growth (`_grow_tree`) gives the same draft, for every implicit match in
     random texts, under budgets and caps of every size and near the trie's depth and the sequence's end."""
+    from hf_hybrid_spec.drafters.suffix import SuffixTrie
+
     rng = random.Random(2)
     checked = 0
     for trial in range(30):
-        drafter = SuffixDrafter(use_global=False, max_match_length=rng.choice([3, 6, 32]), max_depth=8)
+        max_match_length = rng.choice([3, 6, 32])
         period = rng.randint(2, 9)
         text = [rng.randrange(4 if trial % 2 else 40) for _ in range(rng.randint(10, 60))]
         text += text[:period] * rng.randint(0, 3)
-        trie, active = drafter.local, []
-        for t in text:
-            active = trie.extend(active, t)
-        for m, node in enumerate(active[: drafter.max_match_length], start=1):
+        trie = SuffixTrie(max_match_length + 8)
+        active = trie.extend_many([], text)
+        for m, node in enumerate(active[:max_match_length], start=1):
             if node >= 0:
                 continue
             for nodes, depth in ((24, 8), (3, 8), (24, 2), (1, 1), (24, 12)):
-                budget = DraftBudget(max_nodes=nodes, max_depth=depth)
                 cap = rng.choice([min(nodes, m), nodes])  # (the whole budget too: the trie depth binds)
-                assert drafter._grow_chain(trie, node, m, budget, cap) == drafter._grow_tree(trie, node, m, budget,
-                                                                                             cap)
+                assert trie._grow_chain(node, m, depth, 0.1, cap) == trie._grow_tree(node, m, depth, 0.1, True, cap)
                 # Earlier positions of the same occurrence, whose continuations run into the text.
                 back = node + rng.randint(1, len(text))
                 if back < 0:
-                    assert drafter._grow_chain(trie, back, m, budget, cap) == drafter._grow_tree(trie, back, m,
-                                                                                                 budget, cap)
+                    assert trie._grow_chain(back, m, depth, 0.1, cap) == trie._grow_tree(back, m, depth, 0.1, True,
+                                                                                         cap)
                     checked += 1
     assert checked > 100
 

@@ -222,9 +222,12 @@ def test_drafters_that_cannot_catch_up_are_never_left_out(monkeypatch):
         stats.plain_steps, stats.target_forwards, [d.proposals for d in drafters])
 
 
-def test_deferred_suffix_bookkeeping_drafts_what_feeding_at_once_drafts():
+def test_deferred_suffix_bookkeeping_drafts_what_feeding_at_once_drafts(monkeypatch):
     """A suffix drafter queues what it sees (the prompt at `begin`, committed tokens at `accept` / `catch_up`) and
     extends its trie in `settle`, a part at a time under `stop`; its drafts are those of the tries fed at once."""
+    from hf_hybrid_spec.drafters.suffix import NativeSuffixTrie
+
+    monkeypatch.setattr(NativeSuffixTrie, "FEED_CHUNK", 8)  # (the C trie's chunk would take this prompt at once)
     g = torch.Generator().manual_seed(4)
     pattern = torch.randint(3, VOCAB, (7,), generator=g)
     tokens = torch.cat([pattern.repeat(9), torch.randint(3, VOCAB, (5,), generator=g), pattern[:3]]).view(1, -1)
@@ -242,12 +245,13 @@ def test_deferred_suffix_bookkeeping_drafts_what_feeding_at_once_drafts():
     assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
 
 
-def test_rows_behind_on_bookkeeping_sit_out_steps_within_the_host_limit():
+def test_rows_behind_on_bookkeeping_sit_out_steps_within_the_host_limit(monkeypatch):
     """`limit_host`: a row whose drafter has not caught up within the limit drafts nothing this step, a row caught
     up drafts; `idle` settles rows in order while the device is busy; without a limit every row drafts."""
     from hf_hybrid_spec.drafters.batch import PerRowDrafters
-    from hf_hybrid_spec.drafters.suffix import SETTLE_CHUNK
+    from hf_hybrid_spec.drafters.suffix import NativeSuffixTrie
 
+    monkeypatch.setattr(NativeSuffixTrie, "FEED_CHUNK", 8)  # (the C trie's chunk would take this prompt at once)
     pattern = [5, 6, 7, 8, 9, 10]
     prompt = torch.tensor([pattern * 12])
     rows = PerRowDrafters([SuffixDrafter(use_global=False) for _ in range(3)])
@@ -261,7 +265,7 @@ def test_rows_behind_on_bookkeeping_sit_out_steps_within_the_host_limit():
     assert counts[0] == 0 and counts[1] > 0 and counts[2] == 0, counts
     calls = iter([True] * 3 + [False] * 100)
     rows.idle(lambda: next(calls))  # busy for a few checks: row 0 gets further, row 2 not at all
-    assert not rows.drafters[2].ready and len(rows.drafters[2]._pending) == prompt.shape[1] - SETTLE_CHUNK
+    assert not rows.drafters[2].ready and len(rows.drafters[2]._pending) == prompt.shape[1] - 8
     rows.limit_host(None)
     assert all(c > 0 for c in rows.propose([0, 1, 2], ids, budgets).counts)
     assert all(d.ready for d in rows.drafters)

@@ -46,9 +46,10 @@ def test_the_wheel_needs_only_torch_and_transformers(wheel):
                   if "extra ==" not in r)
     assert core == ["torch", "transformers"], core
     assert {"triton", "train", "bench", "dev"} <= set(meta.get_all("Provides-Extra") or [])
-    # Every package folder, the kernels under their installed name, no tests or benchmarks.
+    # Every package folder, the kernels under their installed name, the C source, no tests or benchmarks.
     for module in ("hf_hybrid_spec/__init__.py", "hf_hybrid_spec/kernels/mamba1/torch_tree.py",
-                   "hf_hybrid_spec/kernels/gated_delta_rule/triton_tree.py", "hf_hybrid_spec/eagle/modeling.py"):
+                   "hf_hybrid_spec/kernels/gated_delta_rule/triton_tree.py", "hf_hybrid_spec/eagle/modeling.py",
+                   "hf_hybrid_spec/drafters/suffix_trie.c"):  # (the C trie's source, compiled on first use)
         assert module in names, module
     assert not any(n.startswith(("tests/", "benchmarks/", "kernels/")) for n in names)
 

@@ -140,13 +140,13 @@ def test_agent_turns_reuse_the_last_calls_state(reuse, prefill, adopted):
 
 @pytest.fixture
 def adopted(monkeypatch):
-    """The tries suffix drafters adopt, as a list of `isinstance(state, SuffixTrie)` per call."""
-    from hf_hybrid_spec.drafters.suffix import SuffixDrafter, SuffixTrie
+    """The tries suffix drafters adopt, as a list of `isinstance(state, SUFFIX_TRIES)` per call."""
+    from hf_hybrid_spec.drafters.suffix import SUFFIX_TRIES, SuffixDrafter
 
     calls, adopt = [], SuffixDrafter.adopt
 
     def spy(self, state):
-        calls.append(isinstance(state, SuffixTrie))
+        calls.append(isinstance(state, SUFFIX_TRIES))
         adopt(self, state)
 
     monkeypatch.setattr(SuffixDrafter, "adopt", spy)
