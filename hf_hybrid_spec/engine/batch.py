@@ -14,8 +14,8 @@ assistant caches, a list of the caller's own), or a drafter with a batched form 
 rows per step; with it, greedy decoding runs the pipelined step of `engine.pipeline`, which keeps all of the above
 on the device and reads each step once). On the static path with greedy decoding, a step where no row drafts, and a
 batch where no draft could pay, run plain decode steps without the tree machinery (`engine.plain`); and where the
-drafts do not pay for their steps as measured (committed tokens per second against a plain step's,
-`budget.DraftingPayoff`: the drafters' values can promise far more than the text holds, and the budget prices the
+drafts do not pay for their steps as measured (committed tokens per second of the rows furthest from done, which
+decide when the call ends, against a plain step's, `budget.DraftingPayoff`: the drafters' values can promise far more than the text holds, and the budget prices the
 forward, not the drafter's host work), the batch decodes runs of plain steps without the drafter between probes
 (`budget.PlainRuns`, as the pipelined step does), for drafters that catch up on tokens alone (`catches_up`).
 
@@ -229,11 +229,10 @@ def decode_batch(request: Request):
                     s.drafted_tokens.append(drafted)
                 row_stats[b].target_forwards += 1
             drafter.accept(running, _row_tokens(rec, running, pads), results, hidden)
-            stepped = len(running)
             running = _still_running(running, rec, backend, gen.max_length)
             if payoff is not None:
-                payoff.observe(sum(len(r.token_list) for r in results), stepped, 1 + max(drafts.counts, default=0),
-                               time.perf_counter() - t0)
+                payoff.observe_rows([len(r.token_list) for r in results], [limit - n for n in before],
+                                    1 + max(drafts.counts, default=0), time.perf_counter() - t0)
                 length = runs.verdict(payoff.pays())
                 if length and running:
                     logger.debug("batch of %d: drafts do not pay for their steps (%.0f tokens per row and second "

@@ -295,6 +295,19 @@ class DraftingPayoff:
         rate = tokens / rows / (modeled + extra)
         self.rate = rate if self.rate is None else (1.0 - self.weight) * self.rate + self.weight * rate
 
+    def observe_rows(self, committed: list[int], remaining: list[int], width: int, seconds: float) -> None:
+        """`observe` for a batch that ends with its slowest row (a static batch: `generate`'s): row i committed
+        `committed[i]` tokens with `remaining[i]` left before the step. Only the rows furthest from done count (those
+        with the most left): they decide when the call ends, so a step pays only by what it commits for them. Rows
+        ahead of them would finish first anyway; what drafting commits there shortens nothing. (On the fixtures most
+        rows of a batch of code prompts accept ~1 token per step while a few repeat themselves and run ahead: the
+        average promised a speed-up, the call got slower.)"""
+        if not committed:
+            return
+        top = max(remaining)
+        critical = [c for c, r in zip(committed, remaining) if r == top]
+        self.observe(sum(critical), len(critical), width, seconds)
+
     def pays(self) -> bool:
         """Whether the steps observed since the last `restart` commit more per second than plain steps would."""
         return self.rate is None or self.rate >= (1.0 + self.slack) / self.cost(1)

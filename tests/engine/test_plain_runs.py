@@ -67,6 +67,21 @@ def test_drafting_payoff_counts_what_steps_commit_and_cost():
     assert fast.pays()
 
 
+def test_drafting_payoff_counts_the_rows_furthest_from_done():
+    """A static batch ends with its slowest row: three rows that repeat themselves and run ahead (5 tokens per step)
+    do not make drafting pay while the row with the most left commits 1; once every row has as much left, all count."""
+    cost = VerifyCost(widths=[1, 8], seconds=[1e-3, 1.2e-3])
+    behind = DraftingPayoff(cost, slack=0.05, weight=1.0)
+    behind.observe_rows(committed=[5, 5, 5, 1], remaining=[40, 60, 52, 90], width=8, seconds=1.2e-3)
+    assert not behind.pays()  # (the average, 4 tokens per row, would have paid)
+    even = DraftingPayoff(cost, slack=0.05, weight=1.0)
+    even.observe_rows(committed=[5, 5, 5, 1], remaining=[90, 90, 90, 90], width=8, seconds=1.2e-3)
+    assert even.pays()
+    tied = DraftingPayoff(cost, slack=0.05, weight=1.0)  # two rows furthest behind: their mean, 1.5 per step
+    tied.observe_rows(committed=[5, 2, 1], remaining=[10, 70, 70], width=8, seconds=1.2e-3)
+    assert tied.pays() and tied.rate == pytest.approx(1.5 / 1.2e-3)
+
+
 class Follower(Drafter):
     """A per-row drafter that catches up: a chain of `depth` tokens of the row's stock output from the committed
     length it reads off `input_ids`, every token wrong until the row has committed `start` tokens past its prompt.
