@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,9 @@ class NativeSuffixTrie:
         self._active = array("q", bytes(8 * depth))  # the active list in and out of C (never resized)
         self._active_addr = _addr(self._active)
         self._out: tuple[array, ...] | None = None  # best_draft's buffers, sized on first use
+        # The scratch above is the trie's: the process-wide trie is read by several requests' threads, and a thread
+        # may switch between a C call and the read of its results (an uncontended lock costs ~0.05 us).
+        self._scratch = threading.Lock()
 
     def __del__(self):
         handle, self._h = getattr(self, "_h", None), None
@@ -136,9 +140,10 @@ class NativeSuffixTrie:
     def extend_many(self, active, tokens, seq: int = 0) -> array:
         """`extend` for each of `tokens` in turn; returns the final active list."""
         toks = tokens if isinstance(tokens, array) and tokens.typecode == "i" else array("i", tokens)
-        n = self._load_active(active)
-        n = self._check(self._lib.trie_extend(self._h, seq, _addr(toks), len(toks), self._active_addr, n))
-        return self._active[:n]
+        with self._scratch:
+            n = self._load_active(active)
+            n = self._check(self._lib.trie_extend(self._h, seq, _addr(toks), len(toks), self._active_addr, n))
+            return self._active[:n]
 
     def extend(self, active, token: int, seq: int = 0) -> array:
         return self.extend_many(active, (token,), seq)
@@ -146,9 +151,10 @@ class NativeSuffixTrie:
     def follow_many(self, active, tokens) -> array:
         """`follow` for each of `tokens` in turn; returns the final active list."""
         toks = tokens if isinstance(tokens, array) and tokens.typecode == "i" else array("i", tokens)
-        n = self._load_active(active)
-        n = self._lib.trie_follow(self._h, _addr(toks), len(toks), self._active_addr, n)
-        return self._active[:n]
+        with self._scratch:
+            n = self._load_active(active)
+            n = self._lib.trie_follow(self._h, _addr(toks), len(toks), self._active_addr, n)
+            return self._active[:n]
 
     def follow(self, active, token: int) -> array:
         return self.follow_many(active, (token,))
@@ -206,20 +212,21 @@ class NativeSuffixTrie:
         room = max(0, min(max_nodes, max(int(m * spec_factor + spec_offset) for m in (1, top))))
         if room == 0 or not active:
             return None
-        if self._out is None or len(self._out[0]) < room:
-            size = max(room, 64)
-            self._out = (array("i", bytes(4 * size)), array("q", bytes(8 * size)), array("d", bytes(8 * size)),
-                         array("i", bytes(4 * size)), array("q", bytes(8 * size)), array("d", bytes(8 * size)),
-                         array("d", [0.0]), array("q", [0]))
-        toks, parents, probs, wt, wp, wq, score, match = self._out
-        n = self._load_active(active)
-        n = self._check(self._lib.trie_best_draft(
-            self._h, self._active_addr, n, max_match_length, spec_factor, spec_offset, min(max_nodes, room),
-            max_depth, min_token_prob, int(bool(tree)), _addr(toks), _addr(parents), _addr(probs), _addr(wt),
-            _addr(wp), _addr(wq), _addr(score), _addr(match)))
-        if n == 0:
-            return None
-        return DraftCandidate(score[0], toks[:n].tolist(), parents[:n].tolist(), probs[:n].tolist(), match[0])
+        with self._scratch:
+            if self._out is None or len(self._out[0]) < room:
+                size = max(room, 64)
+                self._out = (array("i", bytes(4 * size)), array("q", bytes(8 * size)), array("d", bytes(8 * size)),
+                             array("i", bytes(4 * size)), array("q", bytes(8 * size)), array("d", bytes(8 * size)),
+                             array("d", [0.0]), array("q", [0]))
+            toks, parents, probs, wt, wp, wq, score, match = self._out
+            n = self._load_active(active)
+            n = self._check(self._lib.trie_best_draft(
+                self._h, self._active_addr, n, max_match_length, spec_factor, spec_offset, min(max_nodes, room),
+                max_depth, min_token_prob, int(bool(tree)), _addr(toks), _addr(parents), _addr(probs), _addr(wt),
+                _addr(wp), _addr(wq), _addr(score), _addr(match)))
+            if n == 0:
+                return None
+            return DraftCandidate(score[0], toks[:n].tolist(), parents[:n].tolist(), probs[:n].tolist(), match[0])
 
     # ------------------------------------------------------------------ size
     @property

@@ -178,3 +178,40 @@ def test_the_python_trie_is_used_where_the_native_one_cannot_be_built(tmp_path):
     if native_available():
         built = _python_in_subprocess(code, HF_HYBRID_SPEC_CACHE=str(tmp_path / "cache"))
         assert built == "NativeSuffixTrie" and list((tmp_path / "cache" / "native").glob("suffix_trie-*.so"))
+
+
+@needs_native
+def test_native_trie_reads_from_several_threads_at_once():
+    """The process-wide trie is read by several requests' threads: each gets its own results (the wrapper's scratch
+    buffers are the trie's, so a thread switch between a C call and the read of its results must not mix them)."""
+    import threading
+
+    rng = random.Random(7)
+    trie = NativeSuffixTrie(12)
+    texts = [[rng.randrange(6) for _ in range(200)] for _ in range(4)]
+    for text in texts:
+        trie.insert(text)
+    params = dict(max_match_length=8, spec_factor=1.0, spec_offset=4.0, max_nodes=24, max_depth=6,
+                  min_token_prob=0.0, tree=True)
+    contexts = [text[i : i + 10] for text in texts for i in range(0, 180, 9)]
+    want = [(list(trie.active_after(c)), trie.best_draft(trie.active_after(c), **params)) for c in contexts]
+    wrong = []
+
+    def read(offset: int) -> None:
+        for k in range(len(contexts)):
+            i = (k + offset) % len(contexts)
+            active = trie.follow_many([], contexts[i])
+            if (list(active), trie.best_draft(active, **params)) != want[i]:
+                wrong.append(i)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        threads = [threading.Thread(target=read, args=(o,)) for o in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not wrong and sum(d is not None for _, d in want) > len(contexts) // 2
