@@ -25,7 +25,7 @@ import torch
 
 from ..tree import DraftTree, empty_draft
 from .base import DraftBudget, Drafter, committed_since
-from .suffix_native import DraftCandidate, NativeSuffixTrie, new_trie
+from .suffix_native import DraftCandidate, NativeSuffixTrie, native_depth
 
 __all__ = ["SuffixTrie", "NativeSuffixTrie", "SuffixDrafter", "GlobalSuffixCache", "clear_global_suffix_cache",
            "global_suffix_cache", "new_trie", "SUFFIX_TRIES", "from_config"]
@@ -428,6 +428,11 @@ class SuffixTrie:
 
 
 SUFFIX_TRIES = (SuffixTrie, NativeSuffixTrie)  # what `new_trie` gives: the same methods and results
+
+
+def new_trie(depth: int) -> SuffixTrie | NativeSuffixTrie:
+    """A suffix trie of `depth`: the C one where it could be built, else `SuffixTrie` (the same drafts)."""
+    return NativeSuffixTrie(depth) if native_depth(depth) else SuffixTrie(depth)
 
 
 class GlobalSuffixCache:

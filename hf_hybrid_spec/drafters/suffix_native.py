@@ -1,9 +1,9 @@
 """`NativeSuffixTrie`: `SuffixTrie`'s structure and results in C (`suffix_trie.c`), behind the same methods.
 
-`new_trie(depth)` gives the C trie where it could be built (`hf_hybrid_spec._native`) and the Python one otherwise;
-the drafts are the same either way (tests check them node for node). The C trie costs ~0.1-0.3 us per token fed
-where the Python one costs ~5-25 us, and grows a draft in one call; per call it pays ~2 us of ctypes, so callers
-feed tokens in batches (`extend_many`, `follow_many`).
+`suffix.new_trie(depth)` gives the C trie where it could be built (`hf_hybrid_spec._native`) and the Python one
+otherwise; the drafts are the same either way (tests check them node for node). The C trie costs ~0.1-0.5 us per
+token fed where the Python one costs ~4-6 us, and grows a draft in one call; per call it pays ~2 us of ctypes, so
+callers feed tokens in batches (`extend_many`, `follow_many`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .._native import load
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DraftCandidate", "NativeSuffixTrie", "native_available", "new_trie"]
+__all__ = ["DraftCandidate", "NativeSuffixTrie", "native_available", "native_depth"]
 
 _SOURCE = Path(__file__).with_name("suffix_trie.c")
 _MAX_DEPTH = 4096  # the C functions keep a depth-long list on the stack
@@ -74,17 +74,13 @@ def _library():
 
 
 def native_available() -> bool:
-    """Whether `new_trie` gives the C trie (a compiler was found and `HF_HYBRID_SPEC_NATIVE` does not say 0)."""
+    """Whether `suffix.new_trie` gives the C trie (a compiler was found and `HF_HYBRID_SPEC_NATIVE` does not say 0)."""
     return _library() is not None
 
 
-def new_trie(depth: int):
-    """A suffix trie of `depth`: the C one where available, else the Python `SuffixTrie`."""
-    if 0 < depth <= _MAX_DEPTH and _library() is not None:
-        return NativeSuffixTrie(depth)
-    from .suffix import SuffixTrie
-
-    return SuffixTrie(depth)
+def native_depth(depth: int) -> bool:
+    """Whether a trie of `depth` can be the C one (built here, and the depth within what its stack lists hold)."""
+    return 0 < depth <= _MAX_DEPTH and _library() is not None
 
 
 def _addr(buf: array) -> int:

@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 # and the layers below it.
 LAYERS = {
     "hf_hybrid_spec.kernels": 0, "hf_hybrid_spec._lazy": 0, "hf_hybrid_spec.registry": 0,
+    "hf_hybrid_spec._native": 0,  # builds and loads the optional C speed-ups
     "hf_hybrid_spec.config": 1, "hf_hybrid_spec.tree": 1, "hf_hybrid_spec.graphs": 1, "hf_hybrid_spec.stopping": 1,
     "hf_hybrid_spec.staging": 1,
     "hf_hybrid_spec.hub": 1, "hf_hybrid_spec.prompts": 1,
