@@ -151,26 +151,27 @@ static void hash_del(Trie *t, uint64_t key) {
 }
 
 /* ------------------------------------------------------------------ reservations */
-static int reserve(Trie *t, int64_t nodes, int64_t edges) {
-    int64_t need = t->n_nodes + nodes;
-    int64_t cap = t->cap_nodes;
-    if (need > cap) {
-        int64_t c;
-        c = cap; if (grow((void **)&t->count, &c, need, sizeof(int32_t))) return ERR_NOMEM;
-        c = cap; if (grow((void **)&t->total, &c, need, sizeof(int32_t))) return ERR_NOMEM;
-        c = cap; if (grow((void **)&t->kid_token, &c, need, sizeof(int32_t))) return ERR_NOMEM;
-        c = cap; if (grow((void **)&t->kid, &c, need, sizeof(int64_t))) return ERR_NOMEM;
-        t->cap_nodes = c;
+/* Parallel arrays of one capacity `*cap` (`n` of them, `cols[i]` of items `sizes[i]` bytes) grown to hold `need`. */
+static int grow_columns(void **cols[], const size_t sizes[], int n, int64_t *cap, int64_t need) {
+    int64_t c = *cap;
+    for (int i = 0; i < n; i++) {
+        c = *cap;
+        if (grow(cols[i], &c, need, sizes[i])) return ERR_NOMEM;
     }
-    need = t->n_edges + edges;
-    cap = t->cap_edges;
-    if (need > cap) {
-        int64_t c;
-        c = cap; if (grow((void **)&t->e_token, &c, need, sizeof(int32_t))) return ERR_NOMEM;
-        c = cap; if (grow((void **)&t->e_child, &c, need, sizeof(int64_t))) return ERR_NOMEM;
-        c = cap; if (grow((void **)&t->e_next, &c, need, sizeof(int64_t))) return ERR_NOMEM;
-        c = cap; if (grow((void **)&t->e_prev, &c, need, sizeof(int64_t))) return ERR_NOMEM;
-        t->cap_edges = c;
+    *cap = c;
+    return 0;
+}
+
+static int reserve(Trie *t, int64_t nodes, int64_t edges) {
+    if (t->n_nodes + nodes > t->cap_nodes) {
+        void **cols[] = {(void **)&t->count, (void **)&t->total, (void **)&t->kid_token, (void **)&t->kid};
+        const size_t sizes[] = {sizeof(int32_t), sizeof(int32_t), sizeof(int32_t), sizeof(int64_t)};
+        if (grow_columns(cols, sizes, 4, &t->cap_nodes, t->n_nodes + nodes)) return ERR_NOMEM;
+    }
+    if (t->n_edges + edges > t->cap_edges) {
+        void **cols[] = {(void **)&t->e_token, (void **)&t->e_child, (void **)&t->e_next, (void **)&t->e_prev};
+        const size_t sizes[] = {sizeof(int32_t), sizeof(int64_t), sizeof(int64_t), sizeof(int64_t)};
+        if (grow_columns(cols, sizes, 4, &t->cap_edges, t->n_edges + edges)) return ERR_NOMEM;
     }
     return hash_reserve(t, edges);
 }
