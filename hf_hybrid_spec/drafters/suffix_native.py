@@ -107,7 +107,7 @@ class NativeSuffixTrie:
             raise MemoryError("could not allocate a suffix trie")
         self._active = array("q", bytes(8 * depth))  # the active list in and out of C (never resized)
         self._active_addr = _addr(self._active)
-        self._out: tuple[array, ...] | None = None  # best_draft's buffers, sized on first use
+        self._out: tuple[tuple[array, ...], tuple[int, ...]] | None = None  # best_draft's buffers and addresses
         # The scratch above is the trie's: the process-wide trie is read by several requests' threads, and a thread
         # may switch between a C call and the read of its results (an uncontended lock costs ~0.05 us).
         self._scratch = threading.Lock()
@@ -209,17 +209,18 @@ class NativeSuffixTrie:
         if room == 0 or not active:
             return None
         with self._scratch:
-            if self._out is None or len(self._out[0]) < room:
+            if self._out is None or len(self._out[0][0]) < room:
                 size = max(room, 64)
-                self._out = (array("i", bytes(4 * size)), array("q", bytes(8 * size)), array("d", bytes(8 * size)),
-                             array("i", bytes(4 * size)), array("q", bytes(8 * size)), array("d", bytes(8 * size)),
-                             array("d", [0.0]), array("q", [0]))
-            toks, parents, probs, wt, wp, wq, score, match = self._out
+                # Out: tokens, parents, probs; scratch of the same three; the score and the match length.
+                buffers = (array("i", bytes(4 * size)), array("q", bytes(8 * size)), array("d", bytes(8 * size)),
+                           array("i", bytes(4 * size)), array("q", bytes(8 * size)), array("d", bytes(8 * size)),
+                           array("d", [0.0]), array("q", [0]))
+                self._out = (buffers, tuple(_addr(b) for b in buffers))  # (never resized: addresses stay valid)
+            (toks, parents, probs, _, _, _, score, match), addresses = self._out
             n = self._load_active(active)
             n = self._check(self._lib.trie_best_draft(
                 self._h, self._active_addr, n, max_match_length, spec_factor, spec_offset, min(max_nodes, room),
-                max_depth, min_token_prob, int(bool(tree)), _addr(toks), _addr(parents), _addr(probs), _addr(wt),
-                _addr(wp), _addr(wq), _addr(score), _addr(match)))
+                max_depth, min_token_prob, int(bool(tree)), *addresses))
             if n == 0:
                 return None
             return DraftCandidate(score[0], toks[:n].tolist(), parents[:n].tolist(), probs[:n].tolist(), match[0])

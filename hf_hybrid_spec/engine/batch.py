@@ -15,9 +15,10 @@ rows per step; with it, greedy decoding runs the pipelined step of `engine.pipel
 on the device and reads each step once). On the static path with greedy decoding, a step where no row drafts, and a
 batch where no draft could pay, run plain decode steps without the tree machinery (`engine.plain`); and where the
 drafts do not pay for their steps as measured (committed tokens per second of the rows furthest from done, which
-decide when the call ends, against a plain step's, `budget.DraftingPayoff`: the drafters' values can promise far more than the text holds, and the budget prices the
-forward, not the drafter's host work), the batch decodes runs of plain steps without the drafter between probes
-(`budget.PlainRuns`, as the pipelined step does), for drafters that catch up on tokens alone (`catches_up`).
+decide when the call ends, against a plain step's, `budget.DraftingPayoff`: the drafters' values can promise far
+more than the text holds, and the budget prices the forward, not the drafter's host work), the batch decodes runs of
+plain steps without the drafter between probes (`budget.PlainRuns`, as the pipelined step does), for drafters that
+catch up on tokens alone (`catches_up`).
 
 Rows follow stock `generate`'s batch semantics: each row's tokens are what it would generate alone from its
 (left-padded) prompt; with an EOS criterion, a row that stops is padded with `pad_token_id` until the longest row
