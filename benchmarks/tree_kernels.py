@@ -150,8 +150,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--launch-costs", action="store_true",
                     help="instead of the sweep: host microseconds per call of each tree op launched from Python (the "
                          "public op, its launcher alone, the commit) next to its GPU time inside a CUDA graph")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="--launch-costs: rounds of Triton's JIT launch vs the cached launch, best of each (default 3)")
     ap.add_argument("--sm90-report", action="store_true",
                     help="no GPU needed: compile every kernel config for sm_90 and print registers / spills / shared")
     args = ap.parse_args(argv)
@@ -746,11 +744,9 @@ def host_us(fn, iters: int = 400) -> float:
 
 def launch_costs(args, shapes, dtype, gen) -> int:
     """Where an eager verify forward's time per tree op goes at small B and N: the host's cost of each layer of
-    the call (public op -> launcher -> Triton's own launch) against the kernel's GPU time inside a CUDA graph, with the
-    Triton launches through Triton's JIT entry point and through the cached compiled kernels (`kernels.launch`)."""
+    the call (public op -> launcher -> Triton's own launch) against the kernel's GPU time inside a CUDA graph."""
     import hf_hybrid_spec.kernels as K
     from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_t
-    from hf_hybrid_spec.kernels.launch import set_cached_launch
     from hf_hybrid_spec.kernels.mamba2 import triton_tree as m2_t
 
     rows = []
@@ -777,28 +773,15 @@ def launch_costs(args, shapes, dtype, gen) -> int:
                     lambda: K.commit_mamba2(h0, out, parent, leaf))
                 empty = lambda: torch.empty(bsz, n, 8, device="cuda")  # noqa: E731  (one allocation, for scale)
                 args.cuda_graph = True
-                row = {"op": op, "B": bsz, "N": n}
-                # Each Triton launch through Triton's JIT entry point, then through the cached compiled kernel
-                # (`kernels.launch`), alternated in rounds so that the host's drift falls on both.
-                timed = {"public": public, "launcher": launcher, "commit_public": commit_public}
-                for _ in range(args.rounds):
-                    for way, cached in (("jit", False), ("cached", True)):
-                        previous = set_cached_launch(cached)
-                        try:
-                            for name, fn in timed.items():
-                                key = f"{name}_{way}_us"
-                                row[key] = min(row.get(key, math.inf), host_us(fn))
-                        finally:
-                            set_cached_launch(previous)
-                row.update(alloc_us=host_us(empty), gpu_graph_us=bench_us(launcher, args))
+                row = {"op": op, "B": bsz, "N": n, "public_us": host_us(public), "launcher_us": host_us(launcher),
+                       "commit_public_us": host_us(commit_public), "alloc_us": host_us(empty),
+                       "gpu_graph_us": bench_us(launcher, args)}
                 rows.append(row)
-    print(f"{'op':>7} {'B':>3} {'N':>4} {'public jit':>10} {'cached':>7} {'launcher jit':>12} {'cached':>7} "
-          f"{'commit jit':>10} {'cached':>7} {'alloc':>6} {'GPU (graph)':>12}"
-          f"   (host us per call, best of {args.rounds} rounds; GPU us inside a CUDA graph)")
+    print(f"{'op':>7} {'B':>3} {'N':>4} {'public':>8} {'launcher':>9} {'commit':>8} {'alloc':>6} {'GPU (graph)':>12}"
+          "   (host us per call; GPU us inside a CUDA graph)")
     for r in rows:
-        print(f"{r['op']:>7} {r['B']:>3} {r['N']:>4} {r['public_jit_us']:>10.1f} {r['public_cached_us']:>7.1f} "
-              f"{r['launcher_jit_us']:>12.1f} {r['launcher_cached_us']:>7.1f} {r['commit_public_jit_us']:>10.1f} "
-              f"{r['commit_public_cached_us']:>7.1f} {r['alloc_us']:>6.1f} {r['gpu_graph_us']:>12.1f}")
+        print(f"{r['op']:>7} {r['B']:>3} {r['N']:>4} {r['public_us']:>8.1f} {r['launcher_us']:>9.1f} "
+              f"{r['commit_public_us']:>8.1f} {r['alloc_us']:>6.1f} {r['gpu_graph_us']:>12.1f}")
     print(json.dumps({"bench": "tree_kernels_launch", "device": torch.cuda.get_device_name(), "rows": rows}))
     return 0
 

@@ -9,8 +9,7 @@
 #   base      the same benchmark (suffix and EAGLE) with the code of an earlier commit in .carry/base: run right after
 #             e2e on the same machine for an A/B of the two versions
 #   trie      the suffix tries' host cost per token, the Python and the C trie side by side
-#   launch    what a tree op costs the host when launched from Python (the eager path), through Triton's JIT and through
-#             the cached launch, and the eager loop end to end with each
+#   launch    what a tree op costs the host when launched from Python (the eager path), and the eager loop end to end
 #   hvd       Hybrid Verified Decoding on the agentic workload suite
 #   mtp       train the fixture's MTP head (it ships none; recipes/train_mtp.py), then MTP chain / tree vs EAGLE vs
 #             suffix with CUDA graphs in one run (MTP_STAGES="train eval" by default; MTP_MINUTES of training;
@@ -54,11 +53,7 @@ case "${1:-}" in
     TAILN=12 run 200 launch_costs python3 benchmarks/tree_kernels.py --launch-costs --ops gdn mamba2 --batch 1 8 \
         --nodes 16 64
     TAILN=6 run 200 e2e_eager python3 benchmarks/bench.py --model "$M" --drafters suffix $E2E \
-        --out "$OUT/e2e_eager"
-    # The same eager loop with every Triton launch through Triton's JIT entry point (the cached launch off): an A/B in
-    # one lease (stock's rows again as the yardstick; static+compile left out, it does not launch our kernels).
-    TAILN=6 run 200 e2e_eager_jit env HF_HYBRID_SPEC_TRITON_LAUNCH=jit python3 benchmarks/bench.py --model "$M" \
-        --drafters suffix ${E2E/--stock-static /} --out "$OUT/e2e_eager_jit" ;;
+        --out "$OUT/e2e_eager" ;;
   hvd)
     TAILN=30 run 560 hvd python3 benchmarks/hvd_bench.py --model "$M" --eagle "$D" --compile --compile-drafter \
         --compile-verify --dtype bfloat16 --workload code_edit tool_calls agent_loop --methods suffix eagle threshold \

@@ -18,8 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import launch
-
 __all__ = ["triton_tree_attention"]
 
 
@@ -126,14 +124,14 @@ def triton_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
     o = torch.empty(bsz, hq, n, splits, block_d, device=q.device, dtype=torch.float32)
     m = torch.empty(bsz, hq, n, splits, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
-    launch(_split_kernel, (bsz * hkv, row_blocks, splits),
+    _split_kernel[(bsz * hkv, row_blocks, splits)](
         q, k, v, mask, o, m, l, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(2),
         n, length, group, hkv, d, float(scale), per_split, splits,
         BLOCK_R=block_r, BLOCK_L=block_l, BLOCK_D=block_d, IEEE=q.dtype == torch.float32, num_warps=4,
     )
     out = torch.empty(bsz, n, hq, d, device=q.device, dtype=q.dtype)
-    launch(_combine_kernel, (bsz * hq * n,),
+    _combine_kernel[(bsz * hq * n,)](
         o, m, l, out, out.stride(0), out.stride(1), out.stride(2), n, hq, d, splits,
         BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
     )

@@ -19,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import launch
 from ..tree import validate_parent
 from .common import check_conv_inputs
 
@@ -129,7 +128,7 @@ def tree_causal_conv1d_fwd(x, weight, bias, parent, conv_state, activation) -> t
     # [16, 128] tiles: no spills on sm_90 (ptxas), where [16, 256] spilled the W gathered pointer tiles.
     bc = min(128, triton.next_power_of_2(c))
     grid = (triton.cdiv(c, bc), triton.cdiv(n, bn), bsz)
-    launch(tree_causal_conv1d_fwd_kernel, grid,
+    tree_causal_conv1d_fwd_kernel[grid](
         x, weight, None if bias is None else bias.contiguous(), parent, conv_state, y,
         n, c, conv_state.shape[-1],
         W=width, BN=bn, BC=bc, USE_SILU=activation is not None,
@@ -143,7 +142,7 @@ def commit_causal_conv1d_fwd(conv_state, x, parent, leaf) -> torch.Tensor:
     conv_state, x, parent = (t.contiguous() for t in (conv_state, x, parent))
     new = torch.empty_like(conv_state)
     bc = min(256, triton.next_power_of_2(c))
-    launch(commit_causal_conv1d_kernel, (triton.cdiv(c, bc), bsz),
+    commit_causal_conv1d_kernel[(triton.cdiv(c, bc), bsz)](
         conv_state, x, parent, leaf.to(device=x.device, dtype=torch.int32).contiguous(), new,
         x.shape[1], c, s, BC=bc, BS=triton.next_power_of_2(s),
     )

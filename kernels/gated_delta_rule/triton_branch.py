@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import launch
 from .common import check_shapes
 
 
@@ -114,7 +113,7 @@ def branch_gated_delta_rule_fwd(
     # The whole K column of the state stays in registers: bound the tile at 8K fp32 values.
     bv = min(triton.next_power_of_2(vdim), max(16, 8192 // bk))
     grid = (triton.cdiv(vdim, bv), bsz * hv)
-    launch(branch_gated_delta_rule_fwd_kernel, grid,
+    branch_gated_delta_rule_fwd_kernel[grid](
         q, k, v, g, beta, parent, h0, o, states,
         scale, n,
         H=h, HV=hv, K=kdim, V=vdim, BK=bk, BV=bv, USE_QK_L2NORM=use_qk_l2norm,

@@ -43,7 +43,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import launch
 from ..tree import finish_state, node_strided, validate_parent, writable_state
 from .common import TreeGatedDeltaOutput, check_shapes
 
@@ -327,7 +326,7 @@ def tree_gated_delta_rule_fwd(
     g_cum = torch.empty(bsz, n, hv, dtype=torch.float32, device=q.device)
     k_out = torch.empty(bsz, n, h, kdim, dtype=torch.float32, device=q.device) if store_k else k
     grid = (triton.cdiv(vdim, bv), bsz * hv)
-    launch(tree_gated_delta_rule_fwd_kernel, grid,
+    tree_gated_delta_rule_fwd_kernel[grid](
         q, k, v, g, beta, parent, h0,
         None if num_nodes is None else num_nodes.to(device=q.device, dtype=torch.int32).contiguous(),
         o, u, k_out, g_cum,
@@ -359,7 +358,7 @@ def commit_gated_delta_rule_fwd(
     bk = min(64, triton.next_power_of_2(kdim))
     bv = min(64, triton.next_power_of_2(vdim))
     grid = (triton.cdiv(kdim, bk) * triton.cdiv(vdim, bv), bsz * hv)
-    launch(commit_gated_delta_rule_kernel, grid,
+    commit_gated_delta_rule_kernel[grid](
         h0, out.k.contiguous(), out.u.contiguous(), out.g_cum.contiguous(), parent.contiguous(),
         leaf.to(device=h0.device, dtype=torch.int32).contiguous(), new,
         n, H=h, HV=hv, K=kdim, V=vdim, BK=bk, BV=bv,

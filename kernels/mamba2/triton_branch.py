@@ -20,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import launch
 from .triton_tree import _check_mamba2, _process_dt
 
 
@@ -124,7 +123,7 @@ def branch_mamba2_fwd(
     bs = triton.next_power_of_2(s)
     bp = min(triton.next_power_of_2(p), max(16, 8192 // bs))
     lo, hi = dt_limit
-    launch(branch_mamba2_fwd_kernel, (triton.cdiv(p, bp), bsz * h),
+    branch_mamba2_fwd_kernel[(triton.cdiv(p, bp), bsz * h)](
         x, dt, A, B, C, parent, h0,
         None if D is None else D.contiguous(),
         None if z is None else z.contiguous(),

@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 
 from ..gated_delta_rule.triton_tree import _ancestor_mask
-from ..launch import launch
 from ..tree import finish_state, node_strided, validate_parent, writable_state
 from .common import TreeMamba2Output
 
@@ -271,7 +270,7 @@ def tree_mamba2_fwd(
     b_out = torch.empty(bsz, n, g, s, dtype=torch.float32, device=dev) if store_b else B
     lo, hi = dt_limit
     grid = (triton.cdiv(p, bp), bsz * h)
-    launch(tree_mamba2_fwd_kernel, grid,
+    tree_mamba2_fwd_kernel[grid](
         x, dt, A, B, C, parent, h0,
         None if D is None else D.contiguous(),
         None if z is None else z.contiguous(),
@@ -305,7 +304,7 @@ def commit_mamba2_fwd(initial_state, out: TreeMamba2Output, parent, leaf, into=N
     bp = min(64, triton.next_power_of_2(p))
     bs = min(64, triton.next_power_of_2(s))
     grid = (triton.cdiv(p, bp) * triton.cdiv(s, bs), bsz * h)
-    launch(commit_mamba2_kernel, grid,
+    commit_mamba2_kernel[grid](
         h0, out.x.contiguous(), out.b.contiguous(), out.dt.contiguous(), out.a_cum.contiguous(),
         parent.contiguous(), leaf.to(device=h0.device, dtype=torch.int32).contiguous(), new,
         n, H=h, G=g, P=p, S=s, BP=bp, BS=bs,
