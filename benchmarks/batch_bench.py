@@ -8,12 +8,13 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
 
 1. stock `generate(cache_implementation="static")` (transformers compiles its forward; warmed up first, so no compile
    is timed) and stock eager `generate`: the baselines, and the greedy reference;
-   (methods run as `AssistantConfig()` comes, compile="auto": the batched static runner with CUDA graphs on a GPU)
+   (methods run as `AssistantConfig()` comes, compile="auto" and compile_verify="auto": the batched static runner
+   with CUDA graphs and the fused verify forward on a GPU)
 2. correctness gate: each method's greedy rows against stock eager's (exact in fp32; bf16 rounds batched trees and
    single tokens differently, so `--allow-mismatch` reports the share of identical rows instead of failing);
 3. each method timed after a warm-up call (the batch budget's calibration happens there): `suffix` (the default
    drafter, batch budget "auto"), `suffix:fixed` (every row its full tree), `suffix:eager` (compile=False),
-   `suffix:fused` (the verify forward's pure regions Inductor-compiled before capture, `compile_verify=True`),
+   `suffix:unfused` (the captured verify forward without its pure regions Inductor-compiled, `compile_verify=False`),
    `eagle` (the EAGLE-3 drafter of `--eagle`, its default 60-node trees, one expansion for every row per step; a
    random-weight drafter for tiny: / random: models), `eagle:fused` (its passes Inductor-compiled before capture,
    `compile_drafter=True`), `eagle:eager` (compile=False), `mtp` (the checkpoint's MTP head of `--mtp`, its default
@@ -107,8 +108,8 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
         return dict(assistant_config=AssistantConfig(global_cache=False, batch_budget="fixed"))
     if name == "suffix:eager":
         return dict(assistant_config=AssistantConfig(global_cache=False, compile=False))
-    if name == "suffix:fused":
-        return dict(assistant_config=AssistantConfig(global_cache=False, compile=True, compile_verify=True))
+    if name == "suffix:unfused":
+        return dict(assistant_config=AssistantConfig(global_cache=False, compile=True, compile_verify=False))
     if name in ("eagle", "eagle:fused", "eagle:eager"):
         extra = {"eagle:fused": dict(compile=True, compile_drafter=True), "eagle:eager": dict(compile=False)}
         return dict(draft_model=eagle, assistant_config=AssistantConfig(drafter="eagle", **extra.get(name, {})))
@@ -125,7 +126,7 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
                         assistant_config=config)
         rows = [reference[b].tolist() for b in range(reference.shape[0])]
         return dict(drafter=acceptance_batch_drafter(rows, p, depth=8, vocab_size=vocab), assistant_config=config)
-    raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, suffix:fused, eagle, eagle:fused, "
+    raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, suffix:unfused, eagle, eagle:fused, "
                      "eagle:eager, mtp, mtp:tree, acceptance:P; any with +chunked or +eager)")
 
 
@@ -171,7 +172,7 @@ def run(argv: list[str] | None = None) -> dict:
                                                         "or tiny:<model_type>")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--drafters", nargs="+", default=["suffix"],
-                        help="suffix, suffix:fixed, suffix:eager, suffix:fused, eagle, eagle:fused, eagle:eager, "
+                        help="suffix, suffix:fixed, suffix:eager, suffix:unfused, eagle, eagle:fused, eagle:eager, "
                              "mtp, mtp:tree, acceptance:P")
     parser.add_argument("--eagle", default=None, help="EAGLE-3 drafter folder for the eagle methods (default: the "
                                                       "fixture's committed one, or a random one for tiny:/random:)")
@@ -225,6 +226,11 @@ def run(argv: list[str] | None = None) -> dict:
             model.generate(ids, cache_implementation="static", **gen)  # compiles for this batch size
             seconds, _ = timed(lambda: model.generate(ids, cache_implementation="static", **gen), args.device)
             entry["stock_static"] = tokens / seconds
+            # Its call split in two: the prompt and first token (no compiled step runs), then the steps.
+            first = dict(gen, max_new_tokens=1, min_new_tokens=1)
+            first_seconds, _ = timed(lambda: model.generate(ids, cache_implementation="static", **first), args.device)
+            entry["stock_static.first_ms"] = 1000 * first_seconds
+            entry["stock_static.step_ms"] = 1000 * (seconds - first_seconds) / max(args.max_new_tokens - 1, 1)
         # The acceptance drafters propose the target's continuation as this loop computes it: in bf16 a batched tree
         # forward rounds differently from stock's one-token steps, and a row that drifts from stock's greedy would
         # otherwise accept nothing after the drift (its measured acceptance would not be the one asked for).
@@ -292,6 +298,10 @@ def run(argv: list[str] | None = None) -> dict:
     print("per step (ms): " + "; ".join(
         f"B={e['batch']} {n} draft {e[n + '.draft_ms_per_step']:.2f} verify {e[n + '.verify_ms_per_step']:.2f}"
         for e in rows_out for n in args.drafters))
+    if not args.no_stock_static:
+        print("stock static per call (ms): " + "; ".join(
+            f"B={e['batch']} prompt and first token {e['stock_static.first_ms']:.1f}, {e['stock_static.step_ms']:.3f} "
+            "per step" for e in rows_out))
     print("per call (ms): " + "; ".join(
         f"B={e['batch']} {n} {e[n + '.call_ms']:.1f} (set-up {e[n + '.setup_ms']:.1f}, other outside the steps "
         f"{e[n + '.outside_ms']:.1f})" for e in rows_out for n in args.drafters))

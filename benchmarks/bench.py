@@ -44,8 +44,9 @@ logger = logging.get_logger(__name__)
 T = TypeVar("T")
 
 # Named drafter presets; `ngram` is transformers' prompt lookup at the settings the project compares against.
-# `default` is `AssistantConfig()` as a user gets it (compile="auto": the static path with CUDA graphs on one GPU,
-# eager elsewhere); the other rows without "+graphs" run eagerly (compile=False), the "+graphs" rows compile=True.
+# `default` is `AssistantConfig()` as a user gets it (compile="auto" and compile_verify="auto": the static path with
+# CUDA graphs and the fused verify forward on one GPU, eager elsewhere); the other rows without "+graphs" run eagerly
+# (compile=False), the "+graphs" rows compile=True without the fused regions, the "+fused" rows with them.
 PRESETS = {
     "default": dict(),
     "suffix": dict(drafter="suffix", compile=False),
@@ -390,7 +391,7 @@ def build_methods(names: list[str], dtype, device, compiled: bool = False, compi
             methods.append((name, AssistantConfig.from_pretrained(name.split(":", 1)[1]), None))
         else:
             raise ValueError(f"unknown drafter {name!r}: use {sorted(PRESETS)}, model:<path> or config:<dir>")
-    graphs = [(f"{name}+graphs", cfg.replace(compile=True), draft) for name, cfg, draft in methods
+    graphs = [(f"{name}+graphs", cfg.replace(compile=True, compile_verify=False), draft) for name, cfg, draft in methods
               if name != "default"]
     if fused:  # the same graphs with the target's pure regions compiled (compile_verify), side by side
         graphs += [(f"{name}+fused", cfg.replace(compile_verify=True), draft) for name, cfg, draft in graphs]
@@ -505,14 +506,23 @@ def run(argv: list[str] | None = None) -> dict:
     # see the steady state a server would. Our adapters are installed first and stock static+compile warms up
     # last: torch.compile guards on the modules' forwards, so compiling before the routing is installed would
     # recompile inside the first timed call (seconds on a 2B model).
+    # The warm-ups' wall times are reported: what a process's first call costs (compiles, captures, autotuning).
     get_adapter(model)
     run_stock(model, prompts[0], gen_kwargs)
-    for _, cfg, draft in methods:
+    first_call = {}
+    for name, cfg, draft in methods:
+        start = time.perf_counter()
         warm_up_tree_sizes(model, prompts[0], cfg)
         run_spec(model, prompts[0], gen_kwargs, cfg, draft)
+        _sync(args.device)
+        first_call[name] = time.perf_counter() - start
     if args.stock_static:
-        for _ in range(2):
+        for i in range(2):
+            start = time.perf_counter()
             run_stock(model, prompts[0], gen_kwargs, static=True)
+            _sync(args.device)
+            if i == 0:
+                first_call["stock static+compile"] = time.perf_counter() - start
     suffix.clear_global_suffix_cache()
     quiet_gc()
 
@@ -591,6 +601,8 @@ def run(argv: list[str] | None = None) -> dict:
               f"{draft_ms:>9}{xfloor:>9}{stock.ms_per_token / r.ms_per_token:>9.2f}x"
               f"{best_stock.ms_per_token / r.ms_per_token:>8.2f}x{r.mismatches:>10}"
               f"{r.compiles if r.kind == 'stock_static' else r.graph_captures:>10}")
+    print("first call of the process, s (warm-up: compiles, captures; later methods reuse earlier ones' kernels): "
+          + ", ".join(f"{name} {sec:.1f}" for name, sec in first_call.items()))
     buckets, fused_buckets = {}, {}
     if args.bucket_sweep:
         buckets = time_verify_buckets(model, prompts[0].shape[1])
@@ -620,6 +632,7 @@ def run(argv: list[str] | None = None) -> dict:
         "weight_floor_ms": round(floor, 4) if floor else None,
         "verify_ms_by_bucket": {str(n): round(ms, 4) for n, ms in buckets.items()},
         "fused_verify_ms_by_bucket": {str(n): round(ms, 4) for n, ms in fused_buckets.items()},
+        "first_call_seconds": {name: round(sec, 2) for name, sec in first_call.items()},
         "methods": {
             r.name: {
                 "tokens_per_s": round(r.tokens_per_second, 3),

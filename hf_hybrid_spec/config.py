@@ -118,10 +118,13 @@ class AssistantConfig:
             fused kernels before the forward is captured), run each layer's independent projections side by side
             (`fusion.parallel_linears`) and its attention on our tree-attention kernel (`models.tree_attention`):
             the 8-node verify of a 2B Qwen3.5 shape went from 4.9 to 2.5 ms on an H200 (2.7x its weight-read
-            floor), qwen3_5-small's from 1.25 to 0.56. Numerics are a compiled model's (fused reductions and another
-            attention kernel round differently in the last bits, as stock static+compile's do), and it costs a few
-            Inductor compiles per process (one per module class, all tree sizes): opt-in. It pays on a GPU; on a
-            CPU (no graphs) the compiled regions are not faster at these sizes (dynamo's guards run every step).
+            floor), qwen3_5-small's from 1.25 to 0.56, and a batch's plain decode step (what the budget falls back
+            to) from slower than stock static+compile's to about half its time. "auto" (the default) is True where
+            `compile` resolves to True on a CUDA device and False elsewhere: on a CPU (no graphs) the compiled
+            regions are not faster at these sizes (dynamo's guards run every step). Numerics are a compiled
+            model's (fused reductions and another attention kernel round differently in the last bits, as stock
+            static+compile's do), and the first call of a process pays a few Inductor compiles (one per module
+            class, all tree sizes), as stock static+compile's first call does; False skips them.
 
     Batches (B > 1 left-padded prompts; `hf_hybrid_spec.engine.budget`):
         batch_budget: "auto" (the default): on CUDA, a batch-wide budget calibrated to the verify forward on the
@@ -203,7 +206,7 @@ class AssistantConfig:
     compile: bool | str = "auto"
     compile_buckets: tuple[int, ...] = (8, 16, 32, 64)
     compile_drafter: bool = False
-    compile_verify: bool = False
+    compile_verify: bool | str = "auto"
     # batches
     batch_budget: str = "auto"
     budget_slack: float = 0.05
@@ -243,8 +246,9 @@ class AssistantConfig:
         for name in _BOOLS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not isinstance(self.compile, bool) and self.compile != "auto":
-            raise ValueError(f"compile must be True, False or 'auto', got {self.compile!r}")
+        for name in ("compile", "compile_verify"):
+            if not isinstance(getattr(self, name), bool) and getattr(self, name) != "auto":
+                raise ValueError(f"{name} must be True, False or 'auto', got {getattr(self, name)!r}")
         for name, (low, high, low_open) in _NUMBERS.items():
             setattr(self, name, _check_number(name, getattr(self, name), low, high, low_open))
         if not self.max_spec_offset > -self.max_match_length:
@@ -356,7 +360,7 @@ _CHOICES = {"kernel_backend": KERNEL_BACKENDS, "ssm_variant": SSM_VARIANTS, "hvd
             "batch_budget": BATCH_BUDGETS, "prefill": PREFILLS}
 _POSITIVE_INTS = ("max_draft_tokens", "max_depth", "max_verify_nodes", "max_match_length", "max_cached_outputs",
                   "max_cached_tokens", "ngram_size", "draft_top_k", "fly_window", "hvd_model_tokens", "hvd_model_depth")
-_BOOLS = ("global_cache", "tree", "compile_drafter", "compile_verify", "hvd_merge")
+_BOOLS = ("global_cache", "tree", "compile_drafter", "hvd_merge")
 # name -> (low, high, low is open); every number must also be finite.
 _NUMBERS = {
     "max_spec_factor": (0.0, None, False),

@@ -66,26 +66,31 @@ def _resolve_config(assistant_config, draft_model) -> AssistantConfig:
 
 
 def _resolve_compile(config: AssistantConfig, model: nn.Module, generation_config: GenerationConfig) -> AssistantConfig:
-    """`config` with `compile` a bool: "auto" is the static path (CUDA graphs) for a model on one CUDA device, unless
-    the call asks for what only the eager path returns (attentions, hidden states); the eager path elsewhere.
-    `cache_implementation="static"` implies compile=True, for the drafters too (EAGLE's static storage and graphs)."""
+    """`config` with `compile` and `compile_verify` bools: compile "auto" is the static path (CUDA graphs) for a model
+    on one CUDA device, unless the call asks for what only the eager path returns (attentions, hidden states); the
+    eager path elsewhere. `cache_implementation="static"` implies compile=True, for the drafters too (EAGLE's static
+    storage and graphs). compile_verify "auto" fuses the verify forward wherever it is captured on a CUDA device."""
     compile_ = config.compile
+    devices = {p.device for p in model.parameters()}
+    on_cuda = len(devices) == 1 and next(iter(devices)).type == "cuda"
     if generation_config.cache_implementation == "static":
         compile_ = True
     elif compile_ == "auto":
-        devices = {p.device for p in model.parameters()}
         eager_outputs = bool(generation_config.return_dict_in_generate) and bool(
             generation_config.output_attentions or generation_config.output_hidden_states)
-        compile_ = len(devices) == 1 and next(iter(devices)).type == "cuda" and not eager_outputs
-        if not compile_ and (config.compile_drafter or config.compile_verify):
+        compile_ = on_cuda and not eager_outputs
+        if not compile_ and (config.compile_drafter or config.compile_verify is True):
             logger.info("compile='auto' runs this call eagerly: compile_drafter / compile_verify do not apply")
             return config.replace(compile=False, compile_drafter=False, compile_verify=False)
     for name, what in (("compile_drafter", "the EAGLE drafter's captured passes"),
                        ("compile_verify", "regions of the captured verify forward")):
-        if getattr(config, name) and not compile_:
+        if getattr(config, name) is True and not compile_:
             raise ValueError(f"{name}=True compiles {what}: it needs compile=True or 'auto' "
                              "(or generate(..., cache_implementation='static'))")
-    return config if compile_ == config.compile else config.replace(compile=compile_)
+    verify = compile_ and on_cuda if config.compile_verify == "auto" else config.compile_verify
+    if compile_ == config.compile and verify == config.compile_verify:
+        return config
+    return config.replace(compile=compile_, compile_verify=verify)
 
 
 def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict):

@@ -195,8 +195,16 @@ def test_compile_auto_is_the_static_path_on_one_gpu_and_eager_elsewhere():
     assert _resolve_compile(auto, Params("cuda:0"), wants).compile is False
     static = GenerationConfig(max_new_tokens=4, cache_implementation="static")
     assert _resolve_compile(H.AssistantConfig(compile=False), Params("cpu"), static).compile is True
+    # compile_verify "auto": fused wherever the forward is captured on a CUDA device, nowhere else.
+    assert _resolve_compile(auto, Params("cuda:0"), plain).compile_verify is True
+    assert _resolve_compile(auto, Params("cpu"), plain).compile_verify is False
+    assert _resolve_compile(auto.replace(compile=True), Params("cpu"), plain).compile_verify is False
+    assert _resolve_compile(auto, Params("cuda:0"), wants).compile_verify is False  # the eager path
+    assert _resolve_compile(auto, Params("cuda:0", "cuda:1"), plain).compile_verify is False
+    assert _resolve_compile(auto.replace(compile_verify=False), Params("cuda:0"), plain).compile_verify is False
     fused = H.AssistantConfig(compile_verify=True)
-    assert _resolve_compile(fused, Params("cpu"), plain).compile_verify is False  # auto on a CPU: eager, unfused
+    assert _resolve_compile(fused, Params("cpu"), plain).compile_verify is False  # compile auto on a CPU: eager
+    assert _resolve_compile(fused.replace(compile=True), Params("cpu"), plain).compile_verify is True  # as asked
     with pytest.raises(ValueError, match="compile_verify=True"):
         _resolve_compile(fused.replace(compile=False), Params("cuda:0"), plain)
     with pytest.raises(ValueError, match="compile must be True, False or 'auto'"):
