@@ -18,9 +18,9 @@ different committed lengths need no realignment:
   name (`hidden_layers`): graph outputs of the bucket, from which the backend gathers each row's accepted path after
   the commit.
 
-- with `fuse=True` (`AssistantConfig(compile_verify=True)`) the model's pure regions run Inductor-compiled inside the
-  forward, its independent projections side by side and its attention on the tree-attention kernel (which takes the
-  per-row mask as it is), as in the one-row runner (`static.StaticTreeRunner`).
+- with `fuse=True` (`AssistantConfig.compile_verify`, on by default on a GPU) the model's pure regions run
+  Inductor-compiled inside the forward, its independent projections side by side and its attention on the
+  tree-attention kernel (which takes the per-row mask as it is), as in the one-row runner (`static.StaticTreeRunner`).
 
 Runs the same code eagerly without graphs (CPU), which is what the CPU tests check.
 """

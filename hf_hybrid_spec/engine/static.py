@@ -19,8 +19,9 @@ same to win. `StaticTreeRunner` runs the verify forward over a `HybridTreeCache(
   commit graph copies the accepted path's rows of the requested layers into a per-token history buffer, like the
   keys and values, so a step needs no gather launched from the host and the hidden states of every committed token
   stay readable for the rest of the request (HVD hands them to its model drafter only when it next drafts with it);
-- with `fuse=True` (`AssistantConfig(compile_verify=True)`) the model's pure regions (norms, MLPs, gate math) run
-  Inductor-compiled inside the forward, so the captured graph replays fused kernels (`hf_hybrid_spec.fusion`);
+- with `fuse=True` (`AssistantConfig.compile_verify`, on by default on a GPU) the model's pure regions (norms, MLPs,
+  gate math) run Inductor-compiled inside the forward, so the captured graph replays fused kernels
+  (`hf_hybrid_spec.fusion`);
 - on CPU the same buffers and code run eagerly (no capture), which is what the CPU tests exercise.
 """
 
