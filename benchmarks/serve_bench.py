@@ -196,7 +196,8 @@ def make_manager(model, method: str, prefill: str, args, gen: GenerationConfig) 
                             prefix_cache_bytes=0 if method in ("cb", "cb+spec-noreuse") else args.prefix_cache_mb << 20,
                             speculation=method != "cb", prefill=prefill, prefill_chunk=args.prefill_chunk,
                             lanes=2 if method.endswith("-lanes2") else 1)
-    return ContinuousBatchingManager(model, AssistantConfig(global_cache=False), serving, gen)
+    config = AssistantConfig(global_cache=False, compile_verify=True if args.compile_verify else "auto")
+    return ContinuousBatchingManager(model, config, serving, gen)
 
 
 class _ThreadProfile:
@@ -316,6 +317,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-warm-pass", action="store_true", help="skip the untimed pass over the sessions")
     parser.add_argument("--out", default=None, help="folder for the PNG and the JSON")
     parser.add_argument("--dry-run", action="store_true", help="2 sessions, one rate, small bounds (a smoke test)")
+    parser.add_argument("--compile-verify", action="store_true",
+                        help="the engines' runners with the fused verify forward (AssistantConfig(compile_verify=True))")
     parser.add_argument("--profile", nargs="*", default=[], choices=METHODS[1:],
                         help="CB methods whose timed runs also run the engine's thread under cProfile (host functions "
                              "by own time printed, all of them to --out/profile_<method>_<rate>.txt, punctuation as _)")

@@ -260,6 +260,9 @@ class ServingEngine:
             raise NotImplementedError("the serving engine runs a model on one device")
         self.device = next(iter(devices))
         use_graphs = config.compile is True or (config.compile == "auto" and self.device.type == "cuda")
+        # The fused verify forward (`fusion`) on the engine's runner: opt-in here (compile_verify=True). "auto" leaves
+        # it off until serving is measured with it; `generate`'s static paths fuse by default on a GPU.
+        fuse = config.compile_verify is True
         self.config = config.replace(compile=False, compile_drafter=False, compile_verify=False)
         self.draft_model = draft_model
         probe = make_drafter(self.config, model, draft_model)
@@ -285,7 +288,7 @@ class ServingEngine:
         self.max_width = max(buckets)
         slots = self.serving.max_slots
         runner = BatchStaticRunner(model, slots, self.serving.max_total_tokens + self.max_width, buckets,
-                                   use_graphs=use_graphs and self.device.type == "cuda")
+                                   use_graphs=use_graphs and self.device.type == "cuda", fuse=fuse)
         self.backend = BatchStaticBackend(model, slots, runner.static_length, buckets, owner=None, runner=runner)
         # A launched step's argmax, read back by `finish` (one step in flight per engine).
         self._best_host = torch.zeros(slots * self.max_width, dtype=torch.long, pin_memory=self.device.type == "cuda")

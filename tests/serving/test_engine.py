@@ -74,6 +74,26 @@ def test_generate_batch_matches_plain_generate_for_every_family(family, prefill)
         assert result.prompt_ids == ids
 
 
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_the_fused_verify_forward_on_request(family):
+    """compile_verify=True gives the engine's runner the fused verify forward (off under "auto" until serving is
+    measured with it): plain generate's tokens still, with chunked prefills beside the other requests' trees."""
+    model = tiny_model(family)
+    inputs = prompts(5, seed=2)
+    config = ServingConfig(max_slots=3, max_total_tokens=64, prefill_chunk=5)
+    engines = []
+    for verify in ("auto", True):
+        engine = ServingEngine(model, H.AssistantConfig(global_cache=False, compile_verify=verify), config,
+                               greedy_config())
+        for i, ids in enumerate(inputs):
+            engine.add(ServingRequest(request_id=f"r{i}", input_ids=ids, max_new_tokens=9))
+        outputs = drain(engine)
+        for i, ids in enumerate(inputs):
+            assert outputs[f"r{i}"].generated_tokens == plain(model, ids, 9), (verify, i)
+        engines.append(engine)
+    assert [e.backend.runner.fuse for e in engines] == [False, True]
+
+
 @pytest.mark.parametrize("name", ["suffix", "ngram", "model"])
 def test_every_token_drafter_and_early_eos(name):
     model = tiny_model("qwen3_5_text")
