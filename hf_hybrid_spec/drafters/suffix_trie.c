@@ -403,6 +403,15 @@ int64_t trie_new_seq(Trie *t) {
     return seq_make(t, seq) ? seq : ERR_NOMEM;
 }
 
+/* The nodes whose children are the suffixes after one more token: the root, then the `active` ones (suffixes of
+ * length 1, 2, ...) that stay within `depth`, into `parents`; returns how many. */
+static inline int64_t suffix_parents(int64_t *parents, const int64_t *active, int64_t n_active, int64_t depth) {
+    int64_t L = 1 + (n_active < depth - 1 ? n_active : depth - 1);
+    parents[0] = 0;
+    for (int64_t k = 1; k < L; k++) parents[k] = active[k - 1];
+    return L;
+}
+
 /* Append `tokens` to sequence `seq` (created if new). `active[0 .. n_active)` are the nodes of the sequence's
  * suffixes of length 1, 2, ... before them (room for `depth` in the buffer); returns the new count, or < 0. */
 int64_t trie_extend(Trie *t, int64_t seq, const int32_t *tokens, int64_t n, int64_t *active, int64_t n_active) {
@@ -423,9 +432,7 @@ int64_t trie_extend(Trie *t, int64_t seq, const int32_t *tokens, int64_t n, int6
         if (grow((void **)&s->data, &s->cap, s->len + 1, sizeof(int32_t))) return ERR_NOMEM;
         s->data[s->len++] = token;
         int64_t here = implicit_ref(seq, s->len - 1);
-        int64_t L = 1 + (n_active < depth - 1 ? n_active : depth - 1);
-        buf_nodes[0] = 0;
-        for (int64_t k = 1; k < L; k++) buf_nodes[k] = active[k - 1];
+        int64_t L = suffix_parents(buf_nodes, active, n_active, depth);
         int64_t n_new = 0;
         for (int64_t d = 1; d <= L; d++) {
             int64_t node = buf_nodes[d - 1];
@@ -476,9 +483,7 @@ int64_t trie_follow(const Trie *t, const int32_t *tokens, int64_t n, int64_t *ac
     int64_t buf_nodes[depth + 1];
     for (int64_t i = 0; i < n; i++) {
         int32_t token = tokens[i];
-        int64_t L = 1 + (n_active < depth - 1 ? n_active : depth - 1);
-        buf_nodes[0] = 0;
-        for (int64_t k = 1; k < L; k++) buf_nodes[k] = active[k - 1];
+        int64_t L = suffix_parents(buf_nodes, active, n_active, depth);
         int64_t n_new = 0;
         for (int64_t d = 1; d <= L; d++) {
             int64_t node = buf_nodes[d - 1];
