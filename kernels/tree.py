@@ -7,7 +7,8 @@ ordinary children of the committed state (parent -1) that nobody descends from, 
 result of a real node.
 
 Everything here is plain PyTorch on any device; the kernels and the cache use these to build masks,
-paths and conv windows. `node_strided` is the layout rule the Triton launchers read per-node inputs with.
+paths and conv windows. `node_strided` is the layout rule the Triton launchers read per-node inputs with; `pow2` and
+`cdiv` their tile and grid arithmetic.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ __all__ = [
     "node_strided",
     "writable_state",
     "finish_state",
+    "pow2",
+    "cdiv",
 ]
 
 
@@ -147,15 +150,15 @@ def node_strided(x: torch.Tensor) -> torch.Tensor:
     The views a mixer splits out of one [B, N, C] projection (q / k / v, or x / B / C / dt) are of that kind, so the
     tree kernels read them in place instead of paying a copy launch per input and layer.
     """
-    b, n = x.shape[:2]
-    inner = x.shape[2:]
-    expected, step = [], 1
-    for size in reversed(inner):
-        expected.append(step)
+    if x.is_contiguous():  # one C call: the common case, and this runs per input, layer and step
+        return x
+    shape, strides = x.shape, x.stride()
+    step = 1  # a node's elements, once the trailing dims are known to be contiguous
+    for size, stride in zip(reversed(shape[2:]), reversed(strides[2:])):
+        if stride != step and size != 1:
+            return x.contiguous()
         step *= size
-    strides = x.stride()
-    contiguous_inner = all(st == e or size == 1 for st, e, size in zip(strides[2:], reversed(expected), inner))
-    if contiguous_inner and strides[1] >= step and (b == 1 or strides[0] == n * strides[1]):
+    if strides[1] >= step and (shape[0] == 1 or strides[0] == shape[1] * strides[1]):
         return x
     return x.contiguous()
 
@@ -175,3 +178,16 @@ def finish_state(into: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
         return new
     into.copy_(new)
     return into
+
+
+# The launchers' tile and grid arithmetic on Python ints. Not triton.next_power_of_2 / triton.cdiv: in recent Triton
+# those are constexpr functions that unwrap every argument on each host call (~8 us per call on a 2-core CPU, four to
+# six calls per launch), and an eager verify forward launches two tree ops per recurrent layer.
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints."""
+    return -(-a // b)

@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .tree import cdiv, pow2
+
 
 @triton.jit
 def gather_rows_kernel(s0, s1, s2, s3, out, order, dst, stride_s0, stride_s1, stride_s2, stride_s3, stride_out_l,
@@ -36,7 +38,7 @@ def triton_gather_rows(out: torch.Tensor, sources: tuple[torch.Tensor, ...], ord
         raise ValueError(f"one launch takes 1-4 sources, got {n_src}")
     padded = list(sources) + [sources[0]] * (4 - n_src)
     hidden = out.shape[3]
-    bh = min(triton.next_power_of_2(hidden), 2048)
-    grid = (order.numel(), n_src, triton.cdiv(hidden, bh))
+    bh = min(pow2(hidden), 2048)
+    grid = (order.numel(), n_src, cdiv(hidden, bh))
     gather_rows_kernel[grid](*padded, out, order, dst, *(s.stride(1) for s in padded), out.stride(0), out.stride(2),
                              hidden, BH=bh)

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..tree import cdiv, pow2
+
 __all__ = ["triton_tree_attention"]
 
 
@@ -97,7 +99,7 @@ def _combine_kernel(o_ptr, m_ptr, l_ptr, out_ptr, so_b, so_n, so_h, N, HQ, D, S,
 
 
 def _splits(programs: int, blocks: int, target: int = 128) -> int:
-    return max(1, min(blocks, triton.cdiv(target, programs)))
+    return max(1, min(blocks, cdiv(target, programs)))
 
 
 def triton_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -114,13 +116,13 @@ def triton_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension")
     group = hq // hkv
-    block_d = triton.next_power_of_2(d)
-    block_r = max(16, min(triton.next_power_of_2(group * n), 32 if block_d > 128 else 64))
+    block_d = pow2(d)
+    block_r = max(16, min(pow2(group * n), 32 if block_d > 128 else 64))
     block_l = 32 if block_d > 128 else 64
-    row_blocks = triton.cdiv(group * n, block_r)
-    splits = _splits(bsz * hkv * row_blocks, triton.cdiv(length, block_l))
-    per_split = triton.cdiv(triton.cdiv(length, splits), block_l) * block_l
-    splits = triton.cdiv(length, per_split)
+    row_blocks = cdiv(group * n, block_r)
+    splits = _splits(bsz * hkv * row_blocks, cdiv(length, block_l))
+    per_split = cdiv(cdiv(length, splits), block_l) * block_l
+    splits = cdiv(length, per_split)
     o = torch.empty(bsz, hq, n, splits, block_d, device=q.device, dtype=torch.float32)
     m = torch.empty(bsz, hq, n, splits, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
@@ -133,6 +135,6 @@ def triton_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
     out = torch.empty(bsz, n, hq, d, device=q.device, dtype=q.dtype)
     _combine_kernel[(bsz * hq * n,)](
         o, m, l, out, out.stride(0), out.stride(1), out.stride(2), n, hq, d, splits,
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
+        BLOCK_S=pow2(splits), BLOCK_D=block_d, num_warps=4,
     )
     return out

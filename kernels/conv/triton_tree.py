@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tree import validate_parent
+from ..tree import cdiv, pow2, validate_parent
 from .common import check_conv_inputs
 
 
@@ -124,10 +124,10 @@ def tree_causal_conv1d_fwd(x, weight, bias, parent, conv_state, activation) -> t
     width = weight.shape[1]
     x, weight, parent, conv_state = (t.contiguous() for t in (x, weight, parent, conv_state))
     y = torch.empty(bsz, n, c, dtype=x.dtype, device=x.device)
-    bn = min(16, triton.next_power_of_2(n))
+    bn = min(16, pow2(n))
     # [16, 128] tiles: no spills on sm_90 (ptxas), where [16, 256] spilled the W gathered pointer tiles.
-    bc = min(128, triton.next_power_of_2(c))
-    grid = (triton.cdiv(c, bc), triton.cdiv(n, bn), bsz)
+    bc = min(128, pow2(c))
+    grid = (cdiv(c, bc), cdiv(n, bn), bsz)
     tree_causal_conv1d_fwd_kernel[grid](
         x, weight, None if bias is None else bias.contiguous(), parent, conv_state, y,
         n, c, conv_state.shape[-1],
@@ -141,10 +141,10 @@ def commit_causal_conv1d_fwd(conv_state, x, parent, leaf) -> torch.Tensor:
     bsz, c, s = conv_state.shape
     conv_state, x, parent = (t.contiguous() for t in (conv_state, x, parent))
     new = torch.empty_like(conv_state)
-    bc = min(256, triton.next_power_of_2(c))
-    commit_causal_conv1d_kernel[(triton.cdiv(c, bc), bsz)](
+    bc = min(256, pow2(c))
+    commit_causal_conv1d_kernel[(cdiv(c, bc), bsz)](
         conv_state, x, parent, leaf.to(device=x.device, dtype=torch.int32).contiguous(), new,
-        x.shape[1], c, s, BC=bc, BS=triton.next_power_of_2(s),
+        x.shape[1], c, s, BC=bc, BS=pow2(s),
     )
     return new
 

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..tree import cdiv, pow2
 from .common import check_shapes
 
 
@@ -109,10 +110,10 @@ def branch_gated_delta_rule_fwd(
     h0 = initial_state.float().contiguous()
     o = torch.empty(bsz, n, hv, vdim, dtype=q.dtype, device=q.device)
     states = torch.empty(bsz, n, hv, kdim, vdim, dtype=torch.float32, device=q.device)
-    bk = triton.next_power_of_2(kdim)
+    bk = pow2(kdim)
     # The whole K column of the state stays in registers: bound the tile at 8K fp32 values.
-    bv = min(triton.next_power_of_2(vdim), max(16, 8192 // bk))
-    grid = (triton.cdiv(vdim, bv), bsz * hv)
+    bv = min(pow2(vdim), max(16, 8192 // bk))
+    grid = (cdiv(vdim, bv), bsz * hv)
     branch_gated_delta_rule_fwd_kernel[grid](
         q, k, v, g, beta, parent, h0, o, states,
         scale, n,

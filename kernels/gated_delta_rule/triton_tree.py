@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tree import finish_state, node_strided, validate_parent, writable_state
+from ..tree import cdiv, finish_state, node_strided, pow2, validate_parent, writable_state
 from .common import TreeGatedDeltaOutput, check_shapes
 
 
@@ -313,19 +313,19 @@ def tree_gated_delta_rule_fwd(
     g, beta, parent = (t.contiguous() for t in (g, beta, parent))
     h0 = initial_state.float().contiguous()
     # At least 16 on every dot dimension: the tensor-core minimum on NVIDIA GPUs.
-    bt = max(16, triton.next_power_of_2(n))
+    bt = max(16, pow2(n))
     # Sizes chosen from ptxas' reports for sm_90 (no spills up to BT = 64 in bf16; about 1 KB per thread at
     # BT = 128): K chunks of 32, and narrower V tiles at BT = 128 to make room for the [BT, BT] matrices.
-    bk = min(32, max(16, triton.next_power_of_2(kdim)))
+    bk = min(32, max(16, pow2(kdim)))
     # V tiles of at least 32, as the Mamba-2 launcher's P tiles: with fp32 inputs (TF32x3 dots) at BT = 64 a 16-wide
     # tile faulted with an illegal address on the H200 under Triton 3.6 (B1-N64-HV2-K32-V16 in fp32, the
     # first run of tests/kernels/test_kernels.py compiled on a GPU); real layers (V = 128) never had 16-wide tiles.
-    bv = block_v or min(64 if bt <= 64 else 32, max(32, triton.next_power_of_2(vdim)))
+    bv = block_v or min(64 if bt <= 64 else 32, max(32, pow2(vdim)))
     o = torch.empty(bsz, n, hv, vdim, dtype=q.dtype, device=q.device)
     u = torch.empty(bsz, n, hv, vdim, dtype=torch.float32, device=q.device)
     g_cum = torch.empty(bsz, n, hv, dtype=torch.float32, device=q.device)
     k_out = torch.empty(bsz, n, h, kdim, dtype=torch.float32, device=q.device) if store_k else k
-    grid = (triton.cdiv(vdim, bv), bsz * hv)
+    grid = (cdiv(vdim, bv), bsz * hv)
     tree_gated_delta_rule_fwd_kernel[grid](
         q, k, v, g, beta, parent, h0,
         None if num_nodes is None else num_nodes.to(device=q.device, dtype=torch.int32).contiguous(),
@@ -355,9 +355,9 @@ def commit_gated_delta_rule_fwd(
     n, h = out.k.shape[1:3]
     h0 = initial_state.float().contiguous()
     new = writable_state(into, h0)
-    bk = min(64, triton.next_power_of_2(kdim))
-    bv = min(64, triton.next_power_of_2(vdim))
-    grid = (triton.cdiv(kdim, bk) * triton.cdiv(vdim, bv), bsz * hv)
+    bk = min(64, pow2(kdim))
+    bv = min(64, pow2(vdim))
+    grid = (cdiv(kdim, bk) * cdiv(vdim, bv), bsz * hv)
     commit_gated_delta_rule_kernel[grid](
         h0, out.k.contiguous(), out.u.contiguous(), out.g_cum.contiguous(), parent.contiguous(),
         leaf.to(device=h0.device, dtype=torch.int32).contiguous(), new,

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..tree import cdiv, pow2
 from .triton_tree import _check_mamba2, _process_dt
 
 
@@ -120,10 +121,10 @@ def branch_mamba2_fwd(
     h0 = initial_state.float().contiguous()
     y = torch.empty(bsz, n, h, p, dtype=x.dtype, device=x.device)
     states = torch.empty(bsz, n, h, p, s, dtype=torch.float32, device=x.device)
-    bs = triton.next_power_of_2(s)
-    bp = min(triton.next_power_of_2(p), max(16, 8192 // bs))
+    bs = pow2(s)
+    bp = min(pow2(p), max(16, 8192 // bs))
     lo, hi = dt_limit
-    branch_mamba2_fwd_kernel[(triton.cdiv(p, bp), bsz * h)](
+    branch_mamba2_fwd_kernel[(cdiv(p, bp), bsz * h)](
         x, dt, A, B, C, parent, h0,
         None if D is None else D.contiguous(),
         None if z is None else z.contiguous(),

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..gated_delta_rule.triton_tree import _ancestor_mask
-from ..tree import finish_state, node_strided, validate_parent, writable_state
+from ..tree import cdiv, finish_state, node_strided, pow2, validate_parent, writable_state
 from .common import TreeMamba2Output
 
 
@@ -255,13 +255,13 @@ def tree_mamba2_fwd(
     dt, C = node_strided(dt), node_strided(C)
     A, parent = A.contiguous(), parent.contiguous()
     h0 = initial_state.float().contiguous()
-    bt = max(16, triton.next_power_of_2(n))
+    bt = max(16, pow2(n))
     # Sizes chosen from ptxas' reports for sm_90: no spills up to BT = 64 with S chunks of 32; narrower P tiles
     # at BT = 128 to make room for the [BT, BT] matrices.
     # P tiles of at least 32: with fp32 inputs (TF32x3 dots) and 16-wide P tiles at BT = 64, Triton 3.6 on the H200
     # builds a kernel that faults with an illegal address (a tiny Falcon-H1 with head dim 16); 32 wide runs clean.
-    bp = block_p or min(64 if bt <= 64 else 32, max(32, triton.next_power_of_2(p)))
-    bs = min(32, max(16, triton.next_power_of_2(s)))
+    bp = block_p or min(64 if bt <= 64 else 32, max(32, pow2(p)))
+    bs = min(32, max(16, pow2(s)))
     dev = x.device
     y = torch.empty(bsz, n, h, p, dtype=x.dtype, device=dev)
     dt_out = torch.empty(bsz, n, h, dtype=torch.float32, device=dev)
@@ -269,7 +269,7 @@ def tree_mamba2_fwd(
     x_out = torch.empty(bsz, n, h, p, dtype=torch.float32, device=dev) if store_x else x
     b_out = torch.empty(bsz, n, g, s, dtype=torch.float32, device=dev) if store_b else B
     lo, hi = dt_limit
-    grid = (triton.cdiv(p, bp), bsz * h)
+    grid = (cdiv(p, bp), bsz * h)
     tree_mamba2_fwd_kernel[grid](
         x, dt, A, B, C, parent, h0,
         None if D is None else D.contiguous(),
@@ -301,9 +301,9 @@ def commit_mamba2_fwd(initial_state, out: TreeMamba2Output, parent, leaf, into=N
     n, g = out.b.shape[1:3]
     h0 = initial_state.float().contiguous()
     new = writable_state(into, h0)
-    bp = min(64, triton.next_power_of_2(p))
-    bs = min(64, triton.next_power_of_2(s))
-    grid = (triton.cdiv(p, bp) * triton.cdiv(s, bs), bsz * h)
+    bp = min(64, pow2(p))
+    bs = min(64, pow2(s))
+    grid = (cdiv(p, bp) * cdiv(s, bs), bsz * h)
     commit_mamba2_kernel[grid](
         h0, out.x.contiguous(), out.b.contiguous(), out.dt.contiguous(), out.a_cum.contiguous(),
         parent.contiguous(), leaf.to(device=h0.device, dtype=torch.int32).contiguous(), new,

@@ -342,6 +342,15 @@ def test_mamba2_chain_is_the_chunked_scan(backend):
     assert_close("final state", s_ref, run(backend, commit_fn, h0, out, parent, leaf))
 
 
+def test_launch_arithmetic_matches_tritons():
+    triton = pytest.importorskip("triton")
+    for n in range(1, 1100):
+        assert tree.pow2(n) == triton.next_power_of_2(n), n
+        for d in (1, 2, 3, 16, 32, 64):
+            assert tree.cdiv(n, d) == triton.cdiv(n, d), (n, d)
+    assert tree.pow2(0) == 1 and tree.pow2(1 << 40) == 1 << 40 and tree.pow2((1 << 40) + 1) == 1 << 41
+
+
 def test_node_strided_keeps_only_layouts_one_node_stride_can_read():
     base = torch.randn(3, 5, 24)
     assert tree.node_strided(base) is base
