@@ -27,6 +27,7 @@ __all__ = [
     "finish_state",
     "pow2",
     "cdiv",
+    "index_arg",
 ]
 
 
@@ -191,3 +192,13 @@ def pow2(n: int) -> int:
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for positive ints."""
     return -(-a // b)
+
+
+def index_arg(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A [B] index tensor (accepted leaves, node counts) as a launcher hands it to a kernel: as it is where it is
+    already on `device`, int32 or int64 and contiguous (the kernels load either and cast), else an int32 copy there.
+    Not a cast per call: the runners keep leaves in int64, and inside a captured commit graph the cast was one more
+    kernel per layer and step."""
+    if t.device == device and t.dtype in (torch.int32, torch.int64) and t.is_contiguous():
+        return t
+    return t.to(device=device, dtype=torch.int32).contiguous()

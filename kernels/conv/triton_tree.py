@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tree import cdiv, pow2, validate_parent
+from ..tree import cdiv, index_arg, pow2, validate_parent
 from .common import check_conv_inputs
 
 
@@ -143,7 +143,7 @@ def commit_causal_conv1d_fwd(conv_state, x, parent, leaf) -> torch.Tensor:
     new = torch.empty_like(conv_state)
     bc = min(256, pow2(c))
     commit_causal_conv1d_kernel[(cdiv(c, bc), bsz)](
-        conv_state, x, parent, leaf.to(device=x.device, dtype=torch.int32).contiguous(), new,
+        conv_state, x, parent, index_arg(leaf, x.device), new,
         x.shape[1], c, s, BC=bc, BS=pow2(s),
     )
     return new

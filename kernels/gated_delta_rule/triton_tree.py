@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tree import cdiv, finish_state, node_strided, pow2, validate_parent, writable_state
+from ..tree import cdiv, finish_state, index_arg, node_strided, pow2, validate_parent, writable_state
 from .common import TreeGatedDeltaOutput, check_shapes
 
 
@@ -328,7 +328,7 @@ def tree_gated_delta_rule_fwd(
     grid = (cdiv(vdim, bv), bsz * hv)
     tree_gated_delta_rule_fwd_kernel[grid](
         q, k, v, g, beta, parent, h0,
-        None if num_nodes is None else num_nodes.to(device=q.device, dtype=torch.int32).contiguous(),
+        None if num_nodes is None else index_arg(num_nodes, q.device),
         o, u, k_out, g_cum,
         scale,
         n,
@@ -360,7 +360,7 @@ def commit_gated_delta_rule_fwd(
     grid = (cdiv(kdim, bk) * cdiv(vdim, bv), bsz * hv)
     commit_gated_delta_rule_kernel[grid](
         h0, out.k.contiguous(), out.u.contiguous(), out.g_cum.contiguous(), parent.contiguous(),
-        leaf.to(device=h0.device, dtype=torch.int32).contiguous(), new,
+        index_arg(leaf, h0.device), new,
         n, H=h, HV=hv, K=kdim, V=vdim, BK=bk, BV=bv,
     )
     return finish_state(into, new)

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..gated_delta_rule.triton_tree import _ancestor_mask
-from ..tree import cdiv, finish_state, node_strided, pow2, validate_parent, writable_state
+from ..tree import cdiv, finish_state, index_arg, node_strided, pow2, validate_parent, writable_state
 from .common import TreeMamba2Output
 
 
@@ -275,7 +275,7 @@ def tree_mamba2_fwd(
         None if D is None else D.contiguous(),
         None if z is None else z.contiguous(),
         None if dt_bias is None else dt_bias.contiguous(),
-        None if num_nodes is None else num_nodes.to(device=dev, dtype=torch.int32).contiguous(),
+        None if num_nodes is None else index_arg(num_nodes, dev),
         y, x_out, b_out, dt_out, a_cum,
         float(lo), float(hi), n,
         x.stride(1), dt.stride(1), B.stride(1), C.stride(1),
@@ -306,7 +306,7 @@ def commit_mamba2_fwd(initial_state, out: TreeMamba2Output, parent, leaf, into=N
     grid = (cdiv(p, bp) * cdiv(s, bs), bsz * h)
     commit_mamba2_kernel[grid](
         h0, out.x.contiguous(), out.b.contiguous(), out.dt.contiguous(), out.a_cum.contiguous(),
-        parent.contiguous(), leaf.to(device=h0.device, dtype=torch.int32).contiguous(), new,
+        parent.contiguous(), index_arg(leaf, h0.device), new,
         n, H=h, G=g, P=p, S=s, BP=bp, BS=bs,
     )
     return finish_state(into, new)

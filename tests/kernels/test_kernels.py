@@ -441,6 +441,36 @@ def test_mamba2_validation():
         mamba2_triton.triton_tree_mamba2(x, dt, a, b, c, chain(1, 4), h0)
 
 
+@pytest.mark.parametrize("op", ["gated_delta_rule", "mamba2", "causal_conv1d"])
+def test_triton_ops_take_leaves_and_node_counts_in_either_integer_width(op):
+    """The runners keep leaves in int64: the launchers hand them (and node counts) to the kernels as they are, with no
+    cast launched per call, and the results are the same bits as with int32."""
+    bsz, n = 3, 9
+    parent = random_tree(bsz, n, 3, seed=12)
+    leaf = random_leaf(bsz, n, seed=12)
+    leaf[2] = -1
+    counts = torch.tensor([n, n - 2, n - 4], device=DEVICE)
+    assert tree.index_arg(leaf, leaf.device) is leaf and tree.index_arg(counts.int(), counts.device).dtype == torch.int32
+    assert tree.index_arg(leaf.double(), leaf.device).dtype == torch.int32
+    results = []
+    for width in (torch.int64, torch.int32):
+        if op == "gated_delta_rule":
+            q, k, v, g, beta, h0 = gdn_inputs(bsz, n, 1, 2, 16, 16, True, seed=12)
+            out = gdn_triton.triton_tree_gated_delta_rule(q, k, v, g, beta, parent, h0, num_nodes=counts.to(width))
+            results += [out.o, gdn_triton.triton_commit_gated_delta_rule(h0, out, parent, leaf.to(width))]
+        elif op == "mamba2":
+            (x, dt, a, b, c, h0), _ = mamba2_inputs(bsz, n, 2, 1, 8, 16, False, seed=12)
+            out = mamba2_triton.triton_tree_mamba2(x, dt, a, b, c, parent, h0, num_nodes=counts.to(width))
+            results += [out.y, mamba2_triton.triton_commit_mamba2(h0, out, parent, leaf.to(width))]
+        else:
+            gen = torch.Generator().manual_seed(12)
+            state = torch.randn(bsz, 8, 3, generator=gen).to(DEVICE)
+            x = torch.randn(bsz, n, 8, generator=gen).to(DEVICE)
+            results.append(conv_triton.triton_commit_causal_conv1d(state, x, parent, leaf.to(width)))
+    half = len(results) // 2
+    assert all(torch.equal(a, b) for a, b in zip(results[:half], results[half:]))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Dispatch
 # ----------------------------------------------------------------------------------------------------------
