@@ -450,7 +450,8 @@ def test_triton_ops_take_leaves_and_node_counts_in_either_integer_width(op):
     leaf = random_leaf(bsz, n, seed=12)
     leaf[2] = -1
     counts = torch.tensor([n, n - 2, n - 4], device=DEVICE)
-    assert tree.index_arg(leaf, leaf.device) is leaf and tree.index_arg(counts.int(), counts.device).dtype == torch.int32
+    assert tree.index_arg(leaf, leaf.device) is leaf
+    assert tree.index_arg(counts.int(), counts.device).dtype == torch.int32
     assert tree.index_arg(leaf.double(), leaf.device).dtype == torch.int32
     results = []
     for width in (torch.int64, torch.int32):
