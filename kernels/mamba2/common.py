@@ -73,7 +73,8 @@ def process_dt(dt, dt_bias, dt_softplus, dt_limit) -> torch.Tensor:
     return dt.float()
 
 
-def prepare_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_softplus, dt_limit, num_nodes):
+def check_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, num_nodes) -> None:
+    """Raise ValueError unless the inputs have the public op's shapes (every backend checks the same)."""
     if x.ndim != 4:
         raise ValueError(f"x must be [B, N, H, P], got {tuple(x.shape)}")
     bsz, n, h, p = x.shape
@@ -94,7 +95,17 @@ def prepare_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_soft
         raise ValueError(f"z must have the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
     if dt_bias is not None and dt_bias.shape != (h,):
         raise ValueError(f"dt_bias must be [H] = ({h},), got {tuple(dt_bias.shape)}")
+    if num_nodes is not None and num_nodes.shape != (bsz,):
+        raise ValueError(f"num_nodes must be [B] = ({bsz},), got {tuple(num_nodes.shape)}")
     validate_parent(parent, n)
+    if parent.shape[0] != bsz:
+        raise ValueError(f"parent has batch {parent.shape[0]}, inputs have {bsz}")
+
+
+def prepare_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_softplus, dt_limit, num_nodes):
+    check_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, num_nodes)
+    bsz, n, h, _ = x.shape
+    g = B.shape[2]
     if num_nodes is None:
         valid = torch.ones(bsz, n, dtype=torch.float32, device=x.device)
     else:

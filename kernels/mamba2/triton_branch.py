@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 from ..tree import cdiv, pow2
-from .triton_tree import _check_mamba2, _process_dt
+from .common import check_mamba2
+from .triton_tree import _process_dt
 
 
 @dataclass
@@ -142,5 +143,5 @@ def triton_branch_mamba2(
     dt_limit=(0.0, math.inf),
 ) -> BranchMamba2Output:
     """Branch-by-branch tree verification; shapes as `tree_mamba2` (validated the same way)."""
-    _check_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, None)
+    check_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, None)
     return branch_mamba2_fwd(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_softplus, dt_limit)

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ..gated_delta_rule.triton_tree import _ancestor_mask
 from ..tree import cdiv, finish_state, index_arg, node_strided, pow2, validate_parent, writable_state
-from .common import TreeMamba2Output
+from .common import TreeMamba2Output, check_mamba2
 
 
 @triton.jit
@@ -312,35 +312,6 @@ def commit_mamba2_fwd(initial_state, out: TreeMamba2Output, parent, leaf, into=N
     return finish_state(into, new)
 
 
-def _check_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, num_nodes) -> None:
-    # The checks of common.prepare_mamba2, without its fp32 copies of every input.
-    if x.ndim != 4:
-        raise ValueError(f"x must be [B, N, H, P], got {tuple(x.shape)}")
-    bsz, n, h, p = x.shape
-    if dt.shape != (bsz, n, h):
-        raise ValueError(f"dt must be [B, N, H] = {(bsz, n, h)}, got {tuple(dt.shape)}")
-    if A.shape != (h,):
-        raise ValueError(f"A must be [H] = ({h},), got {tuple(A.shape)}")
-    if B.ndim != 4 or B.shape[:2] != (bsz, n) or C.shape != B.shape:
-        raise ValueError(f"B and C must both be [B, N, G, S], got {tuple(B.shape)} and {tuple(C.shape)}")
-    g, s = B.shape[2:]
-    if h % g != 0:
-        raise ValueError(f"H={h} heads must be a multiple of G={g} groups")
-    if initial_state.shape != (bsz, h, p, s):
-        raise ValueError(f"initial_state must be [B, H, P, S] = {(bsz, h, p, s)}, got {tuple(initial_state.shape)}")
-    if D is not None and D.shape != (h,):
-        raise ValueError(f"D must be [H] = ({h},), got {tuple(D.shape)}")
-    if z is not None and z.shape != x.shape:
-        raise ValueError(f"z must have the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
-    if dt_bias is not None and dt_bias.shape != (h,):
-        raise ValueError(f"dt_bias must be [H] = ({h},), got {tuple(dt_bias.shape)}")
-    if num_nodes is not None and num_nodes.shape != (bsz,):
-        raise ValueError(f"num_nodes must be [B] = ({bsz},), got {tuple(num_nodes.shape)}")
-    validate_parent(parent, n)
-    if parent.shape[0] != bsz:
-        raise ValueError(f"parent has batch {parent.shape[0]}, inputs have {bsz}")
-
-
 def triton_tree_mamba2(
     x, dt, A, B, C, parent, initial_state, D=None, z=None, dt_bias=None, dt_softplus=True,
     dt_limit=(0.0, math.inf), num_nodes=None,
@@ -355,7 +326,7 @@ def triton_tree_mamba2(
     Returns:
         TreeMamba2Output(y [B, N, H, P] x.dtype, x, b, dt, a_cum fp32 factors).
     """
-    _check_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, num_nodes)
+    check_mamba2(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, num_nodes)
     return tree_mamba2_fwd(x, dt, A, B, C, parent, initial_state, D, z, dt_bias, dt_softplus, dt_limit, num_nodes)
 
 
