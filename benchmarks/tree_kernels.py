@@ -39,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import platform
 import statistics
 import sys
 import time
@@ -150,6 +151,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--launch-costs", action="store_true",
                     help="instead of the sweep: host microseconds per call of each tree op launched from Python (the "
                          "public op, its launcher alone, the commit) next to its GPU time inside a CUDA graph")
+    ap.add_argument("--host-work", action="store_true",
+                    help="no GPU needed: host microseconds per call of our launchers alone (tensor work, tile "
+                         "arithmetic; Triton's launch replaced by a no-op) on CPU tensors of the real layer sizes")
     ap.add_argument("--sm90-report", action="store_true",
                     help="no GPU needed: compile every kernel config for sm_90 and print registers / spills / shared")
     args = ap.parse_args(argv)
@@ -731,15 +735,70 @@ def sm90_report() -> int:
 def host_us(fn, iters: int = 400) -> float:
     """Host microseconds per call of `fn` (launches queue asynchronously; the GPU work here is shorter than the
     launch, so the queue never fills and the host's submission time is what is measured)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
     elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
+    sync()
     return elapsed / iters * 1e6
+
+
+class _NoLaunch:
+    """Stands in for a Triton kernel: `kernel[grid](...)` does nothing, so what is timed is the launcher's own work."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def host_work(args, shapes, dtype, gen) -> int:
+    """Our launchers' share of an eager tree op's host time, on any machine: each launcher (and its commit) called with
+    its Triton kernels replaced by no-ops, on CPU tensors of the real layer sizes (q / k / v as views of one
+    projection, as a mixer hands them over). The CPU allocator stands in for CUDA's caching allocator."""
+    from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_t
+    from hf_hybrid_spec.kernels.mamba2 import triton_tree as m2_t
+
+    kernels = {gdn_t: ("tree_gated_delta_rule_fwd_kernel", "commit_gated_delta_rule_kernel"),
+               m2_t: ("tree_mamba2_fwd_kernel", "commit_mamba2_kernel")}
+    saved = {(mod, name): getattr(mod, name) for mod, names in kernels.items() for name in names}
+    rows = []
+    try:
+        for mod, name in saved:
+            setattr(mod, name, _NoLaunch())
+        for op in [o for o in args.ops if o in ("gdn", "mamba2")]:
+            for bsz in args.batch:
+                for n in args.nodes:
+                    parent = random_tree(bsz, n, args.depth, gen)
+                    leaf = torch.full((bsz,), n - 1, dtype=torch.long)
+                    if op == "gdn":
+                        q, k, v, g, beta, h0 = gdn_inputs(shapes[0], bsz, n, dtype, "cpu", gen)
+                        proj = torch.cat([t.flatten(2) for t in (q, k, v)], dim=-1)
+                        q, k, v = (piece.view(t.shape) for piece, t in zip(
+                            proj.split([q[0, 0].numel(), k[0, 0].numel(), v[0, 0].numel()], dim=-1), (q, k, v)))
+                        launcher = lambda: gdn_t.tree_gated_delta_rule_fwd(  # noqa: E731
+                            q, k, v, g, beta, parent, h0, q.shape[-1] ** -0.5, True, None)
+                        commit = gdn_t.commit_gated_delta_rule_fwd
+                    else:
+                        (x, dt, a, b, c, h0), extra = mamba2_inputs(shapes[1], bsz, n, dtype, "cpu", gen)
+                        launcher = lambda: m2_t.tree_mamba2_fwd(  # noqa: E731
+                            x, dt, a, b, c, parent, h0, extra["D"], extra["z"], extra["dt_bias"], True,
+                            (0.0, math.inf), None)
+                        commit = m2_t.commit_mamba2_fwd
+                    out = launcher()
+                    rows.append({"op": op, "B": bsz, "N": n, "launcher_us": host_us(launcher, 2000),
+                                 "commit_launcher_us": host_us(lambda: commit(h0, out, parent, leaf, h0), 2000)})
+    finally:
+        for (mod, name), kernel in saved.items():
+            setattr(mod, name, kernel)
+    print(f"{'op':>7} {'B':>3} {'N':>4} {'launcher':>9} {'commit':>8}   (host us per call, Triton's launch excluded)")
+    for r in rows:
+        print(f"{r['op']:>7} {r['B']:>3} {r['N']:>4} {r['launcher_us']:>9.1f} {r['commit_launcher_us']:>8.1f}")
+    print(json.dumps({"bench": "tree_kernels_host_work", "machine": platform.processor() or platform.machine(),
+                      "rows": rows}))
+    return 0
 
 
 def launch_costs(args, shapes, dtype, gen) -> int:
@@ -790,6 +849,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.sm90_report:
         return sm90_report()
+    if args.host_work:
+        torch.manual_seed(args.seed)
+        return host_work(args, (GdnShape(), Mamba2Shape()), torch.bfloat16 if args.dtype == "bf16" else torch.float32,
+                         torch.Generator().manual_seed(args.seed))
     from tqdm import tqdm
 
     if args.dry_run:

@@ -51,6 +51,25 @@ def test_tree_kernel_bench_dry_run_exits_zero_with_a_json_line_last(capsys):
     assert summary["bench"] == "tree_kernels" and summary["dry_run"] is True
 
 
+def test_tree_kernel_host_work_times_the_launchers_and_puts_the_kernels_back(capsys):
+    """`--host-work` (no GPU): a row per op, B and N with the launchers' host time, the JSON line last, and the Triton
+    kernels it stubbed out are the real ones again afterwards."""
+    import json
+
+    import tree_kernels
+    from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_t
+    from hf_hybrid_spec.kernels.mamba2 import triton_tree as m2_t
+
+    before = (gdn_t.tree_gated_delta_rule_fwd_kernel, gdn_t.commit_gated_delta_rule_kernel, m2_t.commit_mamba2_kernel)
+    assert tree_kernels.main(["--host-work", "--ops", "gdn", "mamba2", "--batch", "1", "--nodes", "16"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["bench"] == "tree_kernels_host_work"
+    assert [(r["op"], r["B"], r["N"]) for r in summary["rows"]] == [("gdn", 1, 16), ("mamba2", 1, 16)]
+    assert all(r["launcher_us"] > 0 and r["commit_launcher_us"] > 0 for r in summary["rows"])
+    assert (gdn_t.tree_gated_delta_rule_fwd_kernel, gdn_t.commit_gated_delta_rule_kernel,
+            m2_t.commit_mamba2_kernel) == before
+
+
 @pytest.mark.slow
 def test_serve_bench_dry_run_runs_every_method_behind_its_gate(tmp_path, capsys):
     """The serving bench's plumbing on a tiny target with a tokenizer: the gate, every method at one rate, the JSON
