@@ -14,7 +14,10 @@ the moment call i returns, its prompt the token ids of call i's prompt, call i's
 - `cb+spec`: our continuous batching with tree speculation (`AssistantConfig()` as it comes), prefix reuse on;
 - `cb+spec-noreuse`: the same without the prefix store (what reuse saves on follow-up calls' time to first token);
 - `cb+spec-lanes2`: `cb+spec` with the slots split between two engines stepped in turn (`ServingConfig(lanes=2)`:
-  one's host work while the device runs the other's forward).
+  one's host work while the device runs the other's forward);
+- `cb-fused`, `cb+spec-fused` (not run unless named in `--methods`): `cb` and `cb+spec` with the engine's runner on
+  the fused verify forward (`AssistantConfig(compile_verify=True)`), for an A/B against the unfused runner that
+  "auto" gives the serving engine today, in one run.
 
 First a correctness gate (each CB method's greedy replies against plain `generate` on the same prompts: exact in fp32;
 bf16 reports the share of identical replies), an untimed pass over the sessions (autotuning and compiles of every
@@ -49,7 +52,8 @@ from hf_hybrid_spec.serving import ContinuousBatchingManager, ServingConfig
 
 logger = logging.get_logger(__name__)
 
-METHODS = ("stock", "cb", "cb+spec", "cb+spec-noreuse", "cb+spec-lanes2")
+DEFAULT_METHODS = ("stock", "cb", "cb+spec", "cb+spec-noreuse", "cb+spec-lanes2")
+METHODS = DEFAULT_METHODS + ("cb-fused", "cb+spec-fused")
 
 
 @dataclass
@@ -192,11 +196,13 @@ def summarize(calls: list[Call]) -> dict:
 
 
 def make_manager(model, method: str, prefill: str, args, gen: GenerationConfig) -> ContinuousBatchingManager:
+    base = method.removesuffix("-fused")
     serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens,
-                            prefix_cache_bytes=0 if method in ("cb", "cb+spec-noreuse") else args.prefix_cache_mb << 20,
-                            speculation=method != "cb", prefill=prefill, prefill_chunk=args.prefill_chunk,
-                            lanes=2 if method.endswith("-lanes2") else 1)
-    config = AssistantConfig(global_cache=False, compile_verify=True if args.compile_verify else "auto")
+                            prefix_cache_bytes=0 if base in ("cb", "cb+spec-noreuse") else args.prefix_cache_mb << 20,
+                            speculation=base != "cb", prefill=prefill, prefill_chunk=args.prefill_chunk,
+                            lanes=2 if base.endswith("-lanes2") else 1)
+    fused = args.compile_verify or method.endswith("-fused")
+    config = AssistantConfig(global_cache=False, compile_verify=True if fused else "auto")
     return ContinuousBatchingManager(model, config, serving, gen)
 
 
@@ -261,7 +267,9 @@ def gate(model, tokenizer, pieces, args, gen) -> dict:
         t = torch.tensor([ids], device=model.device)
         refs.append(model.generate(t, attention_mask=torch.ones_like(t), generation_config=gen)[0, len(ids):].tolist())
     shares = {}
-    for label, method, mode in cb_runs(METHODS[1:], args.prefill):
+    # Every CB method of the default list, whatever --methods runs, and the fused ones where asked for.
+    gated = [m for m in METHODS[1:] if m in DEFAULT_METHODS or m in args.methods]
+    for label, method, mode in cb_runs(gated, args.prefill):
         manager = make_manager(model, method, mode, args, gen)
         with manager:
             rids = [manager.add_request(ids, max_new_tokens=args.max_new_tokens) for ids in prompts]
@@ -299,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--split", default="heldout", help="heldout, train or any")
     parser.add_argument("--sessions", type=int, default=24, help="sessions per run")
     parser.add_argument("--rates", type=float, nargs="+", default=[0.5, 2.0, 8.0], help="sessions per second")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-slots", type=int, default=16)
     parser.add_argument("--max-total-tokens", type=int, default=4096)

@@ -83,12 +83,34 @@ def test_serve_bench_dry_run_runs_every_method_behind_its_gate(tmp_path, capsys)
     result = serve_bench.main(["--model", str(tmp_path / "target"), "--dtype", "float32", "--device", "cpu",
                                "--dry-run", "--max-total-tokens", "2048", "--max-slots", "4",
                                "--prefill", "eager", "chunked", "--out", str(tmp_path / "out")])
-    labels = ["stock"] + [f"{m}/{mode}" for m in serve_bench.METHODS[1:] for mode in ("eager", "chunked")]
+    labels = ["stock"] + [f"{m}/{mode}" for m in serve_bench.DEFAULT_METHODS[1:] for mode in ("eager", "chunked")]
     assert set(result["gate"]) == set(labels[1:]) and set(result["gate"].values()) == {1.0}
     assert [r["method"] for r in result["rows"]] == labels
     assert all(r["complete"] and r["failed"] == 0 for r in result["rows"])
     assert (tmp_path / "out" / "serve.png").exists()
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["bench"] == "serve"
+
+
+def test_serve_bench_fused_methods_are_their_base_method_on_the_fused_runner(monkeypatch):
+    """`cb-fused` / `cb+spec-fused` build the engine of `cb` / `cb+spec` with `compile_verify=True`; the others keep
+    "auto" (unless --compile-verify)."""
+    import argparse
+
+    import serve_bench
+
+    built = {}
+    monkeypatch.setattr(serve_bench, "ContinuousBatchingManager",
+                        lambda model, config, serving, gen: (config.compile_verify, serving.speculation,
+                                                             serving.prefix_cache_bytes > 0, serving.lanes))
+    args = argparse.Namespace(max_slots=4, max_total_tokens=256, prefix_cache_mb=8, prefill_chunk=16,
+                              compile_verify=False)
+    for method in serve_bench.METHODS[1:]:
+        built[method] = serve_bench.make_manager(None, method, "chunked", args, None)
+    assert built["cb-fused"] == (True,) + built["cb"][1:] and built["cb"][0] == "auto"
+    assert built["cb+spec-fused"] == (True,) + built["cb+spec"][1:] and built["cb+spec"] == ("auto", True, True, 1)
+    assert built["cb+spec-lanes2"][3] == 2 and built["cb+spec-noreuse"][2] is False
+    args.compile_verify = True
+    assert serve_bench.make_manager(None, "cb+spec", "chunked", args, None)[0] is True
 
 
 def test_serve_host_bench_runs_the_engine_without_the_model_and_exits_zero():
