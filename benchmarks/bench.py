@@ -188,11 +188,24 @@ class MethodResult:
 def quiet_gc() -> None:
     """Collect now and freeze what survives (model, tokenizer, caches): the garbage collector then never walks
     them inside a timed call. A full collection over a loaded model's objects takes tens of milliseconds, which
-    would land in whichever method's call happened to trigger it."""
+    would land in whichever method's call happened to trigger it.
+
+    Unfrozen and collected again at exit: frozen cycles that hold Triton objects outlive the interpreter's last
+    collection, and Triton's bindings then print a page of nanobind "leaked instance" lines."""
+    import atexit
     import gc
 
     gc.collect()
     gc.freeze()
+    atexit.unregister(_unfreeze_gc)  # once per process, however many benches a process runs
+    atexit.register(_unfreeze_gc)
+
+
+def _unfreeze_gc() -> None:
+    import gc
+
+    gc.unfreeze()
+    gc.collect()
 
 
 def _sync(device):
