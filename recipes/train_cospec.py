@@ -329,7 +329,7 @@ def main(argv=None):
             optim.zero_grad()
             loss.backward()
             optim.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
         step += 1
         n_dec = sum(len(r.decisions) for r in rollouts)
         entry = {

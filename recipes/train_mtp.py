@@ -116,7 +116,7 @@ def mtp_loss(head, target, ids: torch.Tensor, depths: int) -> tuple[torch.Tensor
         logp = F.log_softmax(head.logits(pred).float(), dim=-1)
         loss = -(labels[:, d : d + n] * logp).sum(-1).mean()
         total = total + 0.8 ** (d - 1) * loss
-        per_depth.append(float(loss))
+        per_depth.append(loss.item())  # .item(): float() of a tensor that needs grad warns
         h = pred[:, :-1]  # the next depth reads this depth's output in place of the target's hidden state
     return total, per_depth
 
@@ -155,8 +155,8 @@ def train(args, target, tokenizer):
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
         sched.step()
-        log.append({"step": step, "loss": float(loss), "per_depth": per_depth})
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        log.append({"step": step, "loss": loss.item(), "per_depth": per_depth})
+        bar.set_postfix(loss=f"{loss.item():.3f}")
         if args.max_minutes is not None and time.time() - start > 60 * args.max_minutes:
             logger.info("time budget reached after %d steps", step + 1)
             break
