@@ -60,14 +60,17 @@ def test_tree_kernel_host_work_times_the_launchers_and_puts_the_kernels_back(cap
     from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_t
     from hf_hybrid_spec.kernels.mamba2 import triton_tree as m2_t
 
-    before = (gdn_t.tree_gated_delta_rule_fwd_kernel, gdn_t.commit_gated_delta_rule_kernel, m2_t.commit_mamba2_kernel)
+    def kernels():
+        return (gdn_t.tree_gated_delta_rule_fwd_kernel, gdn_t.commit_gated_delta_rule_kernel,
+                m2_t.tree_mamba2_fwd_kernel, m2_t.commit_mamba2_kernel)
+
+    before = kernels()
     assert tree_kernels.main(["--host-work", "--ops", "gdn", "mamba2", "--batch", "1", "--nodes", "16"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["bench"] == "tree_kernels_host_work"
     assert [(r["op"], r["B"], r["N"]) for r in summary["rows"]] == [("gdn", 1, 16), ("mamba2", 1, 16)]
     assert all(r["launcher_us"] > 0 and r["commit_launcher_us"] > 0 for r in summary["rows"])
-    assert (gdn_t.tree_gated_delta_rule_fwd_kernel, gdn_t.commit_gated_delta_rule_kernel,
-            m2_t.commit_mamba2_kernel) == before
+    assert kernels() == before
 
 
 @pytest.mark.slow
