@@ -150,7 +150,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="CPU smoke test: tiny sizes, PyTorch closed form as 'ours', naive as 'branch'; no claims")
     ap.add_argument("--launch-costs", action="store_true",
                     help="instead of the sweep: host microseconds per call of each tree op launched from Python (the "
-                         "public op, its launcher alone, the commit) next to its GPU time inside a CUDA graph")
+                         "public op, its launcher, our share of it, Triton's launch alone, the commit) next to its GPU "
+                         "time inside a CUDA graph")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="--launch-costs: rounds over every measure, alternated, best of each (default 3): the "
+                         "host's drift during a run falls on all columns alike")
     ap.add_argument("--host-work", action="store_true",
                     help="no GPU needed: host microseconds per call of our launchers alone (tensor work, tile "
                          "arithmetic; Triton's launch replaced by a no-op) on CPU tensors of the real layer sizes")
@@ -754,6 +758,39 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
+class _Recording:
+    """Stands in for a Triton kernel and launches it, keeping the last launch's grid and arguments, so that Triton's
+    launch can be timed alone with exactly the arguments a launcher passes."""
+
+    def __init__(self, kernel):
+        self.kernel, self.last = kernel, None
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.last = (grid, args, kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def _swapped(mod, name: str, stand_in, fn):
+    """fn() with `mod.name` (a Triton kernel the launchers look up at call time) replaced by `stand_in`."""
+    saved = getattr(mod, name)
+    setattr(mod, name, stand_in)
+    try:
+        return fn()
+    finally:
+        setattr(mod, name, saved)
+
+
+def triton_launch_alone(mod, name: str, launcher):
+    """A no-argument callable that repeats the Triton launch `launcher()` makes of `mod.name`, arguments prebuilt."""
+    recording = _Recording(getattr(mod, name))
+    _swapped(mod, name, recording, launcher)
+    grid, args, kwargs = recording.last
+    kernel = recording.kernel
+    return lambda: kernel[grid](*args, **kwargs)
+
+
 def host_work(args, shapes, dtype, gen) -> int:
     """Our launchers' share of an eager tree op's host time, on any machine: each launcher (and its commit) called with
     its Triton kernels replaced by no-ops, on CPU tensors of the real layer sizes (q / k / v as views of one
@@ -803,7 +840,9 @@ def host_work(args, shapes, dtype, gen) -> int:
 
 def launch_costs(args, shapes, dtype, gen) -> int:
     """Where an eager verify forward's time per tree op goes at small B and N: the host's cost of each layer of
-    the call (public op -> launcher -> Triton's own launch) against the kernel's GPU time inside a CUDA graph."""
+    the call (public op -> launcher -> Triton's own launch; our share = the launcher with Triton's launch replaced by
+    a no-op, on the same CUDA tensors) against the kernel's GPU time inside a CUDA graph. Every host measure is the
+    best of `--rounds` alternated rounds."""
     import hf_hybrid_spec.kernels as K
     from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_t
     from hf_hybrid_spec.kernels.mamba2 import triton_tree as m2_t
@@ -820,27 +859,43 @@ def launch_costs(args, shapes, dtype, gen) -> int:
                     public = lambda: K.tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)  # noqa: E731
                     launcher = lambda: gdn_t.tree_gated_delta_rule_fwd(  # noqa: E731
                         q, k, v, g, beta, parent, h0, q.shape[-1] ** -0.5, True, None)
+                    mod, names = gdn_t, ("tree_gated_delta_rule_fwd_kernel", "commit_gated_delta_rule_kernel")
+                    commit_launcher, commit_public = gdn_t.commit_gated_delta_rule_fwd, K.commit_gated_delta_rule
                 else:
                     (x, dt, a, b, c, h0), extra = mamba2_inputs(shapes[1], bsz, n, dtype, "cuda", gen)
                     public = lambda: K.tree_mamba2(x, dt, a, b, c, parent, h0, **extra, dt_softplus=True)  # noqa: E731
                     launcher = lambda: m2_t.tree_mamba2_fwd(  # noqa: E731
                         x, dt, a, b, c, parent, h0, extra["D"], extra["z"], extra["dt_bias"], True, (0.0, math.inf),
                         None)
+                    mod, names = m2_t, ("tree_mamba2_fwd_kernel", "commit_mamba2_kernel")
+                    commit_launcher, commit_public = m2_t.commit_mamba2_fwd, K.commit_mamba2
                 out = launcher()
                 leaf = torch.full((bsz,), n - 1, dtype=torch.long, device="cuda")
-                commit_public = (lambda: K.commit_gated_delta_rule(h0, out, parent, leaf)) if op == "gdn" else (
-                    lambda: K.commit_mamba2(h0, out, parent, leaf))
-                empty = lambda: torch.empty(bsz, n, 8, device="cuda")  # noqa: E731  (one allocation, for scale)
+                commit = lambda: commit_public(h0, out, parent, leaf)  # noqa: E731
+                commit_plain = lambda: commit_launcher(h0, out, parent, leaf)  # noqa: E731
+                timed = {"public_us": public, "launcher_us": launcher, "ours_us": launcher,
+                         "triton_us": triton_launch_alone(mod, names[0], launcher), "commit_public_us": commit,
+                         "commit_ours_us": commit_plain,
+                         "commit_triton_us": triton_launch_alone(mod, names[1], commit_plain),
+                         "alloc_us": lambda: torch.empty(bsz, n, 8, device=h0.device)}  # one allocation, for scale
+                # Our share: the launcher timed with its Triton kernel swapped for a no-op.
+                stubbed = {"ours_us": names[0], "commit_ours_us": names[1]}
+                row = {"op": op, "B": bsz, "N": n}
+                for _ in range(args.rounds):
+                    for key, fn in timed.items():
+                        us = (_swapped(mod, stubbed[key], _NoLaunch(), lambda: host_us(fn)) if key in stubbed
+                              else host_us(fn))
+                        row[key] = min(row.get(key, math.inf), us)
                 args.cuda_graph = True
-                row = {"op": op, "B": bsz, "N": n, "public_us": host_us(public), "launcher_us": host_us(launcher),
-                       "commit_public_us": host_us(commit_public), "alloc_us": host_us(empty),
-                       "gpu_graph_us": bench_us(launcher, args)}
+                row["gpu_graph_us"] = bench_us(launcher, args)
                 rows.append(row)
-    print(f"{'op':>7} {'B':>3} {'N':>4} {'public':>8} {'launcher':>9} {'commit':>8} {'alloc':>6} {'GPU (graph)':>12}"
-          "   (host us per call; GPU us inside a CUDA graph)")
+    cols = [("public", "public_us"), ("launcher", "launcher_us"), ("ours", "ours_us"), ("triton", "triton_us"),
+            ("commit", "commit_public_us"), ("c.ours", "commit_ours_us"), ("c.triton", "commit_triton_us"),
+            ("alloc", "alloc_us"), ("GPU (graph)", "gpu_graph_us")]
+    print(f"{'op':>7} {'B':>3} {'N':>4} " + " ".join(f"{c:>{max(8, len(c))}}" for c, _ in cols)
+          + f"   (host us per call, best of {args.rounds} rounds; GPU us inside a CUDA graph)")
     for r in rows:
-        print(f"{r['op']:>7} {r['B']:>3} {r['N']:>4} {r['public_us']:>8.1f} {r['launcher_us']:>9.1f} "
-              f"{r['commit_public_us']:>8.1f} {r['alloc_us']:>6.1f} {r['gpu_graph_us']:>12.1f}")
+        print(f"{r['op']:>7} {r['B']:>3} {r['N']:>4} " + " ".join(f"{r[k]:>{max(8, len(c))}.1f}" for c, k in cols))
     print(json.dumps({"bench": "tree_kernels_launch", "device": torch.cuda.get_device_name(), "rows": rows}))
     return 0
 

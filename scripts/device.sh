@@ -10,6 +10,7 @@
 #             e2e on the same machine for an A/B of the two versions
 #   trie      the suffix tries' host cost per token, the Python and the C trie side by side
 #   launch    what a tree op costs the host when launched from Python (the eager path), and the eager loop end to end
+#             (SKIP_E2E=1: the tree ops alone; WITH_BASE=1: an A/B of the launch costs against .carry/base)
 #   hvd       Hybrid Verified Decoding on the agentic workload suite
 #   mtp       train the fixture's MTP head (it ships none; recipes/train_mtp.py), then MTP chain / tree vs EAGLE vs
 #             suffix with CUDA graphs in one run (MTP_STAGES="train eval" by default; MTP_MINUTES of training;
@@ -51,10 +52,17 @@ case "${1:-}" in
     for c in 8 256; do TAILN=5 run 200 "trie_build_$c" python3 benchmarks/suffix_trie_build.py --tokenizer "$M" \
         --chunk "$c"; done ;;
   launch)
-    TAILN=12 run 200 launch_costs python3 benchmarks/tree_kernels.py --launch-costs --ops gdn mamba2 --batch 1 8 \
-        --nodes 16 64
-    TAILN=6 run 200 e2e_eager python3 benchmarks/bench.py --model "$M" --drafters suffix $E2E \
-        --out "$OUT/e2e_eager" ;;
+    LC=(--launch-costs --ops gdn mamba2 --batch 1 8 --nodes 16 64)
+    TAILN=12 run 200 launch_costs python3 benchmarks/tree_kernels.py "${LC[@]}"
+    # WITH_BASE=1: this bench again on the package of .carry/base, then on ours once more (base between two runs of
+    # ours, so that the host's drift shows).
+    if [[ -n "${WITH_BASE:-}" && -d .carry/base ]]; then
+      echo "base: $(cat .carry/base/REF)"
+      TAILN=12 base 200 launch_costs_base python3 "$PWD/benchmarks/tree_kernels.py" "${LC[@]}"
+      TAILN=12 run 200 launch_costs_again python3 benchmarks/tree_kernels.py "${LC[@]}"
+    fi
+    [[ -n "${SKIP_E2E:-}" ]] || TAILN=6 run 200 e2e_eager python3 benchmarks/bench.py --model "$M" --drafters suffix \
+        $E2E --out "$OUT/e2e_eager" ;;
   hvd)
     TAILN=30 run 560 hvd python3 benchmarks/hvd_bench.py --model "$M" --eagle "$D" --compile --compile-drafter \
         --compile-verify --dtype bfloat16 --workload code_edit tool_calls agent_loop --methods suffix eagle threshold \
