@@ -15,9 +15,9 @@ the moment call i returns, its prompt the token ids of call i's prompt, call i's
 - `cb+spec-noreuse`: the same without the prefix store (what reuse saves on follow-up calls' time to first token);
 - `cb+spec-lanes2`: `cb+spec` with the slots split between two engines stepped in turn (`ServingConfig(lanes=2)`:
   one's host work while the device runs the other's forward);
-- `cb-fused`, `cb+spec-fused` (not run unless named in `--methods`): `cb` and `cb+spec` with the engine's runner on
-  the fused verify forward (`AssistantConfig(compile_verify=True)`), for an A/B against the unfused runner that
-  "auto" gives the serving engine today, in one run.
+- `cb-unfused`, `cb+spec-unfused` (not run unless named in `--methods`): `cb` and `cb+spec` with the engine's runner
+  without the fused verify forward (`AssistantConfig(compile_verify=False)`; "auto", the default, fuses on a GPU), for
+  an A/B of the two runners in one run.
 
 First a correctness gate (each CB method's greedy replies against plain `generate` on the same prompts: exact in fp32;
 bf16 reports the share of identical replies), an untimed pass over the sessions (autotuning and compiles of every
@@ -53,7 +53,7 @@ from hf_hybrid_spec.serving import ContinuousBatchingManager, ServingConfig
 logger = logging.get_logger(__name__)
 
 DEFAULT_METHODS = ("stock", "cb", "cb+spec", "cb+spec-noreuse", "cb+spec-lanes2")
-METHODS = DEFAULT_METHODS + ("cb-fused", "cb+spec-fused")
+METHODS = DEFAULT_METHODS + ("cb-unfused", "cb+spec-unfused")
 
 
 @dataclass
@@ -196,13 +196,13 @@ def summarize(calls: list[Call]) -> dict:
 
 
 def make_manager(model, method: str, prefill: str, args, gen: GenerationConfig) -> ContinuousBatchingManager:
-    base = method.removesuffix("-fused")
+    base = method.removesuffix("-unfused")
     serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens,
                             prefix_cache_bytes=0 if base in ("cb", "cb+spec-noreuse") else args.prefix_cache_mb << 20,
                             speculation=base != "cb", prefill=prefill, prefill_chunk=args.prefill_chunk,
                             lanes=2 if base.endswith("-lanes2") else 1)
-    fused = args.compile_verify or method.endswith("-fused")
-    config = AssistantConfig(global_cache=False, compile_verify=True if fused else "auto")
+    unfused = args.unfused or method.endswith("-unfused")
+    config = AssistantConfig(global_cache=False, compile_verify=False if unfused else "auto")
     return ContinuousBatchingManager(model, config, serving, gen)
 
 
@@ -267,7 +267,7 @@ def gate(model, tokenizer, pieces, args, gen) -> dict:
         t = torch.tensor([ids], device=model.device)
         refs.append(model.generate(t, attention_mask=torch.ones_like(t), generation_config=gen)[0, len(ids):].tolist())
     shares = {}
-    # Every CB method of the default list, whatever --methods runs, and the fused ones where asked for.
+    # Every CB method of the default list, whatever --methods runs, and the unfused ones where asked for.
     gated = [m for m in METHODS[1:] if m in DEFAULT_METHODS or m in args.methods]
     for label, method, mode in cb_runs(gated, args.prefill):
         manager = make_manager(model, method, mode, args, gen)
@@ -325,8 +325,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-warm-pass", action="store_true", help="skip the untimed pass over the sessions")
     parser.add_argument("--out", default=None, help="folder for the PNG and the JSON")
     parser.add_argument("--dry-run", action="store_true", help="2 sessions, one rate, small bounds (a smoke test)")
-    parser.add_argument("--compile-verify", action="store_true",
-                        help="the engines' runners with the fused verify forward (AssistantConfig(compile_verify=True))")
+    parser.add_argument("--unfused", action="store_true",
+                        help="every engine's runner without the fused verify forward (AssistantConfig("
+                             "compile_verify=False); the default \"auto\" fuses on a GPU)")
     parser.add_argument("--profile", nargs="*", default=[], choices=METHODS[1:],
                         help="CB methods whose timed runs also run the engine's thread under cProfile (host functions "
                              "by own time printed, all of them to --out/profile_<method>_<rate>.txt, punctuation as _)")

@@ -20,8 +20,8 @@
 #             more bench flags, e.g. "--profile 64"; BATCH_STAGES="gate" or "bench" for one of the two)
 #   serve     agentic sessions under Poisson arrivals: stock static AR one request at a time vs our continuous batching
 #             without and with speculation (and without prefix reuse); SERVE_RATES sessions per second, SERVE_ARGS
-#             more bench flags (e.g. "--prefill chunked"; "--methods stock cb cb-fused cb+spec cb+spec-fused" for the
-#             fused verify forward against the unfused runner in one run)
+#             more bench flags (e.g. "--prefill chunked"; "--methods stock cb cb-unfused cb+spec cb+spec-unfused" for
+#             the fused verify forward, the default on a GPU, against the unfused runner in one run)
 #   (batch and serve: WITH_BASE=1 runs the same bench again with the code of .carry/base, after
 #    `bash scripts/device_prepare.sh FIXTURE BASE_REF`: an A/B of two commits within one lease)
 set -uo pipefail

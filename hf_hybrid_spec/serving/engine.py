@@ -234,6 +234,24 @@ class _Launched:
     launch_seconds: float
 
 
+@dataclass(frozen=True)
+class RunnerModes:
+    """How an engine's runner runs its forward: captured as CUDA graphs, and with the fused verify forward."""
+
+    graphs: bool
+    fuse: bool
+
+
+def runner_modes(config: AssistantConfig, device: torch.device) -> RunnerModes:
+    """The runner's modes on `device`. compile "auto" or True captures graphs on a GPU (the engine's graphs are CUDA
+    graphs: eager elsewhere). compile_verify "auto" fuses where the runner captures graphs, as `generate`'s static
+    paths do: on the H200 it cut time to first token and per output token at every measured rate (docs/benchmarks.md,
+    serving); on a CPU the compiled regions are not faster. compile_verify=True fuses anywhere."""
+    graphs = device.type == "cuda" and config.compile in (True, "auto")
+    fuse = config.compile_verify is True or (config.compile_verify == "auto" and graphs)
+    return RunnerModes(graphs=graphs, fuse=fuse)
+
+
 class ServingEngine:
     """Continuous batching of `ServingRequest`s on `model` with tree speculation (see the module docstring).
 
@@ -259,10 +277,7 @@ class ServingEngine:
         if len(devices) != 1:
             raise NotImplementedError("the serving engine runs a model on one device")
         self.device = next(iter(devices))
-        use_graphs = config.compile is True or (config.compile == "auto" and self.device.type == "cuda")
-        # The fused verify forward (`fusion`) on the engine's runner: opt-in here (compile_verify=True). "auto" leaves
-        # it off until serving is measured with it; `generate`'s static paths fuse by default on a GPU.
-        fuse = config.compile_verify is True
+        modes = runner_modes(config, self.device)
         self.config = config.replace(compile=False, compile_drafter=False, compile_verify=False)
         self.draft_model = draft_model
         probe = make_drafter(self.config, model, draft_model)
@@ -288,7 +303,7 @@ class ServingEngine:
         self.max_width = max(buckets)
         slots = self.serving.max_slots
         runner = BatchStaticRunner(model, slots, self.serving.max_total_tokens + self.max_width, buckets,
-                                   use_graphs=use_graphs and self.device.type == "cuda", fuse=fuse)
+                                   use_graphs=modes.graphs, fuse=modes.fuse)
         self.backend = BatchStaticBackend(model, slots, runner.static_length, buckets, owner=None, runner=runner)
         # A launched step's argmax, read back by `finish` (one step in flight per engine).
         self._best_host = torch.zeros(slots * self.max_width, dtype=torch.long, pin_memory=self.device.type == "cuda")

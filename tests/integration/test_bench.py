@@ -94,9 +94,9 @@ def test_serve_bench_dry_run_runs_every_method_behind_its_gate(tmp_path, capsys)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["bench"] == "serve"
 
 
-def test_serve_bench_fused_methods_are_their_base_method_on_the_fused_runner(monkeypatch):
-    """`cb-fused` / `cb+spec-fused` build the engine of `cb` / `cb+spec` with `compile_verify=True`; the others keep
-    "auto" (unless --compile-verify)."""
+def test_serve_bench_unfused_methods_are_their_base_method_on_the_unfused_runner(monkeypatch):
+    """`cb-unfused` / `cb+spec-unfused` build the engine of `cb` / `cb+spec` with `compile_verify=False`; the others
+    keep "auto" (unless --unfused)."""
     import argparse
 
     import serve_bench
@@ -106,14 +106,14 @@ def test_serve_bench_fused_methods_are_their_base_method_on_the_fused_runner(mon
                         lambda model, config, serving, gen: (config.compile_verify, serving.speculation,
                                                              serving.prefix_cache_bytes > 0, serving.lanes))
     args = argparse.Namespace(max_slots=4, max_total_tokens=256, prefix_cache_mb=8, prefill_chunk=16,
-                              compile_verify=False)
+                              unfused=False)
     for method in serve_bench.METHODS[1:]:
         built[method] = serve_bench.make_manager(None, method, "chunked", args, None)
-    assert built["cb-fused"] == (True,) + built["cb"][1:] and built["cb"][0] == "auto"
-    assert built["cb+spec-fused"] == (True,) + built["cb+spec"][1:] and built["cb+spec"] == ("auto", True, True, 1)
+    assert built["cb-unfused"] == (False,) + built["cb"][1:] and built["cb"][0] == "auto"
+    assert built["cb+spec-unfused"] == (False,) + built["cb+spec"][1:] and built["cb+spec"] == ("auto", True, True, 1)
     assert built["cb+spec-lanes2"][3] == 2 and built["cb+spec-noreuse"][2] is False
-    args.compile_verify = True
-    assert serve_bench.make_manager(None, "cb+spec", "chunked", args, None)[0] is True
+    args.unfused = True
+    assert serve_bench.make_manager(None, "cb+spec", "chunked", args, None)[0] is False
 
 
 def test_serve_host_bench_runs_the_engine_without_the_model_and_exits_zero():

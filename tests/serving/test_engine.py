@@ -76,8 +76,9 @@ def test_generate_batch_matches_plain_generate_for_every_family(family, prefill)
 
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
 def test_the_fused_verify_forward_on_request(family):
-    """compile_verify=True gives the engine's runner the fused verify forward (off under "auto" until serving is
-    measured with it): plain generate's tokens still, with chunked prefills beside the other requests' trees."""
+    """compile_verify=True gives the engine's runner the fused verify forward anywhere ("auto" only where it captures
+    graphs on a GPU, `test_runner_modes`): plain generate's tokens still, with chunked prefills beside the other
+    requests' trees."""
     model = tiny_model(family)
     inputs = prompts(5, seed=2)
     config = ServingConfig(max_slots=3, max_total_tokens=64, prefill_chunk=5)
@@ -92,6 +93,22 @@ def test_the_fused_verify_forward_on_request(family):
             assert outputs[f"r{i}"].generated_tokens == plain(model, ids, 9), (verify, i)
         engines.append(engine)
     assert [e.backend.runner.fuse for e in engines] == [False, True]
+
+
+def test_runner_modes():
+    """The engine's runner: CUDA graphs under compile "auto" / True on a GPU only; the fused verify forward under
+    compile_verify "auto" wherever graphs are captured, under True anywhere, never under False."""
+    from hf_hybrid_spec.serving.engine import RunnerModes, runner_modes
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    config = H.AssistantConfig()
+    assert runner_modes(config, cuda) == RunnerModes(graphs=True, fuse=True)
+    assert runner_modes(config, cpu) == RunnerModes(graphs=False, fuse=False)
+    assert runner_modes(config.replace(compile=True), cuda) == RunnerModes(graphs=True, fuse=True)
+    assert runner_modes(config.replace(compile=True), cpu) == RunnerModes(graphs=False, fuse=False)
+    assert runner_modes(config.replace(compile=False), cuda) == RunnerModes(graphs=False, fuse=False)
+    assert runner_modes(config.replace(compile_verify=False), cuda) == RunnerModes(graphs=True, fuse=False)
+    assert runner_modes(config.replace(compile_verify=True), cpu) == RunnerModes(graphs=False, fuse=True)
 
 
 @pytest.mark.parametrize("name", ["suffix", "ngram", "model"])
