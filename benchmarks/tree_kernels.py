@@ -36,6 +36,7 @@ validation (a host sync).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -772,64 +773,92 @@ class _Recording:
         return launch
 
 
-def _swapped(mod, name: str, stand_in, fn):
-    """fn() with `mod.name` (a Triton kernel the launchers look up at call time) replaced by `stand_in`."""
-    saved = getattr(mod, name)
-    setattr(mod, name, stand_in)
+@contextlib.contextmanager
+def _swapped(mod, names, stand_in):
+    """Within the block, the Triton kernels `mod.<name>` (the launchers look them up at call time) are `stand_in()`."""
+    saved = {name: getattr(mod, name) for name in names}
     try:
-        return fn()
+        for name in names:
+            setattr(mod, name, stand_in())
+        yield
     finally:
-        setattr(mod, name, saved)
+        for name, kernel in saved.items():
+            setattr(mod, name, kernel)
 
 
 def triton_launch_alone(mod, name: str, launcher):
     """A no-argument callable that repeats the Triton launch `launcher()` makes of `mod.name`, arguments prebuilt."""
-    recording = _Recording(getattr(mod, name))
-    _swapped(mod, name, recording, launcher)
+    kernel = getattr(mod, name)
+    recording = _Recording(kernel)
+    with _swapped(mod, [name], lambda: recording):
+        launcher()
     grid, args, kwargs = recording.last
-    kernel = recording.kernel
     return lambda: kernel[grid](*args, **kwargs)
+
+
+@dataclass
+class EagerCase:
+    """One tree op as the eager path calls it on real layer sizes: the public op and commit (dispatch, validation,
+    launcher), the launchers alone, and the module whose Triton kernels (`tree_kernel`, `commit_kernel`) they
+    launch. `commit()` commits the factors of one `launcher()` call made when the case was built."""
+
+    mod: object
+    tree_kernel: str
+    commit_kernel: str
+    public: object
+    launcher: object
+    commit_public: object
+    commit: object
+
+
+def eager_case(op: str, shapes, bsz: int, n: int, args, dtype, device: str, gen, views: bool = False,
+               stubbed: bool = False) -> EagerCase:
+    """The case of `op` ("gdn" or "mamba2"). views: q / k / v as views of one [B, N, C] projection, as a mixer hands
+    them over. stubbed: the factors `commit()` reads come from a launcher call with its Triton kernel a no-op (for
+    timing the host alone, e.g. on CPU tensors no Triton kernel runs on)."""
+    import hf_hybrid_spec.kernels as K
+    from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_t
+    from hf_hybrid_spec.kernels.mamba2 import triton_tree as m2_t
+
+    parent = random_tree(bsz, n, args.depth, gen).to(device)
+    leaf = torch.full((bsz,), n - 1, dtype=torch.long, device=device)
+    if op == "gdn":
+        q, k, v, g, beta, h0 = gdn_inputs(shapes[0], bsz, n, dtype, device, gen)
+        if views:
+            proj = torch.cat([t.flatten(2) for t in (q, k, v)], dim=-1)
+            q, k, v = (piece.view(t.shape) for piece, t in zip(
+                proj.split([q[0, 0].numel(), k[0, 0].numel(), v[0, 0].numel()], dim=-1), (q, k, v)))
+        mod, names = gdn_t, ("tree_gated_delta_rule_fwd_kernel", "commit_gated_delta_rule_kernel")
+        public = lambda: K.tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)  # noqa: E731
+        launcher = lambda: gdn_t.tree_gated_delta_rule_fwd(  # noqa: E731
+            q, k, v, g, beta, parent, h0, q.shape[-1] ** -0.5, True, None)
+        commit_launcher, commit_public = gdn_t.commit_gated_delta_rule_fwd, K.commit_gated_delta_rule
+    else:
+        (x, dt, a, b, c, h0), extra = mamba2_inputs(shapes[1], bsz, n, dtype, device, gen)
+        mod, names = m2_t, ("tree_mamba2_fwd_kernel", "commit_mamba2_kernel")
+        public = lambda: K.tree_mamba2(x, dt, a, b, c, parent, h0, **extra, dt_softplus=True)  # noqa: E731
+        launcher = lambda: m2_t.tree_mamba2_fwd(  # noqa: E731
+            x, dt, a, b, c, parent, h0, extra["D"], extra["z"], extra["dt_bias"], True, (0.0, math.inf), None)
+        commit_launcher, commit_public = m2_t.commit_mamba2_fwd, K.commit_mamba2
+    with _swapped(mod, [names[0]] if stubbed else [], _NoLaunch):
+        out = launcher()
+    return EagerCase(mod, *names, public=public, launcher=launcher,
+                     commit_public=lambda: commit_public(h0, out, parent, leaf),
+                     commit=lambda: commit_launcher(h0, out, parent, leaf))
 
 
 def host_work(args, shapes, dtype, gen) -> int:
     """Our launchers' share of an eager tree op's host time, on any machine: each launcher (and its commit) called with
     its Triton kernels replaced by no-ops, on CPU tensors of the real layer sizes (q / k / v as views of one
     projection, as a mixer hands them over). The CPU allocator stands in for CUDA's caching allocator."""
-    from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_t
-    from hf_hybrid_spec.kernels.mamba2 import triton_tree as m2_t
-
-    kernels = {gdn_t: ("tree_gated_delta_rule_fwd_kernel", "commit_gated_delta_rule_kernel"),
-               m2_t: ("tree_mamba2_fwd_kernel", "commit_mamba2_kernel")}
-    saved = {(mod, name): getattr(mod, name) for mod, names in kernels.items() for name in names}
     rows = []
-    try:
-        for mod, name in saved:
-            setattr(mod, name, _NoLaunch())
-        for op in [o for o in args.ops if o in ("gdn", "mamba2")]:
-            for bsz in args.batch:
-                for n in args.nodes:
-                    parent = random_tree(bsz, n, args.depth, gen)
-                    leaf = torch.full((bsz,), n - 1, dtype=torch.long)
-                    if op == "gdn":
-                        q, k, v, g, beta, h0 = gdn_inputs(shapes[0], bsz, n, dtype, "cpu", gen)
-                        proj = torch.cat([t.flatten(2) for t in (q, k, v)], dim=-1)
-                        q, k, v = (piece.view(t.shape) for piece, t in zip(
-                            proj.split([q[0, 0].numel(), k[0, 0].numel(), v[0, 0].numel()], dim=-1), (q, k, v)))
-                        launcher = lambda: gdn_t.tree_gated_delta_rule_fwd(  # noqa: E731
-                            q, k, v, g, beta, parent, h0, q.shape[-1] ** -0.5, True, None)
-                        commit = gdn_t.commit_gated_delta_rule_fwd
-                    else:
-                        (x, dt, a, b, c, h0), extra = mamba2_inputs(shapes[1], bsz, n, dtype, "cpu", gen)
-                        launcher = lambda: m2_t.tree_mamba2_fwd(  # noqa: E731
-                            x, dt, a, b, c, parent, h0, extra["D"], extra["z"], extra["dt_bias"], True,
-                            (0.0, math.inf), None)
-                        commit = m2_t.commit_mamba2_fwd
-                    out = launcher()
-                    rows.append({"op": op, "B": bsz, "N": n, "launcher_us": host_us(launcher, 2000),
-                                 "commit_launcher_us": host_us(lambda: commit(h0, out, parent, leaf, h0), 2000)})
-    finally:
-        for (mod, name), kernel in saved.items():
-            setattr(mod, name, kernel)
+    for op in [o for o in args.ops if o in ("gdn", "mamba2")]:
+        for bsz in args.batch:
+            for n in args.nodes:
+                case = eager_case(op, shapes, bsz, n, args, dtype, "cpu", gen, views=True, stubbed=True)
+                with _swapped(case.mod, [case.tree_kernel, case.commit_kernel], _NoLaunch):
+                    rows.append({"op": op, "B": bsz, "N": n, "launcher_us": host_us(case.launcher, 2000),
+                                 "commit_launcher_us": host_us(case.commit, 2000)})
     print(f"{'op':>7} {'B':>3} {'N':>4} {'launcher':>9} {'commit':>8}   (host us per call, Triton's launch excluded)")
     for r in rows:
         print(f"{r['op']:>7} {r['B']:>3} {r['N']:>4} {r['launcher_us']:>9.1f} {r['commit_launcher_us']:>8.1f}")
@@ -843,51 +872,27 @@ def launch_costs(args, shapes, dtype, gen) -> int:
     the call (public op -> launcher -> Triton's own launch; our share = the launcher with Triton's launch replaced by
     a no-op, on the same CUDA tensors) against the kernel's GPU time inside a CUDA graph. Every host measure is the
     best of `--rounds` alternated rounds."""
-    import hf_hybrid_spec.kernels as K
-    from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_t
-    from hf_hybrid_spec.kernels.mamba2 import triton_tree as m2_t
-
     rows = []
-    for op in args.ops:
-        if op == "conv":
-            continue
+    for op in [o for o in args.ops if o in ("gdn", "mamba2")]:
         for bsz in args.batch:
             for n in args.nodes:
-                parent = random_tree(bsz, n, args.depth, gen).cuda()
-                if op == "gdn":
-                    q, k, v, g, beta, h0 = gdn_inputs(shapes[0], bsz, n, dtype, "cuda", gen)
-                    public = lambda: K.tree_gated_delta_rule(q, k, v, g, beta, parent, h0, use_qk_l2norm=True)  # noqa: E731
-                    launcher = lambda: gdn_t.tree_gated_delta_rule_fwd(  # noqa: E731
-                        q, k, v, g, beta, parent, h0, q.shape[-1] ** -0.5, True, None)
-                    mod, names = gdn_t, ("tree_gated_delta_rule_fwd_kernel", "commit_gated_delta_rule_kernel")
-                    commit_launcher, commit_public = gdn_t.commit_gated_delta_rule_fwd, K.commit_gated_delta_rule
-                else:
-                    (x, dt, a, b, c, h0), extra = mamba2_inputs(shapes[1], bsz, n, dtype, "cuda", gen)
-                    public = lambda: K.tree_mamba2(x, dt, a, b, c, parent, h0, **extra, dt_softplus=True)  # noqa: E731
-                    launcher = lambda: m2_t.tree_mamba2_fwd(  # noqa: E731
-                        x, dt, a, b, c, parent, h0, extra["D"], extra["z"], extra["dt_bias"], True, (0.0, math.inf),
-                        None)
-                    mod, names = m2_t, ("tree_mamba2_fwd_kernel", "commit_mamba2_kernel")
-                    commit_launcher, commit_public = m2_t.commit_mamba2_fwd, K.commit_mamba2
-                out = launcher()
-                leaf = torch.full((bsz,), n - 1, dtype=torch.long, device="cuda")
-                commit = lambda: commit_public(h0, out, parent, leaf)  # noqa: E731
-                commit_plain = lambda: commit_launcher(h0, out, parent, leaf)  # noqa: E731
-                timed = {"public_us": public, "launcher_us": launcher, "ours_us": launcher,
-                         "triton_us": triton_launch_alone(mod, names[0], launcher), "commit_public_us": commit,
-                         "commit_ours_us": commit_plain,
-                         "commit_triton_us": triton_launch_alone(mod, names[1], commit_plain),
-                         "alloc_us": lambda: torch.empty(bsz, n, 8, device=h0.device)}  # one allocation, for scale
-                # Our share: the launcher timed with its Triton kernel swapped for a no-op.
-                stubbed = {"ours_us": names[0], "commit_ours_us": names[1]}
+                case = eager_case(op, shapes, bsz, n, args, dtype, "cuda", gen)
+                dev = torch.device("cuda")
+                alloc = lambda: torch.empty(bsz, n, 8, device=dev)  # noqa: E731  (one allocation, for scale)
+                timed = {"public_us": case.public, "launcher_us": case.launcher, "ours_us": case.launcher,
+                         "triton_us": triton_launch_alone(case.mod, case.tree_kernel, case.launcher),
+                         "commit_public_us": case.commit_public, "commit_ours_us": case.commit,
+                         "commit_triton_us": triton_launch_alone(case.mod, case.commit_kernel, case.commit),
+                         "alloc_us": alloc}
+                # Our share: the launcher timed with its Triton kernel a no-op.
+                stubbed = {"ours_us": case.tree_kernel, "commit_ours_us": case.commit_kernel}
                 row = {"op": op, "B": bsz, "N": n}
                 for _ in range(args.rounds):
                     for key, fn in timed.items():
-                        us = (_swapped(mod, stubbed[key], _NoLaunch(), lambda: host_us(fn)) if key in stubbed
-                              else host_us(fn))
-                        row[key] = min(row.get(key, math.inf), us)
+                        with _swapped(case.mod, [stubbed[key]] if key in stubbed else [], _NoLaunch):
+                            row[key] = min(row.get(key, math.inf), host_us(fn))
                 args.cuda_graph = True
-                row["gpu_graph_us"] = bench_us(launcher, args)
+                row["gpu_graph_us"] = bench_us(case.launcher, args)
                 rows.append(row)
     cols = [("public", "public_us"), ("launcher", "launcher_us"), ("ours", "ours_us"), ("triton", "triton_us"),
             ("commit", "commit_public_us"), ("c.ours", "commit_ours_us"), ("c.triton", "commit_triton_us"),
