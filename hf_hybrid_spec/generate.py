@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 
 import torch
@@ -28,6 +29,7 @@ from .engine.loop import multimodal_prompt
 from .forward import sdpa_without_cudnn
 from .kernels import use_backend
 from .models import get_adapter
+from .registry import DRAFTERS
 
 logger = logging.get_logger(__name__)
 
@@ -60,9 +62,22 @@ def _resolve_config(assistant_config, draft_model) -> AssistantConfig:
         return assistant_config
     if isinstance(assistant_config, dict):
         return AssistantConfig.from_dict(assistant_config)
-    if isinstance(assistant_config, str):
-        return AssistantConfig.from_pretrained(assistant_config)
-    raise TypeError(f"assistant_config must be an AssistantConfig, a dict or a path, got {type(assistant_config).__name__}")
+    if isinstance(assistant_config, (str, os.PathLike)):
+        return _config_from_string(os.fspath(assistant_config))
+    raise TypeError("assistant_config must be an AssistantConfig, a dict, a drafter's name or a path / Hub id, got "
+                    f"{type(assistant_config).__name__}")
+
+
+def _config_from_string(text: str) -> AssistantConfig:
+    """`assistant_config="suffix"` is the suffix drafter's default configuration (a registered drafter's name that is
+    not an existing local path); any other string a local path or a Hub repository id ("org/name"), loaded by
+    `AssistantConfig.from_pretrained`. A bare word that is neither is refused at once, before any network call."""
+    if not os.path.exists(text) and "/" not in text and "\\" not in text:
+        if text in DRAFTERS:
+            return AssistantConfig(drafter=text)
+        raise FileNotFoundError(f"assistant config: {text!r} is neither an existing local path nor a Hub repository "
+                                f"id (org/name) nor a drafter's name ({', '.join(DRAFTERS.names())})")
+    return AssistantConfig.from_pretrained(text)
 
 
 def _resolve_compile(config: AssistantConfig, model: nn.Module, generation_config: GenerationConfig) -> AssistantConfig:
@@ -183,7 +198,8 @@ def speculative_generate(
     """Speculative decoding loop for `model.generate(..., custom_generate=speculative_generate)`.
 
     Args:
-        assistant_config: an `AssistantConfig` (or a dict / a path for `AssistantConfig.from_pretrained`);
+        assistant_config: an `AssistantConfig`, a dict, a drafter's name ("suffix", "ngram", ...: its defaults),
+            or a path / Hub id for `AssistantConfig.from_pretrained`;
             default: the suffix drafter, or the model drafter when `draft_model` is given.
         draft_model: a causal LM with the target's tokenizer, for `drafter="model"`.
         drafter: a `Drafter` instance of your own; it replaces the drafter `assistant_config` names. For a batch,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ class _ProfileDrafter(Drafter):
     name = "profile"
 
     def __init__(self, cache_drafter: Drafter, model_drafter: Drafter, sizes: list[int], steps: int,
-                 model_budget: DraftBudget, vocab_size: int, sync):
+                 model_budget: DraftBudget, vocab_size: int, sync, clock):
         self.cache_drafter = cache_drafter
         self.model_drafter = model_drafter
         self.target_hidden_layers = tuple(model_drafter.target_hidden_layers)
@@ -47,6 +48,7 @@ class _ProfileDrafter(Drafter):
         self.model_budget = model_budget
         self.vocab = vocab_size
         self.sync = sync
+        self.clock = clock
         self.gen = torch.Generator().manual_seed(0)
         self.verify: dict[int, list[float]] = {}
         self.cache_seconds: list[float] = []
@@ -71,10 +73,10 @@ class _ProfileDrafter(Drafter):
         for length, ids, states in ((short, input_ids[:, :short], short_hidden), (full, input_ids, hidden)):
             self.model_drafter.begin(ids, context, states)  # once untimed: first-call costs (allocator, kernels)
             self.sync()
-            start = time.perf_counter()
+            start = self.clock()
             self.model_drafter.begin(ids, context, states)
             self.sync()
-            seconds[length] = time.perf_counter() - start
+            seconds[length] = self.clock() - start
         # The drafter ends up begun over the whole context, as the profile's steps need.
         per_token = (seconds[full] - seconds[short]) / (full - short) if full > short else 0.0
         self.begin_seconds_per_token = max(per_token, 0.0)
@@ -95,22 +97,22 @@ class _ProfileDrafter(Drafter):
             for _ in range(2):
                 self.model_drafter.begin(input_ids[:, : full - k], context, head)
                 self.sync()
-                start = time.perf_counter()
+                start = self.clock()
                 self.model_drafter.accept(input_ids, result, tail)
                 self.model_drafter.propose(input_ids, self.model_budget)
                 self.sync()
-                self.catch_up_and_draft_seconds = time.perf_counter() - start
+                self.catch_up_and_draft_seconds = self.clock() - start
             self.model_drafter.begin(input_ids, context, hidden)
 
     def propose(self, input_ids: torch.Tensor, budget: DraftBudget) -> DraftTree:
         if self._step >= self.steps:
             return empty_draft(1, input_ids.device)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self.cache_drafter.propose(input_ids, budget)
-        t1 = time.perf_counter()
+        t1 = self.clock()
         self.model_drafter.propose(input_ids, self.model_budget)
         self.sync()
-        t2 = time.perf_counter()
+        t2 = self.clock()
         self.cache_seconds.append(t1 - t0)
         self.model_seconds.append(t2 - t1)
         size = self.sizes[self._step % len(self.sizes)]
@@ -122,18 +124,18 @@ class _ProfileDrafter(Drafter):
         tokens = torch.randint(2, self.vocab, (1, n), generator=self.gen).to(input_ids.device)
         tree = DraftTree(tokens=tokens, parents=torch.tensor([parents], dtype=torch.long, device=input_ids.device))
         self._pending_size = size
-        self._started = time.perf_counter()
+        self._started = self.clock()
         return tree
 
     def accept(self, input_ids, result, hidden=None):
         if self._started is not None:
-            self.verify.setdefault(self._pending_size, []).append(time.perf_counter() - self._started)
+            self.verify.setdefault(self._pending_size, []).append(self.clock() - self._started)
             self._started = None
         self.cache_drafter.accept(input_ids, result, None)
-        start = time.perf_counter()
+        start = self.clock()
         self.model_drafter.accept(input_ids, result, hidden)
         self.sync()
-        self.accept_seconds.append(time.perf_counter() - start)
+        self.accept_seconds.append(self.clock() - start)
 
     def end(self, input_ids):
         self.cache_drafter.end(input_ids)
@@ -156,6 +158,7 @@ def profile_costs(
     repeats: int = 3,
     compile: bool = False,
     compile_verify: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> CostProfile:
     """Time the parts of a step on this machine, in one `speculative_generate` call (see `_ProfileDrafter`).
 
@@ -171,6 +174,7 @@ def profile_costs(
         compile: time the static-cache path (`AssistantConfig(compile=True)`: CUDA-graph replays on a GPU), the one
             HVD will run with; its graphs are captured in the warm-up round.
         compile_verify: with `compile`, the verify forward's pure regions fused by Inductor (as HVD will run them).
+        clock: seconds, read around each timed part (`time.perf_counter`; tests pass a clock of their own).
     """
     from ..config import AssistantConfig
     from ..generate import speculative_generate  # the API above the loop, as this module is
@@ -182,7 +186,7 @@ def profile_costs(
     sizes = sorted({int(n) for n in tree_sizes})
     steps = len(sizes) * (repeats + 1)
     drafter = _ProfileDrafter(cache_drafter, model_drafter, sizes, steps, DraftBudget(model_tokens, model_depth),
-                              vocab, sync)
+                              vocab, sync, clock)
     config = AssistantConfig(max_draft_tokens=max(max(sizes) - 1, 1), max_depth=max_depth, compile=compile,
                              compile_verify=compile and compile_verify)
     # The budget's depth shrinks in the last steps of a request: leave room so every timed tree has its full shape.

@@ -424,18 +424,30 @@ def test_profile_costs_through_the_loop():
         CostProfile.from_dict({**profile.to_dict(), "model_catch_up_seconds": -1.0})
 
 
-class _SleepyDrafter(Drafter):
-    """Proposes nothing; 1 ms per committed token it hears of, in `accept` (as EAGLE's accept pass) or, `lazy`, in
-    its next `propose` (as the assistant-model drafter feeds the tokens it missed)."""
+class _Clock:
+    """A clock that moves 1 us a read and otherwise only when told to: the profile's timings come out the same
+    whatever the machine's load."""
 
-    def __init__(self, lazy: bool):
-        self.lazy, self.seen = lazy, 0
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+
+class _SleepyDrafter(Drafter):
+    """Proposes nothing; costs 1 ms of `clock` per committed token it hears of, in `accept` (as EAGLE's accept pass)
+    or, `lazy`, in its next `propose` (as the assistant-model drafter feeds the tokens it missed)."""
+
+    def __init__(self, lazy: bool, clock: _Clock):
+        self.lazy, self.seen, self.clock = lazy, 0, clock
 
     def begin(self, input_ids, context=None, hidden=None):
         self.seen = input_ids.shape[1]
 
     def _feed(self, input_ids):
-        time.sleep(1e-3 * (input_ids.shape[1] - self.seen))
+        self.clock.now += 1e-3 * (input_ids.shape[1] - self.seen)
         self.seen = input_ids.shape[1]
 
     def accept(self, input_ids, result, hidden=None):
@@ -450,14 +462,16 @@ class _SleepyDrafter(Drafter):
 
 @pytest.mark.parametrize("lazy", [False, True])
 def test_profile_prices_the_model_drafters_catch_up(lazy):
-    # 23 tokens at once (the 24-token context's catch-up) against one per profiled step, whether the drafter pays
-    # for them in accept or in its next propose.
-    profile = profile_costs(tiny_model("qwen3_5_text"), SuffixDrafter(use_global=False), _SleepyDrafter(lazy),
+    # 23 tokens at once (the 24-token context's catch-up) against one per profiled step (random trees are rejected:
+    # each step commits one token), whether the drafter pays for them in accept or in its next propose.
+    clock = _Clock()
+    profile = profile_costs(tiny_model("qwen3_5_text"), SuffixDrafter(use_global=False), _SleepyDrafter(lazy, clock),
                             model_tokens=6, model_depth=3, max_depth=6, tree_sizes=(1, 4), context_tokens=24,
-                            repeats=2)
+                            repeats=2, clock=clock)
     per_step = profile.model_draft_seconds if lazy else profile.model_accept_seconds
-    assert 0.9e-3 < per_step < 10e-3
-    assert profile.model_catch_up_seconds > 20e-3
+    assert per_step == pytest.approx(1e-3, abs=1e-5)
+    # The catch-up's draft is its own step's (1 ms, lazy) and taken off: the 23 tokens' feed is left.
+    assert profile.model_catch_up_seconds == pytest.approx(23e-3 - (1e-3 if lazy else 0.0), abs=1e-5)
     assert profile.model_overhead(True, 3, 24) == profile.model_catch_up_seconds
 
 

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 from helpers import BUILTIN_DRAFTERS, char_tokenizer, drafter_kwargs
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteriaList, StopStringCriteria
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec import kernels
@@ -195,6 +195,12 @@ def test_stop_strings_with_a_tokenizer_stop_where_stock_stops(drafter):
     stop = tok.convert_ids_to_tokens(int(free[0, ids.shape[1] + 6]))
     ref = greedy(model, ids, 24, stop_strings=[stop], tokenizer=tok)
     assert ref.shape[1] < free.shape[1]  # the stop string did stop it early
+    # custom_generate named explicitly, without enable(): transformers drops tokenizer= on its way to a callable
+    # custom_generate (and then refuses stop_strings before the callable runs), so README's form is the criterion.
+    criteria = StoppingCriteriaList([StopStringCriteria(tokenizer=tok, stop_strings=[stop])])
+    out = greedy(model, ids, 24, stopping_criteria=criteria, custom_generate=H.speculative_generate,
+                 **drafter_kwargs(drafter, model))
+    assert torch.equal(out, ref)
     H.enable(model)
     out = greedy(model, ids, 24, stop_strings=[stop], tokenizer=tok, **drafter_kwargs(drafter, model))
     assert torch.equal(out, ref)
