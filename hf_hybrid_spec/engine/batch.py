@@ -123,7 +123,7 @@ def decode_batch(request: Request):
         drafter.idle(prefilled)  # what it deferred of its set-up (suffix tries over prompts) while the prefill runs
         # Each row's first token as the row alone would get it (an arbitrated rule asks the row's own drafter).
         firsts = [verifier.first_token(scores[b : b + 1], FirstToken(input_ids[b : b + 1, pads[b] :], _row_drafter(
-            drafter, b), context, None, _row_outputs(out, b, verifier), node_budget)) for b in range(rows)]
+            drafter, b), context, None, _row_outputs(out, b, verifier), node_budget, b)) for b in range(rows)]
         rec.append(list(range(rows)), [first.token_list for first in firsts])
         for b, first in enumerate(firsts):
             count_arbiter(first, stats, row_stats[b])
@@ -200,7 +200,8 @@ def decode_batch(request: Request):
                     chosen = [] if kept is not None else None
                     results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
                                           [per_row[b] for b in running], raw_greedy, chosen,
-                                          [pads[b] for b in running], verified.hidden_states if all_hidden else None)
+                                          [pads[b] for b in running], verified.hidden_states if all_hidden else None,
+                                          running)
                 except BaseException:
                     backend.abort()
                     raise
@@ -395,13 +396,15 @@ def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: tor
 
 def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_ids: Sequence[torch.Tensor],
                 verifier, processors: list, raw_greedy: bool, chosen: list | None = None,
-                pads: list[int] | None = None, hidden: tuple[torch.Tensor, ...] | None = None) -> list[VerifyResult]:
+                pads: list[int] | None = None, hidden: tuple[torch.Tensor, ...] | None = None,
+                batch_rows: Sequence[int] | None = None) -> list[VerifyResult]:
     """Each row's result. Greedy over raw logits: one argmax over [R, N, V], one host read, and the accepted paths
     of every row worked out together (`greedy_rows`); else the row's own tree and scores through the rule (its
     processors see the row's ids, as stock generate's do; the rule sees the row's length without its `pads`, as it
     would alone, and the forward's `hidden` states [R, N, H] per layer, for a rule that reads them). `chosen` (a list,
     not with `raw_greedy`) gets each row's processed scores and raw logits [k, V] of the nodes that chose its k
-    committed tokens, and their hidden states [k, H] per layer when `hidden` is given (else None)."""
+    committed tokens, and their hidden states [k, H] per layer when `hidden` is given (else None). `batch_rows`: each
+    row's index in its batch, for the rule (default: its place in `row_ids`)."""
     if raw_greedy:
         return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
     results = []
@@ -413,7 +416,8 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
         raw = logits[row : row + 1, :n].to(torch.float32)
         scores = process_tree_logits(ids, row_tree, raw, row_procs)
         states = None if hidden is None else tuple(h[row : row + 1, :n] for h in hidden)
-        result = verifier.verify(row_tree, scores, StepInputs(ids.shape[1] - (pads[row] if pads else 0), states))
+        result = verifier.verify(row_tree, scores, StepInputs(ids.shape[1] - (pads[row] if pads else 0), states,
+                                                              row if batch_rows is None else batch_rows[row]))
         if result.token_list is None:
             result.token_list = result.tokens.tolist()
         if chosen is not None:

@@ -3,10 +3,10 @@ opt-in arbitrated rules (`arbitrated`: CoSpec, FLy, typical acceptance)."""
 
 from .base import FirstToken, StepInputs, Verifier
 from .exact import (DeviceAcceptance, ExactVerifier, greedy_device, greedy_walk, process_tree_logits, row_processors,
-                    verify_greedy, verify_sampling)
+                    verify_greedy, verify_keyed, verify_sampling)
 
 __all__ = ["Verifier", "FirstToken", "StepInputs", "ExactVerifier", "process_tree_logits", "verify_greedy",
-           "verify_sampling", "greedy_walk", "greedy_device", "DeviceAcceptance", "row_processors", "make_verifier"]
+           "verify_sampling", "verify_keyed", "greedy_walk", "greedy_device", "DeviceAcceptance", "row_processors", "make_verifier"]
 
 
 def make_verifier(config, do_sample: bool, drafter) -> Verifier:

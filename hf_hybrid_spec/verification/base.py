@@ -37,6 +37,7 @@ class FirstToken:
         prompt_hidden: the hidden states the drafter asked for, of the prompt.
         outputs: the prefill's model outputs (hidden states when the rule asked for them).
         max_nodes: the request's draft budget.
+        row: the request's row in its batch (sampling rules draw each row's tokens apart).
     """
 
     input_ids: torch.Tensor
@@ -45,15 +46,18 @@ class FirstToken:
     prompt_hidden: TargetHidden | None
     outputs: Any
     max_nodes: int
+    row: int = 0
 
 
 @dataclass
 class StepInputs:
     """What a rule may read besides the tree and its scores: `length`, the committed tokens (the root is the last of
-    them), and the verify forward's hidden states (every layer's [1, N, H], when the rule asked for them)."""
+    them, padding not counted), the verify forward's hidden states (every layer's [1, N, H], when the rule asked for
+    them), and the request's `row` in its batch."""
 
     length: int
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    row: int = 0
 
 
 class Verifier(ABC):

@@ -4,12 +4,18 @@ Greedy: walk from the root, at each node follow the child whose token is the tar
 node without such a child yields the bonus token (the argmax itself). The committed tokens are exactly what
 plain greedy decoding would produce.
 
-Sampling (recursive rejection sampling over siblings, SpecInfer / EAGLE): at a node with target
-distribution p, try its children in order. A child x drawn from a draft distribution q is accepted with
-probability min(1, p(x) / q(x)), else p <- norm(max(0, p - q)). A deterministic child (cache match, greedy
-or top-k draft) is a one-hot proposal: accepted with probability p(x), else p(x) <- 0 and p is renormalized.
-When every child is rejected, the bonus token is sampled from what is left of p; past the last accepted
-node, from its full p. Either way each committed token is an exact sample of the target distribution.
+Sampling, for drafts that are a function of the context (cache matches, n-grams, top-k expansions, greedy drafts:
+every built-in drafter's): draw the target's token at every node by its position (`noise`: Gumbel-max keyed by the
+call's seed, the row and the position) and walk as greedy does, following the child that holds the drawn token.
+A child x is accepted with probability p(x); each committed token is the draw plain sampling would make at its
+position, so the output does not depend on the draft and repeats under the same `torch.manual_seed`.
+
+Sampling, for drafts sampled from a draft distribution q (`DraftTree.probs`; recursive rejection sampling over
+siblings, SpecInfer / EAGLE): at a node with target distribution p, try its children in order. A child x is
+accepted with probability min(1, p(x) / q(x)), else p <- norm(max(0, p - q)); a child without q is a one-hot
+proposal: accepted with probability p(x), else p(x) <- 0 and p is renormalized. When every child is rejected, the
+bonus token is sampled from what is left of p; past the last accepted node, from its full p. Each committed token
+is an exact sample of the target distribution.
 
 The user's logits processors see, for every node, the input ids that plain generation would have had at
 that point (committed tokens plus the node's root path), so repetition penalties, min-length rules and
@@ -26,27 +32,39 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from ..tree import VerifyResult, VerifyTree
 from .base import FirstToken, StepInputs, Verifier
+from .noise import draw_seed, gumbel_choice
 
-__all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "greedy_walk", "row_processors",
+__all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk", "row_processors",
            "greedy_device", "DeviceAcceptance", "from_config"]
 
 
 class ExactVerifier(Verifier):
-    """`verification="lossless"`: greedy output is stock greedy's, sampled output an exact sample of the target."""
+    """`verification="lossless"`: greedy output is stock greedy's, sampled output an exact sample of the target.
 
-    def __init__(self, do_sample: bool):
+    Sampling draws each token by position (`noise`): with a seed taken from torch's generator when the rule is built
+    (one per call), the same call after the same `torch.manual_seed` gives the same tokens whatever was drafted.
+    Drafts sampled from a draft distribution (`DraftTree.probs`) go through recursive rejection sampling instead,
+    which needs their q."""
+
+    def __init__(self, do_sample: bool, seed: int | None = None):
         self.do_sample = do_sample
         self.raw_greedy = not do_sample
+        self.seed = (draw_seed() if seed is None else seed) if do_sample else None
 
     def first_token(self, scores: torch.Tensor, inputs: FirstToken) -> VerifyResult:
         if self.do_sample:
-            token = torch.multinomial(torch.softmax(scores, dim=-1), 1).view(1)
+            position = torch.tensor([inputs.input_ids.shape[1]])
+            token = gumbel_choice(scores.view(1, -1), self.seed, inputs.row, position).view(1)
         else:
             token = scores.argmax(dim=-1).view(1)
         return VerifyResult(path=[0], tokens=token, score_nodes=[0], token_list=token.tolist())
 
     def verify(self, tree: VerifyTree, scores: torch.Tensor, inputs: StepInputs) -> VerifyResult:
-        return verify_sampling(tree, scores) if self.do_sample else verify_greedy(tree, scores)
+        if not self.do_sample:
+            return verify_greedy(tree, scores)
+        if tree.draft.probs is not None:
+            return verify_sampling(tree, scores)
+        return verify_keyed(tree, scores, self.seed, inputs.row, inputs.length)
 
 
 def from_config(config, do_sample: bool, drafter) -> ExactVerifier:
@@ -102,6 +120,17 @@ def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
     """scores: [N, V] processed scores (or raw logits in any float dtype: the argmax is the same). One host read of
     the per-node argmax."""
     path, new_tokens = greedy_walk(tree.token_list(0), tree.children(0), scores.argmax(dim=-1).tolist())
+    return VerifyResult.from_host(path, new_tokens, scores.device)
+
+
+def verify_keyed(tree: VerifyTree, scores: torch.Tensor, seed: int, row: int, length: int) -> VerifyResult:
+    """Sampling over a draft that is a function of the context (cache matches, top-k expansions, greedy drafts): the
+    target's token at every node drawn by position (node at depth d: position `length + d`, `noise.gumbel_choice`),
+    then the greedy walk with those draws in place of the argmax. Each child is accepted with probability p(child),
+    and the committed tokens are those plain sampling with the same noise draws. One host read of the draws."""
+    positions = tree.depth[0].to(scores.device) + length
+    drawn = gumbel_choice(scores, seed, row, positions)
+    path, new_tokens = greedy_walk(tree.token_list(0), tree.children(0), drawn.tolist())
     return VerifyResult.from_host(path, new_tokens, scores.device)
 
 

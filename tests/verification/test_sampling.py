@@ -15,7 +15,7 @@ import hf_hybrid_spec as H
 from hf_hybrid_spec.drafters import Drafter
 from hf_hybrid_spec.testing import tiny_model
 from hf_hybrid_spec.tree import DraftTree, build_verify_tree
-from hf_hybrid_spec.verification import verify_sampling
+from hf_hybrid_spec.verification import verify_keyed, verify_sampling
 
 V = 8
 
@@ -40,7 +40,10 @@ def two_level_tree(gen, with_q: bool):
 
 
 @pytest.mark.parametrize("with_q", [False, True], ids=["deterministic-tree", "sampled-tree"])
-def test_verify_rule_is_exact_on_synthetic_logits(with_q):
+@pytest.mark.parametrize("rule", ["keyed", "rejection"])
+def test_verify_rule_is_exact_on_synthetic_logits(with_q, rule):
+    if rule == "keyed" and with_q:
+        pytest.skip("draws by position need a draft that is a function of the context (no q)")
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     scores = torch.randn(8, V, generator=gen) * 1.5
@@ -54,7 +57,11 @@ def test_verify_rule_is_exact_on_synthetic_logits(with_q):
         if with_q:
             # Losslessness holds over the draft's own randomness: draw a fresh sampled tree every time.
             tree = build_verify_tree(torch.tensor([1]), two_level_tree(gen, with_q))
-        r = verify_sampling(tree, scores)
+        if rule == "keyed":
+            # A new seed per draw, as each generate call takes one from torch's generator.
+            r = verify_keyed(tree, scores, seed=int(torch.randint(1 << 62, (), generator=gen)), row=0, length=5)
+        else:
+            r = verify_sampling(tree, scores)
         first[int(r.tokens[0])] += 1
         if len(r.path) >= 2:
             second[r.path[1]][int(r.tokens[1])] += 1
@@ -122,3 +129,39 @@ def test_sampling_is_reproducible_with_a_seed():
                                    custom_generate=H.speculative_generate,
                                    assistant_config=H.AssistantConfig(drafter="ngram")))
     assert torch.equal(outs[0], outs[1])
+
+
+def _sample(model, ids, seed, **kw):
+    torch.manual_seed(seed)
+    return model.generate(ids, do_sample=True, temperature=1.3, max_new_tokens=24, eos_token_id=None, **kw)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_sampled_output_is_the_seeds_whatever_was_drafted(family):
+    """Draws keyed by position: after the same torch.manual_seed, every drafter (the process-wide suffix cache before
+    and after it learned this very output included) commits the same tokens; another seed gives others."""
+    import toy_drafter  # noqa: F401  (registers "toy")
+
+    model = tiny_model(family, vocab_size=V)
+    ids = torch.tensor([[2, 5, 3, 7, 2, 5, 3, 7, 2]])
+    outs = [_sample(model, ids, 11, custom_generate=H.speculative_generate, assistant_config=cfg)
+            for cfg in (H.AssistantConfig(), H.AssistantConfig(), "ngram", "toy",
+                        H.AssistantConfig(drafter="suffix", global_cache=False, max_depth=2))]
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    other = _sample(model, ids, 12, custom_generate=H.speculative_generate)
+    assert not torch.equal(other, outs[0])
+
+
+def test_sampled_rows_of_a_batch_repeat_with_the_seed_and_differ_from_each_other():
+    model = tiny_model("qwen3_5_text", vocab_size=V)
+    ids = torch.tensor([[1, 1, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3]])
+    mask = (ids != 1).long()
+    kw = dict(attention_mask=mask, pad_token_id=1, custom_generate=H.speculative_generate)
+    first = _sample(model, ids, 3, **kw)
+    again = _sample(model, ids, 3, assistant_config="ngram", **kw)
+    assert torch.equal(first, again)
+    # The same prompt in two rows draws two samples.
+    same = torch.tensor([[2, 5, 3, 7, 2], [2, 5, 3, 7, 2]])
+    out = _sample(model, same, 3, custom_generate=H.speculative_generate)
+    assert not torch.equal(out[0], out[1])
