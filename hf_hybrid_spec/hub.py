@@ -5,13 +5,15 @@
   network for tens of seconds, or complain about the form of a repository id).
 - `LocalFirstMixin`: `from_pretrained` of a `PreTrainedModel` checked through `resolve_source` first.
 - `ModelCardMixin`: `save_pretrained` also writes the model card.
+- `files_as_umask`: files a save wrote with owner-only permissions (transformers' `save_pretrained` writes its
+  safetensors shards 0600) given the modes the process's umask asks for, as every other file of the folder has.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["resolve_source", "LocalFirstMixin", "ModelCardMixin"]
+__all__ = ["resolve_source", "LocalFirstMixin", "ModelCardMixin", "files_as_umask"]
 
 # Endings of files the package loads: a name ending so is a path, never a repository id.
 _FILE_ENDINGS = (".json", ".safetensors", ".bin", ".pt", ".pth", ".yaml", ".yml")
@@ -43,6 +45,19 @@ def resolve_source(path_or_repo_id: str | os.PathLike, what: str) -> str:
     return path
 
 
+def files_as_umask(directory: str | os.PathLike) -> None:
+    """Give the weight files in `directory` (`*.safetensors`, `*.bin` and their index; not its subfolders) the mode
+    a new file gets under the process's umask (0644 under the usual 022), where they were written narrower."""
+    mask = os.umask(0)
+    os.umask(mask)
+    wanted = 0o666 & ~mask
+    for entry in os.scandir(directory):
+        if entry.is_file(follow_symlinks=False) and entry.name.endswith((".safetensors", ".bin", ".index.json")):
+            mode = entry.stat().st_mode & 0o777
+            if mode & wanted != wanted:
+                os.chmod(entry.path, mode | wanted)
+
+
 class LocalFirstMixin:
     """For a `PreTrainedModel`: `from_pretrained` fails at once, clearly, on a local path that does not exist."""
 
@@ -63,4 +78,6 @@ class ModelCardMixin:
         os.makedirs(save_directory, exist_ok=True)
         with open(os.path.join(save_directory, "README.md"), "w") as f:
             f.write(self.model_card())
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        files_as_umask(save_directory)
+        return result

@@ -42,6 +42,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from hf_hybrid_spec.analysis import DraftKind, analyze, evenly_spaced_windows, perplexity, text_set, token_stream
+from hf_hybrid_spec.hub import files_as_umask
 from hf_hybrid_spec.models import get_adapter
 
 
@@ -303,12 +304,14 @@ def main(argv: list[str] | None = None) -> dict:
     peft_model.eval()
     os.makedirs(args.out, exist_ok=True)
     peft_model.save_pretrained(os.path.join(args.out, "adapter"))
+    files_as_umask(os.path.join(args.out, "adapter"))
     merged = peft_model.merge_and_unload().eval()
     after = snapshot(merged, windows, reference, windows, exit_base, prompts, args.exit_layer, args.ks,
                      args.new_tokens)
     if args.merge:
         merged.save_pretrained(os.path.join(args.out, "merged"))
         tok.save_pretrained(os.path.join(args.out, "merged"))
+        files_as_umask(os.path.join(args.out, "merged"))
 
     stopped = f" (stopped by the tolerance at step {guard.stopped_at})" if guard.stopped_at else ""
     print(f"\nmodel={args.model} exit_layer={args.exit_layer}/{num_layers} steps={trainer.state.global_step}{stopped}")

@@ -34,16 +34,11 @@ import shutil
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-logger = logging.getLogger("train_mtp")
+from hf_hybrid_spec.cli import argument_parser, resolve_device
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argument_parser(__doc__)
     p.add_argument("--target", required=True, help="target checkpoint folder (Qwen3.5 / Qwen3-Next family)")
     p.add_argument("--output_dir", required=True)
     p.add_argument("--max_steps", type=int, default=600)
@@ -60,8 +55,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num_workers", type=int, default=min(8, max(0, (os.cpu_count() or 1) - 2)),
                    help="data loader processes cutting and tokenizing windows (0: in the training process)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return p.parse_args(argv)
+    p.add_argument("--device", default="auto", help="'auto': cuda where a GPU is seen, else cpu")
+    args = p.parse_args(argv)
+    args.device = resolve_device(args.device)
+    return args
+
+
+if __name__ == "__main__":
+    parse_args()  # --help, --version and bad options answer here, before torch and transformers load
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+logger = logging.getLogger("train_mtp")
 
 
 def windows(args, tokenizer, heldout: bool, count: int | None, rng: random.Random):
@@ -187,6 +195,46 @@ def evaluate(args, checkpoint: str, tokenizer) -> dict:
     return result
 
 
+def copy_writable(source: str, destination: str) -> None:
+    """Copy the target's checkpoint folder, files and folders with the modes the umask gives new ones (a read-only
+    source, as a shared or cached checkpoint often is, would otherwise give a folder the recipe cannot write to)."""
+    for root, _, files in os.walk(source):
+        out = os.path.join(destination, os.path.relpath(root, source))
+        os.makedirs(out, exist_ok=True)
+        for name in files:
+            shutil.copyfile(os.path.join(root, name), os.path.join(out, name))
+
+
+def model_card(args, record: dict, layers: int) -> str:
+    """The checkpoint's README.md: what was added to the target, how it was trained, what it measured."""
+    accepted = {k[len("mean_accepted_length_"):]: v for k, v in record.items() if k.startswith("mean_accepted_length_")}
+    measured = ", ".join(f"{name} {value:.2f}" for name, value in accepted.items()) or "not measured"
+    loss = record["final_loss"]
+    return f"""---
+tags:
+- hf_hybrid_spec
+- mtp
+- speculative-decoding
+base_model: {args.target}
+---
+
+# {os.path.basename(os.path.normpath(args.target))} with a trained MTP head
+
+This folder is a copy of `{args.target}` with a multi-token-prediction head ({layers} layer(s)) in the checkpoint's
+own layout: `mtp.safetensors`, named in `model.safetensors.index.json`, and `mtp_num_hidden_layers` in config.json.
+vLLM, SGLang, `generate(use_mtp=True)` after `hf_hybrid_spec.enable(model)`, `AssistantConfig(drafter="mtp")` and
+`hf_hybrid_spec.mtp.MtpHead.from_pretrained(folder, target)` load it.
+
+Trained by `recipes/train_mtp.py` (self-distillation against the frozen target over {args.depths} recursive
+depth(s)): {record["steps"]} steps of {args.batch_size} windows of {args.seq_len} tokens of Python sources,
+{record["train_seconds"]} s on {record["device"]}, final loss {"n/a" if loss is None else f"{loss:.3f}"}.
+
+Mean accepted length of greedy MTP chains on held-out windows ({args.eval_prompts} prompts, {args.eval_new_tokens}
+new tokens): {measured}. Acceptance depends on the text: a small model that repeats itself accepts more than a real
+checkpoint would.
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -203,12 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = os.path.join(args.output_dir, "checkpoint")
     if os.path.exists(checkpoint):
         shutil.rmtree(checkpoint)
-    shutil.copytree(args.target, checkpoint)
+    copy_writable(args.target, checkpoint)
     save_mtp_state(head.to(dtype), checkpoint)
     logger.info("saved the MTP head into %s", checkpoint)
     record = {"target": args.target, "steps": len(log), "train_seconds": round(seconds, 1),
               "final_loss": log[-1]["loss"] if log else None, "depths": args.depths, "device": args.device,
               **evaluate(args, checkpoint, tokenizer)}
+    with open(os.path.join(checkpoint, "README.md"), "w") as f:
+        f.write(model_card(args, record, len(head.layers)))
     with open(os.path.join(args.output_dir, "train_log.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in log)
     with open(os.path.join(args.output_dir, "mtp_eval.json"), "w") as f:

@@ -29,7 +29,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
-from ..hub import LocalFirstMixin
+from ..hub import LocalFirstMixin, files_as_umask
 from .configuration import EagleConfig, attention_layer_flags
 
 logger = logging.get_logger(__name__)
@@ -332,6 +332,7 @@ class EagleDrafter(LocalFirstMixin, PreTrainedModel):
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             write_model_card(self.config, os.path.join(save_directory, "README.md"))
+            files_as_umask(save_directory)
         return result
 
     def push_to_hub(self, repo_id: str, *, commit_message: str | None = None, private: bool | None = None,

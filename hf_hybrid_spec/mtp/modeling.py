@@ -158,6 +158,24 @@ class MtpHead(nn.Module):
             head.load_checkpoint(checkpoint if checkpoint is not None else _target_path(target))
         return head.eval()
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, target: nn.Module,
+                        layers: int | None = None) -> MtpHead:
+        """The head saved at `pretrained_model_name_or_path` (a checkpoint folder or Hub id holding `mtp.*` tensors,
+        as `save_mtp_state` and recipes/train_mtp.py write, or one `.safetensors` MTP shard), bound to `target`
+        (the head shares its embedding, output head and rotary embedding, so it is built around a loaded target).
+        `layers`: MTP layers, default the count the checkpoint's config (or `target`'s) declares."""
+        from ..hub import resolve_source
+
+        source = resolve_source(pretrained_model_name_or_path, "MTP head")
+        if layers is None and os.path.isdir(source):
+            config_path = os.path.join(source, "config.json")
+            if os.path.isfile(config_path):
+                with open(config_path) as f:
+                    config = json.load(f)
+                layers = config.get("text_config", config).get("mtp_num_hidden_layers") or None
+        return cls.from_target(target, load=True, checkpoint=source, layers=layers)
+
     # ------------------------------------------------------------------ the step
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         table = self._shared.embed

@@ -457,9 +457,15 @@ def test_save_load_round_trip_and_hub_layout(tmp_path, monkeypatch):
     model.set_vocab_maps(torch.randperm(VOCAB)[:40])
     model.init_head_from(target)
     model.config.training["data"] = "unit test"
-    model.save_pretrained(tmp_path / "d")
+    mask = os.umask(0o022)
+    try:
+        model.save_pretrained(tmp_path / "d")
+    finally:
+        os.umask(mask)
     files = sorted(os.listdir(tmp_path / "d"))
     assert files == ["README.md", "config.json", "model.safetensors"]
+    # Every file readable by others as the umask asks (transformers writes its weight shards 0600).
+    assert {f: oct((tmp_path / "d" / f).stat().st_mode & 0o777) for f in files} == {f: "0o644" for f in files}
     with safe_open(tmp_path / "d" / "model.safetensors", "pt") as f:
         keys = set(f.keys())
     assert {"d2t", "t2d", "fc.weight", "lm_head.weight"} <= keys

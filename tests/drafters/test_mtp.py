@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file as safetensors_load
 from transformers import AutoModelForCausalLM
 
 import hf_hybrid_spec as H
@@ -250,6 +251,9 @@ def test_recipe_trains_and_saves_in_checkpoint_layout(tmp_path):
     import train_mtp
 
     tiny_target_with_tokenizer(tmp_path / "target")
+    # A read-only target folder (a shared or cached checkpoint): the copy the recipe writes into is still writable.
+    for path in [tmp_path / "target", *(tmp_path / "target").iterdir()]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
     out = tmp_path / "out"
     rc = train_mtp.main(["--target", str(tmp_path / "target"), "--output_dir", str(out), "--max_steps", "12",
                          "--batch_size", "2", "--seq_len", "24", "--warmup_steps", "1", "--lr", "3e-3",
@@ -263,9 +267,16 @@ def test_recipe_trains_and_saves_in_checkpoint_layout(tmp_path):
     record = json.loads((out / "mtp_eval.json").read_text())
     assert record["mean_accepted_length_chain"] >= 1.0
     checkpoint = out / "checkpoint"
+    for path in [checkpoint, *checkpoint.iterdir()]:
+        assert path.stat().st_mode & 0o200, f"{path} is not writable"
     with open(checkpoint / "config.json") as f:
         assert json.load(f)["mtp_num_hidden_layers"] == 1
+    card = (checkpoint / "README.md").read_text()
+    assert "mtp" in card and "mtp_num_hidden_layers" in card and "Mean accepted length" in card
     target = H.enable(AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa").eval())
+    head = MtpHead.from_pretrained(checkpoint, target)
+    saved = {k[len("mtp."):]: v for k, v in safetensors_load(checkpoint / "mtp.safetensors").items()}
+    assert len(head.layers) == 1 and all(torch.equal(head.state_dict()[k], v) for k, v in saved.items())
     ids = torch.tensor([[5, 9, 17, 33, 4]])
     ref = target.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=None)
     assert torch.equal(target.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=None, use_mtp=True), ref)

@@ -187,6 +187,7 @@ def test_arbiter_save_load_round_trip(tmp_path, hidden, tiny_pairs):
         for p in arb.parameters():
             p.add_(torch.randn_like(p))
     arb.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").stat().st_mode & 0o044 == 0o044  # readable as the umask (022) asks
     card = (tmp_path / "README.md").read_text()
     assert "library_name: hf_hybrid_spec" in card and "| steps | 3 |" in card
     for loaded in (CoSpecArbiter.from_pretrained(tmp_path), AutoModel.from_pretrained(tmp_path)):
