@@ -18,6 +18,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """Defaults shown for every option, those without a help text included (argparse shows them only beside help);
     the description printed as written."""
 
+    def _get_help_string(self, action):
+        # A help text that already says its default (or a default of None: "not set") keeps its words as they are.
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
     def _format_action(self, action):
         if not action.help and action.option_strings and action.default not in (None, argparse.SUPPRESS):
             action = copy.copy(action)

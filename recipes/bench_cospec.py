@@ -19,21 +19,46 @@ CoSpec uses the trained arbiters in `--arbiters/<target>_drafted-by_<draft>` (se
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-import torch
-from tqdm.auto import tqdm
+from hf_hybrid_spec.cli import argument_parser
+
+
+def parse_args(argv=None):
+    p = argument_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--task", required=True, help="directory of the task DatasetDict (recipes/cospec_task.py)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--limit", type=int, default=200, help="first N examples of the split")
+    p.add_argument("--models", nargs=2, default=["../shared/models/qwen3_5-small", "../shared/models/falcon_h1-small"],
+                   help="the two fixtures (same tokenizer); each drafts for the other")
+    p.add_argument("--arbiters", default="checkpoints/arbiters", help="folder of trained arbiters, one per pairing")
+    p.add_argument("--max-depth", type=int, default=6, help="draft chain length")
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--fly-window", type=int, default=3, help="FLy's window (FLy: 6 for 15-token drafts)")
+    p.add_argument("--fly-threshold", type=float, default=0.3, help="FLy's entropy gate (top-3 entropy, nats)")
+    p.add_argument("--pairing", default="both", choices=["both", "0", "1"],
+                   help="both pairings, or only model 0 (or 1) as the target: two processes can split the work")
+    p.add_argument("--gate", type=int, default=5, help="examples in the correctness gate")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="bench_cospec", help="folder for results.json and accuracy_speedup.png")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # --help, --version and bad options answer here, before torch and the models load
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # bench.balanced_order
-from bench import balanced_order
-from cospec_task import load_task, method_config, run_method
+from bench import balanced_order  # noqa: E402
+from cospec_task import load_task, method_config, run_method  # noqa: E402
 
-from hf_hybrid_spec.cospec import ConstantArbiter, CoSpecArbiter
+from hf_hybrid_spec.cospec import ConstantArbiter, CoSpecArbiter  # noqa: E402
 
 SPEC_METHODS = ("lossless", "fly", "typical", "cospec")
 ROWS = ("target", "draft") + SPEC_METHODS
@@ -126,23 +151,7 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--task", required=True, help="directory of the task DatasetDict (recipes/cospec_task.py)")
-    p.add_argument("--split", default="test")
-    p.add_argument("--limit", type=int, default=200, help="first N examples of the split")
-    p.add_argument("--models", nargs=2, default=["../shared/models/qwen3_5-small", "../shared/models/falcon_h1-small"],
-                   help="the two fixtures (same tokenizer); each drafts for the other")
-    p.add_argument("--arbiters", default="checkpoints/arbiters", help="folder of trained arbiters, one per pairing")
-    p.add_argument("--max-depth", type=int, default=6, help="draft chain length")
-    p.add_argument("--max-new-tokens", type=int, default=40)
-    p.add_argument("--fly-window", type=int, default=3, help="FLy's window (FLy: 6 for 15-token drafts)")
-    p.add_argument("--fly-threshold", type=float, default=0.3, help="FLy's entropy gate (top-3 entropy, nats)")
-    p.add_argument("--pairing", default="both", choices=["both", "0", "1"],
-                   help="both pairings, or only model 0 (or 1) as the target: two processes can split the work")
-    p.add_argument("--gate", type=int, default=5, help="examples in the correctness gate")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="bench_cospec", help="folder for results.json and accuracy_speedup.png")
-    args = p.parse_args(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

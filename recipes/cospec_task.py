@@ -31,7 +31,6 @@ decoding method on one example and returns a `MethodRun`.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -44,15 +43,36 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from tqdm.auto import tqdm
-from transformers import StoppingCriteria, StoppingCriteriaList
+from hf_hybrid_spec.cli import argument_parser
 
 DEFAULT_PACKAGES = (
     "rich", "click", "jinja2", "markdown_it", "anyio", "_pytest", "pluggy", "packaging", "dateutil", "yaml",
     "fsspec", "huggingface_hub", "pydantic", "typer", "fire", "dill", "filelock", "httpx2", "httpcore2", "h11",
     "pyparsing", "tqdm", "accelerate", "peft", "trl", "datasets",
 )
+
+
+def parse_args(argv=None):
+    parser = argument_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory for the DatasetDict (save_to_disk) and manifest.json")
+    parser.add_argument("--packages", nargs="+", default=list(DEFAULT_PACKAGES), help="installed packages to read")
+    parser.add_argument("--per-file", type=int, default=3, help="most target lines drawn per file")
+    parser.add_argument("--context-chars", type=int, default=1000, help="prompt size (characters, whole lines)")
+    parser.add_argument("--max-train", type=int, default=4000)
+    parser.add_argument("--max-validation", type=int, default=300)
+    parser.add_argument("--max-test", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--show", type=int, default=0, help="print this many test examples")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # --help, --version and bad options answer here, before torch and the models load
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
+
 FORBIDDEN_PACKAGES = ("networkx", "sympy", "pandas")
 SPLITS = ("train", "validation", "test")
 
@@ -262,17 +282,7 @@ def run_method(method: str, example: dict, target, draft, tokenizer, max_new_tok
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--out", required=True, help="directory for the DatasetDict (save_to_disk) and manifest.json")
-    parser.add_argument("--packages", nargs="+", default=list(DEFAULT_PACKAGES), help="installed packages to read")
-    parser.add_argument("--per-file", type=int, default=3, help="most target lines drawn per file")
-    parser.add_argument("--context-chars", type=int, default=1000, help="prompt size (characters, whole lines)")
-    parser.add_argument("--max-train", type=int, default=4000)
-    parser.add_argument("--max-validation", type=int, default=300)
-    parser.add_argument("--max-test", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--show", type=int, default=0, help="print this many test examples")
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     task, manifest = build(args.packages, args.per_file, args.context_chars,
                            (args.max_train, args.max_validation, args.max_test), args.seed)
     out = Path(args.out)

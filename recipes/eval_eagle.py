@@ -23,7 +23,6 @@ warm-up, so it never sees an output of the prompt it is drafting for.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import importlib.resources
 import json
@@ -33,13 +32,57 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import torch
-from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from hf_hybrid_spec.cli import argument_parser, resolve_device
 
-from hf_hybrid_spec import AssistantConfig, clear_global_suffix_cache, speculative_generate
-from hf_hybrid_spec.eagle import EagleDrafter
-from hf_hybrid_spec.prompts import code_prompts
+
+def parse_args(argv=None):
+    parser = argument_parser(__doc__)
+    parser.add_argument("--model", required=True, help="target model path (a ../shared/models fixture)")
+    parser.add_argument("--drafter", required=True, help="EagleDrafter folder (checkpoints/drafters/<name>-eagle3)")
+    parser.add_argument("--prompt-sets", nargs="+", default=["humaneval", "code"], choices=["humaneval", "code"])
+    parser.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each set (default: all)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--keep-eos", action="store_true", help="stop at eos (default: exactly max-new-tokens)")
+    parser.add_argument("--tree-nodes", type=int, default=60, help="EAGLE tree size")
+    parser.add_argument("--depth", type=int, default=6, help="EAGLE tree depth = chain length")
+    parser.add_argument("--top-k", type=int, default=10, help="EAGLE tree branching")
+    parser.add_argument("--mtp", action="store_true",
+                        help="also the target checkpoint's MTP head (drafter='mtp'): a chain and a tree")
+    parser.add_argument("--mtp-weights", default=None,
+                        help="with --mtp: an MTP shard (mtp.safetensors) for a target checkpoint that has none")
+    parser.add_argument("--mtp-depth", type=int, default=3, help="MTP chain length = MTP tree depth")
+    parser.add_argument("--mtp-tree-nodes", type=int, default=12, help="MTP tree size")
+    parser.add_argument("--mtp-top-k", type=int, default=3, help="MTP tree branching")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="auto", help="'auto': cuda where a GPU is seen, else cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--allow-mismatch", action="store_true", help="report but do not fail on mismatches")
+    parser.add_argument("--out", default=None, help="folder for results.json and accepted_lengths.png")
+    parser.add_argument("--compile", action="store_true",
+                        help="every method on the static cache (AssistantConfig(compile=True): CUDA graphs for the "
+                             "verify step and the EAGLE tree on a GPU)")
+    parser.add_argument("--compile-drafter", action="store_true",
+                        help="with --compile: the EAGLE passes compiled by Inductor before capture "
+                             "(AssistantConfig(compile_drafter=True); ~20 s per compile, in the warm-up)")
+    args = parser.parse_args(argv)
+    if args.mtp_weights and not args.mtp:
+        parser.error("--mtp-weights needs --mtp")
+    if args.compile_drafter and not args.compile:
+        parser.error("--compile-drafter needs --compile")
+    args.device = resolve_device(args.device)
+    return args
+
+
+if __name__ == "__main__":
+    parse_args()  # --help, --version and bad options answer here, before torch and the models load
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from hf_hybrid_spec import AssistantConfig, clear_global_suffix_cache, speculative_generate  # noqa: E402
+from hf_hybrid_spec.eagle import EagleDrafter  # noqa: E402
+from hf_hybrid_spec.prompts import code_prompts  # noqa: E402
 
 
 def humaneval_prompts() -> list[str]:
@@ -154,39 +197,7 @@ def plot(all_results: dict[str, dict[str, MethodResult]], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="target model path (a ../shared/models fixture)")
-    parser.add_argument("--drafter", required=True, help="EagleDrafter folder (checkpoints/drafters/<name>-eagle3)")
-    parser.add_argument("--prompt-sets", nargs="+", default=["humaneval", "code"], choices=["humaneval", "code"])
-    parser.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each set (default: all)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--keep-eos", action="store_true", help="stop at eos (default: exactly max-new-tokens)")
-    parser.add_argument("--tree-nodes", type=int, default=60, help="EAGLE tree size")
-    parser.add_argument("--depth", type=int, default=6, help="EAGLE tree depth = chain length")
-    parser.add_argument("--top-k", type=int, default=10, help="EAGLE tree branching")
-    parser.add_argument("--mtp", action="store_true",
-                        help="also the target checkpoint's MTP head (drafter='mtp'): a chain and a tree")
-    parser.add_argument("--mtp-weights", default=None,
-                        help="with --mtp: an MTP shard (mtp.safetensors) for a target checkpoint that has none")
-    parser.add_argument("--mtp-depth", type=int, default=3, help="MTP chain length = MTP tree depth")
-    parser.add_argument("--mtp-tree-nodes", type=int, default=12, help="MTP tree size")
-    parser.add_argument("--mtp-top-k", type=int, default=3, help="MTP tree branching")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--allow-mismatch", action="store_true", help="report but do not fail on mismatches")
-    parser.add_argument("--out", default=None, help="folder for results.json and accepted_lengths.png")
-    parser.add_argument("--compile", action="store_true",
-                        help="every method on the static cache (AssistantConfig(compile=True): CUDA graphs for the "
-                             "verify step and the EAGLE tree on a GPU)")
-    parser.add_argument("--compile-drafter", action="store_true",
-                        help="with --compile: the EAGLE passes compiled by Inductor before capture "
-                             "(AssistantConfig(compile_drafter=True); ~20 s per compile, in the warm-up)")
-    args = parser.parse_args(argv)
-    if args.mtp_weights and not args.mtp:
-        parser.error("--mtp-weights needs --mtp")
-    if args.compile_drafter and not args.compile:
-        parser.error("--compile-drafter needs --compile")
+    args = parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -44,7 +44,6 @@ configs with a byte-level tokenizer (258 tokens) built in memory: for smoke test
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -53,13 +52,49 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from tqdm.auto import tqdm
+from hf_hybrid_spec.cli import argument_parser
+
+
+def parse_args(argv=None):
+    p = argument_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="target model: path / Hub id, or tiny:<model_type>")
+    p.add_argument("--draft", required=True, help="draft model (same tokenizer): path / Hub id, or tiny:<model_type>")
+    p.add_argument("--task", required=True, help="directory of the task DatasetDict (recipes/cospec_task.py)")
+    p.add_argument("--out", required=True, help="where the trained arbiter is saved (Hub format)")
+    p.add_argument("--steps", type=int, default=10_000, help="most optimisation steps")
+    p.add_argument("--prefilter", type=int, default=600, help="train rows screened by teacher forcing (0: off)")
+    p.add_argument("--other-fraction", type=float, default=0.25, help="share of uninformative rows kept")
+    p.add_argument("--screening-from", help="screening.jsonl of an earlier run (e.g. the swapped pairing) to reuse")
+    p.add_argument("--max-minutes", type=float, default=35.0, help="wall-time bound of the training loop")
+    p.add_argument("--prompts-per-step", type=int, default=4)
+    p.add_argument("--num-generations", type=int, default=4, help="rollouts per prompt (GRPO group size)")
+    p.add_argument("--learning-rate", type=float, default=3e-3)
+    p.add_argument("--num-iterations", type=int, default=2, help="passes over each batch (GRPO's mu)")
+    p.add_argument("--epsilon", type=float, default=0.2, help="clip range of the ratio")
+    p.add_argument("--scale-rewards", default="none", choices=["none", "group", "batch"])
+    p.add_argument("--speed-weight", type=float, default=0.2, help="weight of the saved-target-forwards term")
+    p.add_argument("--max-depth", type=int, default=6, help="draft chain length")
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--init-accept-prob", type=float, default=0.3)
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-examples", type=int, default=40)
+    p.add_argument("--thresholds", type=float, nargs="+", default=[0.5], help="decision thresholds tried at the end")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args()  # --help, --version and bad options answer here, before torch and the models load
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cospec_task import MethodRun, load_task, method_config, run_method
+from cospec_task import MethodRun, load_task, method_config, run_method  # noqa: E402
 
-from hf_hybrid_spec.cospec import CoSpecArbiter, CoSpecArbiterConfig, SamplingArbiter, decision_log_probs
+from hf_hybrid_spec.cospec import CoSpecArbiter, CoSpecArbiterConfig, SamplingArbiter, decision_log_probs  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------- models
@@ -229,36 +264,6 @@ def plot_curves(log: list[dict], path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- main
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--target", required=True, help="target model: path / Hub id, or tiny:<model_type>")
-    p.add_argument("--draft", required=True, help="draft model (same tokenizer): path / Hub id, or tiny:<model_type>")
-    p.add_argument("--task", required=True, help="directory of the task DatasetDict (recipes/cospec_task.py)")
-    p.add_argument("--out", required=True, help="where the trained arbiter is saved (Hub format)")
-    p.add_argument("--steps", type=int, default=10_000, help="most optimisation steps")
-    p.add_argument("--prefilter", type=int, default=600, help="train rows screened by teacher forcing (0: off)")
-    p.add_argument("--other-fraction", type=float, default=0.25, help="share of uninformative rows kept")
-    p.add_argument("--screening-from", help="screening.jsonl of an earlier run (e.g. the swapped pairing) to reuse")
-    p.add_argument("--max-minutes", type=float, default=35.0, help="wall-time bound of the training loop")
-    p.add_argument("--prompts-per-step", type=int, default=4)
-    p.add_argument("--num-generations", type=int, default=4, help="rollouts per prompt (GRPO group size)")
-    p.add_argument("--learning-rate", type=float, default=3e-3)
-    p.add_argument("--num-iterations", type=int, default=2, help="passes over each batch (GRPO's mu)")
-    p.add_argument("--epsilon", type=float, default=0.2, help="clip range of the ratio")
-    p.add_argument("--scale-rewards", default="none", choices=["none", "group", "batch"])
-    p.add_argument("--speed-weight", type=float, default=0.2, help="weight of the saved-target-forwards term")
-    p.add_argument("--max-depth", type=int, default=6, help="draft chain length")
-    p.add_argument("--max-new-tokens", type=int, default=40)
-    p.add_argument("--width", type=int, default=32)
-    p.add_argument("--init-accept-prob", type=float, default=0.3)
-    p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--eval-examples", type=int, default=40)
-    p.add_argument("--thresholds", type=float, nargs="+", default=[0.5], help="decision thresholds tried at the end")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
-
-
 def main(argv=None):
     from trl import GRPOConfig
     from trl.trainer.utils import RepeatSampler

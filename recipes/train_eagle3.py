@@ -1,6 +1,7 @@
 """Train an EAGLE-3 drafter for a hybrid target: regenerate, train, evaluate, save in Hub format.
 
-    python recipes/train_eagle3.py --config recipes/configs/eagle3_qwen3_5-small.yaml
+    python recipes/train_eagle3.py --config recipes/configs/eagle3_cpu_small.yaml \
+        --target ../shared/models/qwen3_5-small --output_dir out/qwen3_5-small-eagle3
     python recipes/train_eagle3.py --target ../shared/models/falcon_h1-small --output_dir out/falcon --max_steps 500
     accelerate launch recipes/train_eagle3.py --config recipes/configs/eagle3_h200.yaml --target ... --output_dir ...
 
@@ -58,16 +59,9 @@ import sysconfig
 import time
 from dataclasses import dataclass, field
 
-import torch
-from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
-from transformers.utils import logging
+from transformers import HfArgumentParser
 
-from hf_hybrid_spec import AssistantConfig, speculative_generate
-from hf_hybrid_spec.eagle import EagleDrafter, default_aux_layers
-from hf_hybrid_spec.eagle.training import TargetBatch, TTTOutput, draft_vocabulary, target_batch, ttt_loss
-
-logger = logging.get_logger("train_eagle3")
+from hf_hybrid_spec.cli import HelpFormatter, add_version
 
 STAGES = ("regenerate", "train", "evaluate", "save")
 # Never used for training prompts: evaluation-only packages (the fixtures never saw the first three) and our own.
@@ -155,7 +149,7 @@ def parse_config(argv: list[str] | None = None) -> RecipeConfig:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     known, rest = pre.parse_known_args(argv)
-    parser = HfArgumentParser(RecipeConfig, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = add_version(HfArgumentParser(RecipeConfig, description=__doc__, formatter_class=HelpFormatter))
     parser.add_argument("--config", default=None, help="YAML file of the fields below (CLI flags override it)")
     if known.config:
         with open(known.config) as f:
@@ -165,11 +159,30 @@ def parse_config(argv: list[str] | None = None) -> RecipeConfig:
         if unknown:
             raise ValueError(f"{known.config}: unknown fields {unknown}")
         parser.set_defaults(**values)
-    cfg = parser.parse_args_into_dataclasses(args=rest, look_for_args_file=False)[0]
+    try:
+        cfg = parser.parse_args_into_dataclasses(args=rest, look_for_args_file=False)[0]
+    except ValueError as err:  # an unknown option, or a value RecipeConfig refuses
+        parser.error(str(err))
     if not cfg.target or not cfg.output_dir:
         parser.error("--target and --output_dir are required (on the command line or in --config)")
     return cfg
 
+
+
+if __name__ == "__main__":
+    parse_config()  # --help, --version and bad options answer here, before torch and the models load
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers.utils import logging  # noqa: E402
+
+from hf_hybrid_spec import AssistantConfig, speculative_generate  # noqa: E402
+from hf_hybrid_spec.eagle import EagleDrafter, default_aux_layers  # noqa: E402
+from hf_hybrid_spec.eagle.training import (TargetBatch, TTTOutput, draft_vocabulary, target_batch,  # noqa: E402
+                                           ttt_loss)
+
+logger = logging.get_logger("train_eagle3")
 
 # ---------------------------------------------------------------------- 1. regenerate
 def source_files(cfg: RecipeConfig) -> list[tuple[str, str]]:

@@ -28,22 +28,69 @@ What it does:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from dataclasses import asdict, dataclass
 
-import torch
-from datasets import Dataset
-from peft import LoraConfig, get_peft_model
-from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-from trl import SFTConfig, SFTTrainer
+from hf_hybrid_spec.cli import argument_parser
 
-from hf_hybrid_spec.analysis import DraftKind, analyze, evenly_spaced_windows, perplexity, text_set, token_stream
-from hf_hybrid_spec.hub import files_as_umask
-from hf_hybrid_spec.models import get_adapter
+
+def parse_args(argv=None):
+    parser = argument_parser(__doc__)
+    parser.add_argument("--model", required=True, help="path / Hub id, or tiny:<model_type> (with --tokenizer)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer path (default: the model's)")
+    parser.add_argument("--exit-layer", type=int, required=True, help="E: the draft uses the first E layers")
+    parser.add_argument("--train-package", default="transformers", help="installed package whose sources train")
+    parser.add_argument("--eval-package", default="trl", help="installed package held out for the checks")
+    parser.add_argument("--max-train-files", type=int, default=400)
+    parser.add_argument("--max-eval-files", type=int, default=200)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--max-blocks", type=int, default=4096, help="training blocks kept")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--max-steps", type=int, default=200)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument("--lora-layers", choices=["exit", "all"], default="exit",
+                        help="adapt the first E layers only, or every layer")
+    parser.add_argument("--exit-weight", type=float, default=1.0)
+    parser.add_argument("--keep-weight", type=float, default=1.0,
+                        help="weight of KL(original full || full): keeps the full model where it was")
+    parser.add_argument("--exit-target", choices=["teacher", "labels"], default="teacher")
+    parser.add_argument("--min-agreement", type=float, default=0.97,
+                        help="least top-1 agreement of the full model with the original, on held-out text")
+    parser.add_argument("--check-every", type=int, default=25, help="steps between tolerance checks")
+    parser.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq-len tokens")
+    parser.add_argument("--eval-prompts", type=int, default=6, help="prompts for measured acceptance (0: skip)")
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--merge", action="store_true", help="also save the merged model + tokenizer")
+    parser.add_argument("--bf16", action="store_true", help="train under bf16 autocast (checks stay in fp32)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="output directory")
+    args = parser.parse_args(argv)
+    if args.train_package == args.eval_package:
+        parser.error("--train-package and --eval-package must differ (the check text must be held out)")
+    if not 0.0 < args.min_agreement <= 1.0:
+        parser.error("--min-agreement must be in (0, 1]")
+    return args
+
+
+if __name__ == "__main__":
+    parse_args()  # --help, --version and bad options answer here, before torch and the models load
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from peft import LoraConfig, get_peft_model  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
+from trl import SFTConfig, SFTTrainer  # noqa: E402
+
+from hf_hybrid_spec.analysis import (DraftKind, analyze, evenly_spaced_windows, perplexity, text_set,  # noqa: E402
+                                     token_stream)
+from hf_hybrid_spec.hub import files_as_umask  # noqa: E402
+from hf_hybrid_spec.models import get_adapter  # noqa: E402
 
 
 @dataclass
@@ -221,43 +268,7 @@ def snapshot(model, windows, reference, chunks, exit_ctx, prompts, exit_layer, k
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="path / Hub id, or tiny:<model_type> (with --tokenizer)")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer path (default: the model's)")
-    parser.add_argument("--exit-layer", type=int, required=True, help="E: the draft uses the first E layers")
-    parser.add_argument("--train-package", default="transformers", help="installed package whose sources train")
-    parser.add_argument("--eval-package", default="trl", help="installed package held out for the checks")
-    parser.add_argument("--max-train-files", type=int, default=400)
-    parser.add_argument("--max-eval-files", type=int, default=200)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--max-blocks", type=int, default=4096, help="training blocks kept")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--max-steps", type=int, default=200)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--lora-layers", choices=["exit", "all"], default="exit",
-                        help="adapt the first E layers only, or every layer")
-    parser.add_argument("--exit-weight", type=float, default=1.0)
-    parser.add_argument("--keep-weight", type=float, default=1.0,
-                        help="weight of KL(original full || full): keeps the full model where it was")
-    parser.add_argument("--exit-target", choices=["teacher", "labels"], default="teacher")
-    parser.add_argument("--min-agreement", type=float, default=0.97,
-                        help="least top-1 agreement of the full model with the original, on held-out text")
-    parser.add_argument("--check-every", type=int, default=25, help="steps between tolerance checks")
-    parser.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq-len tokens")
-    parser.add_argument("--eval-prompts", type=int, default=6, help="prompts for measured acceptance (0: skip)")
-    parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
-    parser.add_argument("--merge", action="store_true", help="also save the merged model + tokenizer")
-    parser.add_argument("--bf16", action="store_true", help="train under bf16 autocast (checks stay in fp32)")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="output directory")
-    args = parser.parse_args(argv)
-    if args.train_package == args.eval_package:
-        parser.error("--train-package and --eval-package must differ (the check text must be held out)")
-    if not 0.0 < args.min_agreement <= 1.0:
-        parser.error("--min-agreement must be in (0, 1]")
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -266,7 +277,8 @@ def main(argv: list[str] | None = None) -> dict:
     adapter = get_adapter(model)
     num_layers = len(adapter.decoder_layers(model))
     if not 1 <= args.exit_layer < num_layers:
-        parser.error(f"--exit-layer must be in [1, {num_layers - 1}] for this {num_layers}-layer model")
+        raise SystemExit(f"train_early_exit.py: error: --exit-layer must be in [1, {num_layers - 1}] for this "
+                         f"{num_layers}-layer model")
 
     eval_stream = token_stream(text_set(args.eval_package, max_files=args.max_eval_files), tok, tok.eos_token_id)
     windows = evenly_spaced_windows(eval_stream, args.eval_windows, args.seq_len)

@@ -37,36 +37,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from tqdm.auto import tqdm
-from transformers.utils import logging
+from hf_hybrid_spec.cli import argument_parser, resolve_device
 
-# The workload suite and the session runner live with the benchmarks (the suite is also what they run).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from sessions import LABEL_COLUMNS, record_rows, timed_generate
-from workloads import load_suite
-
-from hf_hybrid_spec import AssistantConfig
-from hf_hybrid_spec.drafters import clear_global_suffix_cache, make_drafter
-from hf_hybrid_spec.hvd import (
-    FEATURE_NAMES,
-    HEADS,
-    CollectPolicy,
-    HybridDrafter,
-    PayoffPredictor,
-    PayoffPredictorConfig,
-)
-from hf_hybrid_spec.hvd.factory import make_model_drafter
-from hf_hybrid_spec.hvd.metrics import payoff_metrics, plot_calibration
-
-logger = logging.get_logger("train_payoff")
 
 STAGES = ("collect", "train", "evaluate", "save")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argument_parser(__doc__)
     p.add_argument("--target", required=True, help="target model directory or Hub id")
     p.add_argument("--eagle", default=None, help="EAGLE-3 drafter (EagleDrafter directory / Hub id) for the target")
     p.add_argument("--assistant", default=None, help="or an assistant causal LM as the model drafter")
@@ -95,13 +73,43 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=1e-3)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="'auto': cuda where a GPU is seen, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if (args.eagle is None) == (args.assistant is None):
         p.error("give exactly one model drafter: --eagle or --assistant")
+    args.device = resolve_device(args.device)
     return args
+
+
+if __name__ == "__main__":
+    parse_args()  # --help, --version and bad options answer here, before torch and the models load
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+from transformers.utils import logging  # noqa: E402
+
+# The workload suite and the session runner live with the benchmarks (the suite is also what they run).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from sessions import LABEL_COLUMNS, record_rows, timed_generate  # noqa: E402
+from workloads import load_suite  # noqa: E402
+
+from hf_hybrid_spec import AssistantConfig  # noqa: E402
+from hf_hybrid_spec.drafters import clear_global_suffix_cache, make_drafter  # noqa: E402
+from hf_hybrid_spec.hvd import (  # noqa: E402
+    FEATURE_NAMES,
+    HEADS,
+    CollectPolicy,
+    HybridDrafter,
+    PayoffPredictor,
+    PayoffPredictorConfig,
+)
+from hf_hybrid_spec.hvd.factory import make_model_drafter  # noqa: E402
+from hf_hybrid_spec.hvd.metrics import payoff_metrics, plot_calibration  # noqa: E402
+
+logger = logging.get_logger("train_payoff")
 
 
 def load_models(args):

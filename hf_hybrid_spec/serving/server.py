@@ -16,7 +16,6 @@ from the text as OpenAI does), `stream`; `n` > 1, `logprobs`, tools and `seed` a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -225,14 +224,11 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
 
 def main(argv: list[str] | None = None) -> None:
     """`hf-hybrid-spec-serve`: load a model and serve it (see the module docstring)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..config import AssistantConfig
+    from ..cli import argument_parser, resolve_device
     from .engine import ServingConfig
 
-    parser = argparse.ArgumentParser(description="OpenAI-compatible server with speculative continuous batching for "
-                                                 "hybrid models (hf_hybrid_spec)")
+    parser = argument_parser("OpenAI-compatible server with speculative continuous batching for hybrid models "
+                             "(hf_hybrid_spec)")
     parser.add_argument("--model", required=True, help="a Hub id or a local checkpoint")
     parser.add_argument("--assistant-config", default=None,
                         help="an AssistantConfig: a JSON object, or a folder / Hub id with assistant_config.json")
@@ -246,11 +242,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lanes", type=int, default=ServingConfig.lanes,
                         help="engines the slots are split between, stepped in turn (ServingConfig.lanes)")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="auto", help="'auto': cuda where a GPU is seen, else cpu")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     args = parser.parse_args(argv)
 
+    import torch
     import uvicorn
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..config import AssistantConfig
+
+    args.device = resolve_device(args.device)
 
     dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()

@@ -3,7 +3,6 @@ payoff predictor's Hub round trip, the label-collection mode against known accep
 in step while skipped, draft merging, the cost model, the workload suite, metrics and bad input."""
 
 import math
-import time
 from pathlib import Path
 
 import pytest
