@@ -174,13 +174,6 @@ def _interpret_triton_stdlib() -> None:
                     setattr(module, attr, wrapped.setdefault(id(obj), InterpretedFunction(obj.fn)))
 
 
-# Where a GPU exists these tests run compiled on it; on CPU they run in the Triton interpreter, chosen before
-# the kernel modules below are imported (triton decides per function at decoration time).
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-    _interpret_triton_stdlib()
-
-
 # Where a GPU exists the kernel tests run compiled on it; on CPU they run in the Triton interpreter, chosen before any
 # kernel module is imported (triton decides per function at decoration time).
 if not torch.cuda.is_available():

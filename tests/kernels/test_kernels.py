@@ -12,32 +12,43 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-triton = pytest.importorskip("triton")
-
 # helpers sets up the Triton interpreter on CPU, before the kernel modules below are imported.
 from helpers import DEVICE, TOL, assert_close, chain, random_leaf, random_tree, run
 from hf_hybrid_spec.kernels import tree
-from hf_hybrid_spec.kernels.conv import triton_tree as conv_triton
-from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_triton
-from hf_hybrid_spec.kernels.mamba2 import triton_tree as mamba2_triton
 
 from hf_hybrid_spec import kernels
+
+try:
+    import triton
+except ImportError:  # a CPU install without the [triton] extra: the PyTorch forms are still checked
+    triton = None
+if triton is not None:
+    from hf_hybrid_spec.kernels.conv import triton_tree as conv_triton
+    from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_triton
+    from hf_hybrid_spec.kernels.mamba2 import triton_tree as mamba2_triton
+
+needs_triton = pytest.mark.skipif(triton is None, reason="the Triton forms need triton: pip install -e '.[triton]' "
+                                  "(the interpreter runs them on a CPU)")
+TRITON = pytest.param("triton", marks=needs_triton)
 
 GDN_TREE = {
     "naive": (kernels.naive_tree_gated_delta_rule, kernels.naive_commit_gated_delta_rule),
     "torch": (kernels.torch_tree_gated_delta_rule, kernels.torch_commit_gated_delta_rule),
-    "triton": (gdn_triton.triton_tree_gated_delta_rule, gdn_triton.triton_commit_gated_delta_rule),
 }
+if triton is not None:
+    GDN_TREE["triton"] = (gdn_triton.triton_tree_gated_delta_rule, gdn_triton.triton_commit_gated_delta_rule)
 CONV_TREE = {
     "naive": (kernels.naive_tree_causal_conv1d, kernels.naive_commit_causal_conv1d),
     "torch": (kernels.torch_tree_causal_conv1d, kernels.torch_commit_causal_conv1d),
-    "triton": (conv_triton.triton_tree_causal_conv1d, conv_triton.triton_commit_causal_conv1d),
 }
+if triton is not None:
+    CONV_TREE["triton"] = (conv_triton.triton_tree_causal_conv1d, conv_triton.triton_commit_causal_conv1d)
 MAMBA2_TREE = {
     "naive": (kernels.naive_tree_mamba2, kernels.naive_commit_mamba2),
     "torch": (kernels.torch_tree_mamba2, kernels.torch_commit_mamba2),
-    "triton": (mamba2_triton.triton_tree_mamba2, mamba2_triton.triton_commit_mamba2),
 }
+if triton is not None:
+    MAMBA2_TREE["triton"] = (mamba2_triton.triton_tree_mamba2, mamba2_triton.triton_commit_mamba2)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -75,7 +86,7 @@ GDN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", [TRITON, "torch"])
 @pytest.mark.parametrize("bsz, n, h, hv, kdim, vdim, depth, use_qk_l2norm, varlen", GDN_CASES)
 def test_gated_delta_rule_vs_naive(backend, bsz, n, h, hv, kdim, vdim, depth, use_qk_l2norm, varlen):
     q, k, v, g, beta, h0 = gdn_inputs(bsz, n, h, hv, kdim, vdim, use_qk_l2norm, seed=n)
@@ -111,7 +122,7 @@ def test_gated_delta_rule_vs_naive(backend, bsz, n, h, hv, kdim, vdim, depth, us
         assert torch.equal(new[b], h0[b]), "leaf = -1 must leave the state bit-identical"
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+@pytest.mark.parametrize("backend", [TRITON, "torch", "naive"])
 def test_gated_delta_rule_chain_is_the_recurrence(backend):
     qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
     bsz, n, h, hv, kdim, vdim = 2, 29, 2, 4, 48, 40
@@ -134,7 +145,7 @@ def test_gated_delta_rule_chain_is_the_recurrence(backend):
     assert_close("final state", s_ref, run(backend, commit_fn, h0, out, parent, leaf))
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+@pytest.mark.parametrize("backend", [TRITON, "torch", "naive"])
 def test_gated_delta_rule_commit_nothing_is_a_copy(backend):
     bsz, n = 3, 11
     q, k, v, g, beta, h0 = gdn_inputs(bsz, n, 1, 2, 24, 20, True, seed=2)
@@ -149,6 +160,7 @@ def test_gated_delta_rule_commit_nothing_is_a_copy(backend):
     assert torch.equal(new, h0) and torch.equal(new.view(torch.int32), h0.view(torch.int32))
 
 
+@needs_triton
 @pytest.mark.parametrize("use_qk_l2norm", [True, False])
 def test_gated_delta_rule_reads_views_of_one_projection(use_qk_l2norm):
     """The mixers hand the kernel q, k and v split out of one [B, N, 2*H*K + HV*V] conv output: the Triton launcher
@@ -174,6 +186,7 @@ def test_gated_delta_rule_reads_views_of_one_projection(use_qk_l2norm):
     assert tree.node_strided(q.transpose(0, 1).contiguous().transpose(0, 1)).is_contiguous()
 
 
+@needs_triton
 def test_gated_delta_rule_fp16_inputs():
     bsz, n, h, hv, kdim, vdim = 2, 21, 1, 2, 32, 16
     q, k, v, g, beta, h0 = gdn_inputs(bsz, n, h, hv, kdim, vdim, True, dtype=torch.float16, seed=4)
@@ -188,6 +201,7 @@ def test_gated_delta_rule_fp16_inputs():
     assert_close("u", ref.u, out.u, tol=tf32)
 
 
+@needs_triton
 def test_gated_delta_rule_validation():
     q, k, v, g, beta, h0 = gdn_inputs(1, 5, 2, 4, 16, 16, True)
     parent = chain(1, 5)
@@ -224,7 +238,7 @@ CONV_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", [TRITON, "torch"])
 @pytest.mark.parametrize("bsz, n, c, width, s, depth, use_bias, activation", CONV_CASES)
 def test_causal_conv1d_vs_naive(backend, bsz, n, c, width, s, depth, use_bias, activation):
     x, weight, bias, conv_state = conv_inputs(bsz, n, c, width, s, use_bias, seed=n)
@@ -242,7 +256,7 @@ def test_causal_conv1d_vs_naive(backend, bsz, n, c, width, s, depth, use_bias, a
         assert torch.equal(new[b], conv_state[b])
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+@pytest.mark.parametrize("backend", [TRITON, "torch", "naive"])
 def test_causal_conv1d_chain_is_the_sequential_conv(backend):
     bsz, n, c, width, s = 2, 23, 40, 4, 3
     x, weight, bias, conv_state = conv_inputs(bsz, n, c, width, s, True, seed=5)
@@ -257,6 +271,7 @@ def test_causal_conv1d_chain_is_the_sequential_conv(backend):
     assert torch.equal(new[1], seq[1, :, n // 2 + 1: n // 2 + 1 + s])
 
 
+@needs_triton
 def test_causal_conv1d_validation():
     x, weight, bias, conv_state = conv_inputs(1, 4, 8, 4, 3, True)
     with pytest.raises(ValueError, match="conv_state"):
@@ -296,7 +311,7 @@ MAMBA2_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", [TRITON, "torch"])
 @pytest.mark.parametrize("bsz, n, h, g, p, s, depth, extras, varlen", MAMBA2_CASES)
 def test_mamba2_vs_naive(backend, bsz, n, h, g, p, s, depth, extras, varlen):
     (x, dt, a, b, c, h0), kwargs = mamba2_inputs(bsz, n, h, g, p, s, extras, seed=n)
@@ -324,7 +339,7 @@ def test_mamba2_vs_naive(backend, bsz, n, h, g, p, s, depth, extras, varlen):
         assert torch.equal(new[row], h0[row]), "leaf = -1 must leave the state bit-identical"
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+@pytest.mark.parametrize("backend", [TRITON, "torch", "naive"])
 def test_mamba2_chain_is_the_chunked_scan(backend):
     bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
     bsz, n, h, g, p, s = 2, 37, 4, 2, 12, 20
@@ -342,6 +357,7 @@ def test_mamba2_chain_is_the_chunked_scan(backend):
     assert_close("final state", s_ref, run(backend, commit_fn, h0, out, parent, leaf))
 
 
+@needs_triton
 def test_launch_arithmetic_matches_tritons():
     triton = pytest.importorskip("triton")
     for n in range(1, 1100):
@@ -363,6 +379,7 @@ def test_node_strided_keeps_only_layouts_one_node_stride_can_read():
     assert tree.node_strided(one) is one
 
 
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_mamba2_reads_views_of_one_projection(dtype):
     """A Mamba-2 mixer splits x, B, C out of its conv output and dt out of its projection: the Triton launcher reads
@@ -391,7 +408,7 @@ def test_mamba2_reads_views_of_one_projection(dtype):
     assert torch.equal(run("triton", commit, h0, ref, parent, leaf), run("triton", commit, h0, out, parent, leaf))
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+@pytest.mark.parametrize("backend", [TRITON, "torch", "naive"])
 def test_mamba2_commit_nothing_is_a_copy(backend):
     (x, dt, a, b, c, h0), _ = mamba2_inputs(2, 6, 2, 1, 8, 16, False, seed=7)
     h0[1, 0, 0, :3] = torch.tensor([-0.0, 1e-42, 1e30])
@@ -403,7 +420,7 @@ def test_mamba2_commit_nothing_is_a_copy(backend):
     assert torch.equal(new.view(torch.int32), h0.view(torch.int32))
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch", "naive"])
+@pytest.mark.parametrize("backend", [TRITON, "torch", "naive"])
 @pytest.mark.parametrize("op", ["gated_delta_rule", "mamba2"])
 def test_commit_into_the_initial_state_is_the_new_state(backend, op):
     """The cache commits in place (`into=` the state buffer itself: the Triton kernels write it directly, each
@@ -435,12 +452,14 @@ def test_commit_into_the_initial_state_is_the_new_state(backend, op):
     assert torch.equal(half, expected.double())
 
 
+@needs_triton
 def test_mamba2_validation():
     (x, dt, a, b, c, h0), _ = mamba2_inputs(1, 4, 3, 2, 8, 16, False)
     with pytest.raises(ValueError, match="multiple"):
         mamba2_triton.triton_tree_mamba2(x, dt, a, b, c, chain(1, 4), h0)
 
 
+@needs_triton
 @pytest.mark.parametrize("op", ["gated_delta_rule", "mamba2", "causal_conv1d"])
 def test_triton_ops_take_leaves_and_node_counts_in_either_integer_width(op):
     """The runners keep leaves in int64: the launchers hand them (and node counts) to the kernels as they are, with no
@@ -477,6 +496,7 @@ def test_triton_ops_take_leaves_and_node_counts_in_either_integer_width(op):
 # ----------------------------------------------------------------------------------------------------------
 
 
+@needs_triton
 def test_public_ops_dispatch_to_triton():
     q, k, v, g, beta, h0 = gdn_inputs(1, 9, 1, 2, 16, 16, True, seed=8)
     parent = random_tree(1, 9, 3, seed=8)
@@ -493,6 +513,7 @@ def test_public_ops_dispatch_to_triton():
 # ----------------------------------------------------------------------------------------------------------
 
 
+@needs_triton
 def test_branch_baselines_vs_naive():
     from hf_hybrid_spec.kernels.gated_delta_rule.triton_branch import branch_commit, triton_branch_gated_delta_rule
     from hf_hybrid_spec.kernels.mamba2.triton_branch import triton_branch_mamba2

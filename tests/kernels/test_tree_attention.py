@@ -5,11 +5,14 @@ attention routed to the kernel against the same forward on sdpa."""
 import helpers  # noqa: F401  (on CPU: runs Triton in the interpreter, set before the kernel module loads)
 import pytest
 import torch
-from hf_hybrid_spec.kernels.attention import torch_tree_attention
-from hf_hybrid_spec.kernels.attention.triton_tree import triton_tree_attention
 
-from hf_hybrid_spec.models import get_adapter, tree_attention
-from hf_hybrid_spec.testing import tiny_model
+pytest.importorskip("triton", reason="the tree-attention kernel is Triton only: pip install -e '.[triton]'")
+
+from hf_hybrid_spec.kernels.attention import torch_tree_attention  # noqa: E402
+from hf_hybrid_spec.kernels.attention.triton_tree import triton_tree_attention  # noqa: E402
+
+from hf_hybrid_spec.models import get_adapter, tree_attention  # noqa: E402
+from hf_hybrid_spec.testing import tiny_model  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
