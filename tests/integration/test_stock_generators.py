@@ -70,3 +70,26 @@ def test_plain_calls_stay_stock(enabled):
     _, model, ids, ref = enabled
     out = model.generate(ids, use_mtp=False, return_dict_in_generate=True, **KW)
     assert torch.equal(out.sequences, ref) and not hasattr(out, "spec_stats")
+
+
+def test_stock_prompt_lookup_drifts_where_enable_stays_exact():
+    """examples/stock_prompt_lookup.py on a tiny Qwen3.5: after enable() the stock kwargs are plain greedy on every
+    prompt, on every transformers we support. Stock 5.25 runs prompt lookup on Qwen3.5 without rolling back the
+    recurrent state (transformers issue #49036), and its output drifts; earlier versions refuse it."""
+    import sys
+    from pathlib import Path
+
+    import transformers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    from stock_prompt_lookup import compare
+
+    gen = torch.Generator().manual_seed(0)
+    prompts = [(torch.randint(3, 96, (6,), generator=gen).tolist() * 8)[:50] for _ in range(6)]
+    rows = compare(tiny_model("qwen3_5_text", vocab_size=96), prompts, new_tokens=32, lookup=8)
+    assert [r.enabled for r in rows] == ["identical"] * len(rows)
+    stock = [r.stock for r in rows]
+    if transformers.__version__.startswith("5.25."):
+        assert any(s.startswith("differs") for s in stock), stock
+    else:  # refused (up to 5.24), or a later release: shown, not pinned
+        print("stock prompt lookup:", stock)
