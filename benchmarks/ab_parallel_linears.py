@@ -14,7 +14,6 @@ Also checks that the variants' logits agree (argmax agreement and the largest di
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -24,6 +23,7 @@ from bench import encode_prompts, load_model, measure_copy_bandwidth_gbps, weigh
 
 from hf_hybrid_spec import fusion
 from hf_hybrid_spec.cache import HybridTreeCache
+from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.drafters.base import DraftTree
 from hf_hybrid_spec.engine.static import StaticTreeRunner
 from hf_hybrid_spec.forward import forward_tokens
@@ -32,7 +32,7 @@ from hf_hybrid_spec.tree import build_verify_tree
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--model", required=True, help="a model folder, or random:<shape> as the bench takes")
     parser.add_argument("--tokenizer", default=None, help="tokenizer for random:<shape> models")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])

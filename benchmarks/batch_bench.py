@@ -34,7 +34,6 @@ chose, the speedup over stock static), a PNG of tokens/s against B, and a JSON l
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import json
@@ -46,6 +45,7 @@ from bench import _sync, encode_prompts, load_model, quiet_gc
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
+from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.config import AssistantConfig
 from hf_hybrid_spec.engine import budget
 from hf_hybrid_spec.generate import speculative_generate
@@ -167,7 +167,7 @@ def load_mtp(path: str | None, model, spec: str):
 
 
 def run(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--model", required=True, help="checkpoint path, random:qwen3_5-2b / random:falcon_h1-1.5b, "
                                                         "or tiny:<model_type>")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])

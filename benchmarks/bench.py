@@ -17,7 +17,6 @@ Falcon-H1-shaped random-init models, for forward cost only) or `tiny:<model_type
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -32,6 +31,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
+from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.config import AssistantConfig
 from hf_hybrid_spec.drafters import Drafter, suffix
 from hf_hybrid_spec.engine import static
@@ -454,7 +454,7 @@ def plot_speed(results: list[MethodResult], path: str, title: str) -> None:
 
 def run(argv: list[str] | None = None) -> dict:
     """The benchmark; returns the summary (also printed as the JSON line last)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--model", required=True,
                         help="path / Hub id, random:qwen3_5-2b, random:falcon_h1-1.5b or tiny:<model_type>")
     parser.add_argument("--drafters", nargs="+", default=["suffix", "ngram"],

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 from workloads import AGENTIC, WORKLOADS, load_suite
 
+from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.config import AssistantConfig
 from hf_hybrid_spec.drafters import clear_global_suffix_cache, make_drafter
 from hf_hybrid_spec.hvd.drafter import HybridDrafter
@@ -107,7 +108,7 @@ class Tally:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argument_parser(__doc__)
     p.add_argument("--model", required=True, help="target: a directory or Hub id")
     p.add_argument("--eagle", default=None,
                    help="EAGLE-3 drafter of the target (default: checkpoints/drafters/<model name>-eagle3)")

@@ -7,7 +7,6 @@ known continuation (plus a bonus token), and both drafters are told; only propos
 
 Usage: python benchmarks/hvd_host_overhead.py --predictor checkpoints/payoff/qwen3_5-small --cost COST.json
 """
-import argparse
 import statistics
 import time
 
@@ -15,6 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 import hf_hybrid_spec as H
+from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.drafters import DraftBudget, Drafter
 from hf_hybrid_spec.drafters.suffix import SuffixDrafter
 from hf_hybrid_spec.hvd.cost import CostProfile
@@ -72,7 +72,7 @@ def replay(drafter, ids: list[int], prompt_len: int, steps: int, budget: DraftBu
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--tokenizer", default="../shared/models/qwen3_5-small")
     parser.add_argument("--predictor", default="checkpoints/payoff/qwen3_5-small")
     parser.add_argument("--cost", required=True, help="a CostProfile JSON (hvd.bench writes cost_profile.json)")

@@ -14,7 +14,6 @@ before its policy does anything. Methods run interleaved, call by call, `--repea
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -25,6 +24,7 @@ from sessions import timed_generate
 from workloads import load_suite
 
 import hf_hybrid_spec.generate as generate_module
+from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.drafters import Drafter, make_drafter
 from hf_hybrid_spec.hvd.factory import make_cost_profile
 
@@ -64,7 +64,7 @@ class Timed(Drafter):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--eagle", default=None)
     parser.add_argument("--predictor", default=None)

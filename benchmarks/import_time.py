@@ -10,12 +10,13 @@ than the generation code it needs). The first row of each pair is the reference,
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 import time
+
+from hf_hybrid_spec.cli import argument_parser
 
 STATEMENTS = {
     "import transformers": "import transformers",
@@ -33,7 +34,7 @@ def seconds(statement: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--runs", type=int, default=5, help="fresh interpreters per statement (median reported)")
     args = parser.parse_args(argv)
     seconds("import torch, transformers")  # warm the file cache once, untimed

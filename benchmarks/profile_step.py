@@ -9,7 +9,6 @@ table shows GPU time per kernel, graph replays included.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import pstats
@@ -19,10 +18,11 @@ import torch
 from bench import encode_prompts, load_model
 
 import hf_hybrid_spec as H
+from hf_hybrid_spec.cli import argument_parser
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--model", required=True, help="a model folder, or random:<shape> as the bench takes")
     parser.add_argument("--tokenizer", default=None, help="tokenizer for random:<shape> models")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])

@@ -10,7 +10,6 @@ forward, and the sum against the replay's wall time (the rest is gaps between ke
 
 from __future__ import annotations
 
-import argparse
 import collections
 import time
 
@@ -18,6 +17,7 @@ import torch
 from bench import encode_prompts, load_model, measure_copy_bandwidth_gbps, weight_floor_ms
 
 from hf_hybrid_spec.cache import HybridTreeCache
+from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.drafters.base import DraftTree
 from hf_hybrid_spec.engine.static import StaticTreeRunner
 from hf_hybrid_spec.forward import forward_tokens
@@ -25,7 +25,7 @@ from hf_hybrid_spec.tree import build_verify_tree
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--model", required=True, help="a model folder, or random:<shape> as the bench takes")
     parser.add_argument("--tokenizer", default=None, help="tokenizer for random:<shape> models")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])

@@ -28,7 +28,6 @@ over the run, mean accepted length. A table, a PNG (TPOT p50 and throughput agai
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import heapq
 import json
@@ -46,6 +45,7 @@ from transformers import GenerationConfig
 from transformers.utils import logging
 from workloads import load_suite
 
+from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.config import AssistantConfig
 from hf_hybrid_spec.drafters.suffix_native import native_available
 from hf_hybrid_spec.serving import ContinuousBatchingManager, ServingConfig
@@ -301,7 +301,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a checkpoint path (with its tokenizer) or tiny:<family>")
     parser.add_argument("--suite", default=str(Path(__file__).with_name("workloads.json")))
     parser.add_argument("--split", default="heldout", help="heldout, train or any")

@@ -16,7 +16,6 @@ Usage: python benchmarks/serve_host.py [--requests 32] [--max-new-tokens 128] [-
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,6 +27,8 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workloads import load_suite  # noqa: E402
+
+from hf_hybrid_spec.cli import argument_parser
 
 
 class ArgmaxOnly:
@@ -87,7 +88,7 @@ def patch_runner(vocab: int, accept: float, seed: int = 0) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="a checkpoint folder (default: the qwen3_5-small fixture)")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=600, help="each prompt's last tokens kept")

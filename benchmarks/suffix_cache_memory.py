@@ -11,7 +11,6 @@ correctness gate first (the compact trie against substring counts computed direc
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -21,6 +20,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+from hf_hybrid_spec.cli import argument_parser
 
 logger = logging.getLogger("suffix_cache_memory")
 EXCLUDED = ("networkx", "sympy", "pandas")  # kept out of the fixtures' training data: never tuned against
@@ -86,7 +87,7 @@ def gate(seed: int = 0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--prompt-tokens", type=int, default=1500)
     parser.add_argument("--output-tokens", type=int, default=500)

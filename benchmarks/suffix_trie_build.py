@@ -20,13 +20,13 @@ of `--repeats` timings, and a JSON line last.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.drafters.suffix import NativeSuffixTrie, SuffixTrie
 from hf_hybrid_spec.drafters.suffix_native import native_available
 
@@ -95,7 +95,7 @@ def timings(kind: type, sequences: list[list[int]], args) -> tuple[float, float]
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--tokenizer", default=str(Path(__file__).resolve().parents[2] / "shared/models/qwen3_5-small"),
                         help="a tokenizer folder (default: the qwen3_5-small fixture's)")
     parser.add_argument("--suite", default=str(Path(__file__).with_name("workloads.json")))

@@ -7,7 +7,6 @@ forward, against suffix+graphs and stock greedy (correctness: every output equal
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
@@ -15,11 +14,12 @@ import torch
 from bench import encode_prompts, load_model
 
 import hf_hybrid_spec as H
+from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.eagle import EagleDrafter
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--drafter", required=True, help="an EagleDrafter folder")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])

@@ -24,13 +24,14 @@ is a JSON file (benchmarks/workloads.json), which is all the benchmark reads:
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import keyword
 import random
 import re
 from dataclasses import asdict, dataclass, field
+
+from hf_hybrid_spec.cli import argument_parser
 
 __all__ = ["Session", "Suite", "WORKLOADS", "AGENTIC", "build_suite", "load_suite"]
 
@@ -342,7 +343,7 @@ def build_suite(sessions_per_workload: int = 24, tool_turns: int = 3, stub_chars
 
 
 def main(argv: list[str] | None = None) -> Suite:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--out", required=True, help="the suite's JSON file")
     parser.add_argument("--sessions-per-workload", type=int, default=24,
                         help="sessions of agent_loop, code_edit and tool_calls (plain_code: every built-in prompt)")
