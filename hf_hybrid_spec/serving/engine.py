@@ -408,7 +408,8 @@ class ServingEngine:
         """Admit waiting requests into free slots, then one speculative step of every running request. Returns the
         outputs that changed: finished or failed ones, and streaming ones with new tokens."""
         updates, launched = self.launch()
-        return updates if launched is None else self.finish(launched)
+        # Admission's outputs (a request that failed or finished at its first token) beside the step's.
+        return updates if launched is None else updates + self.finish(launched)
 
     @torch.inference_mode()
     def launch(self) -> tuple[list[SpecGenerationOutput], _Launched | None]:

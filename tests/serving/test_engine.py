@@ -421,3 +421,39 @@ def test_per_request_processors_match_plain_generate():
     assert done["penalty"].generated_tokens != plain(model, inputs[0], 10)  # the penalty did change the reply
     assert done["plain1"].generated_tokens == plain(model, inputs[1], 10)
     assert done["plain2"].generated_tokens == plain(model, inputs[2], 10)
+
+
+@pytest.mark.parametrize("prefill", ["eager", "chunked"])
+def test_outputs_made_at_admission_reach_the_caller_beside_running_requests(prefill):
+    """A request that ends at its first token, or fails at admission, while others run: step() returns it (it once
+    returned only the running requests' outputs, and such a request was never answered)."""
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(4, seed=5)
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
+                           ServingConfig(max_slots=4, max_total_tokens=64, prefill=prefill, prefill_chunk=5),
+                           greedy_config())
+    for i in range(2):
+        engine.add(ServingRequest(request_id=f"long{i}", input_ids=inputs[i], max_new_tokens=24))
+    seen = {o.request_id: o for o in engine.step()}
+    engine.add(ServingRequest(request_id="short", input_ids=inputs[2], max_new_tokens=1))
+    engine.add(ServingRequest(request_id="bad", input_ids=inputs[3], max_new_tokens=4,
+                              generation_config=GenerationConfig(do_sample=True, min_p=5.0, pad_token_id=PAD)))
+    while engine.has_work and not {"short", "bad"} <= set(seen):
+        seen.update({o.request_id: o for o in engine.step()})
+    assert engine.has_work  # the long requests still run: the two were answered beside them
+    assert seen["short"].status == RequestStatus.FINISHED and seen["short"].generated_tokens == plain(
+        model, inputs[2], 1)
+    assert seen["bad"].status == RequestStatus.FAILED and "min_p" in seen["bad"].error
+    seen.update(drain(engine))
+    for i in range(2):
+        assert seen[f"long{i}"].generated_tokens == plain(model, inputs[i], 24)
+
+
+def test_generate_batch_with_a_row_that_ends_at_its_first_token():
+    model = tiny_model("falcon_h1")
+    inputs = prompts(4, seed=6)
+    eos = plain(model, inputs[1], 1)[0]  # row 1 ends at its first token; the others run on (or end at eos too)
+    out = generate_batch(model, inputs, greedy_config(eos_token_id=eos), H.AssistantConfig(global_cache=False),
+                         ServingConfig(max_slots=4, max_total_tokens=64, prefill="eager"), max_new_tokens=12)
+    for i, ids in enumerate(inputs):
+        assert out[f"req_{i}"].generated_tokens == plain(model, ids, 12, eos_token_id=eos), i
