@@ -432,7 +432,8 @@ class ServingEngine:
                 depth = min(self.config.max_depth, a.limit - a.length - 1)
                 drafts.append(propose(a.drafter, a.ids(), DraftBudget(max_nodes=self.node_budget, max_depth=depth),
                                       a.verifier) if self.node_budget > 0 else empty_draft(1))
-            except Exception as error:  # this request's drafter: it fails alone
+            except BaseException as error:  # this request's drafter: it fails alone
+                _raise_engine_exit(error)
                 failed.append((slot, f"drafter failed: {error!r}"))
                 drafts.append(empty_draft(1))
         budgeted = apply_budget(DraftBatch.from_drafts(drafts), self._cost_model(), self.config, SpecStats(),
@@ -478,12 +479,17 @@ class ServingEngine:
         failed, updates = launched.failed, []
         chunk = self.serving.prefill_chunk
         for row in decoding:
-            actives[row].drafter.overlap()
+            try:
+                actives[row].drafter.overlap()
+            except BaseException as error:  # its drafter: it fails alone
+                _raise_engine_exit(error)
+                failed.append((slots[row], f"drafter failed: {error!r}"))
         for row, a in enumerate(actives):
             if a.pending is not None:  # its drafter's begin, a chunk at a time, while the device runs the forward
                 try:
                     a.drafter.prefeed(a.request.input_ids[: len(a.cached) + drafts[row].num_nodes + 1])
-                except Exception as error:
+                except BaseException as error:
+                    _raise_engine_exit(error)
                     failed.append((slots[row], f"drafter failed: {error!r}"))
         if launched.ready is not None:
             launched.ready.synchronize()
@@ -508,7 +514,8 @@ class ServingEngine:
                 if a.pending is None:
                     try:
                         self._first(a, last[row])
-                    except Exception as error:
+                    except BaseException as error:
+                        _raise_engine_exit(error)
                         bad[slot] = f"failed to start: {error!r}"
                         continue
                     if a.finished:
@@ -521,7 +528,8 @@ class ServingEngine:
                 before = a.length
                 a.rec.append([0], [result.token_list])
                 a.drafter.accept(a.ids(), result, None)
-            except Exception as error:  # the request's stopping criteria or drafter
+            except BaseException as error:  # the request's stopping criteria or drafter
+                _raise_engine_exit(error)
                 bad[slot] = f"failed after a step: {error!r}"
                 continue
             new = a.rec.host[0][before : a.length]
@@ -575,7 +583,8 @@ class ServingEngine:
             try:
                 results[row] = verify_rows(one, rows.take([row]), logits[row : row + 1, :n], [a.ids()], a.verifier,
                                            [a.row_processors], a.raw_greedy)[0]
-            except Exception as error:  # the request's processors
+            except BaseException as error:  # the request's processors
+                _raise_engine_exit(error)
                 failed.append((slot, f"verification failed: {error!r}"))
                 results[row] = VerifyResult(path=[0], tokens=torch.zeros(0, dtype=torch.long), score_nodes=[0],
                                             token_list=[])
@@ -605,14 +614,16 @@ class ServingEngine:
             slot = free.pop(0)
             try:
                 joining.append((slot, self._start(slot, request, output)))
-            except Exception as error:  # a drafter that cannot be built for it
+            except BaseException as error:  # a drafter that cannot be built for it
+                _raise_engine_exit(error)
                 self._not_started(slot, output, error, updates)
         hits = {slot: self.prefixes.longest(a.request.input_ids) for slot, a in joining} if self.prefixes else {}
         for slot, a in list(joining):
             if hits.get(slot) is not None and hits[slot].carry is not None:
                 try:
                     a.drafter.adopt(hits[slot].carry)
-                except Exception as error:  # its drafter: it fails alone, before its slot holds anything
+                except BaseException as error:  # its drafter: it fails alone, before its slot holds anything
+                    _raise_engine_exit(error)
                     joining.remove((slot, a))
                     self._not_started(slot, a.output, error, updates)
         if self.serving.prefill == "chunked":  # the prompts run inside the next steps
@@ -643,7 +654,8 @@ class ServingEngine:
             for row, (slot, a) in enumerate(group):
                 try:
                     self._first(a, logits[row : row + 1])
-                except Exception as error:  # its drafter's begin, its processors
+                except BaseException as error:  # its drafter's begin, its processors
+                    _raise_engine_exit(error)
                     self._not_started(slot, a.output, error, updates)
                     continue
                 if a.finished:  # one new token was all it asked for, or the first one stopped it
@@ -656,7 +668,7 @@ class ServingEngine:
         logger.warning("serving: request %s failed to start: %r", output.request_id, error)
         started = self._active.pop(slot, None)
         if started is not None:
-            started.drafter.release()
+            _release(started.drafter, output.request_id)
         if slot in self.backend.running_slots:
             self.backend.select_rows([i for i, s in enumerate(self.backend.running_slots) if s != slot])
         self._ids.discard(output.request_id)
@@ -752,8 +764,10 @@ class ServingEngine:
                         self.prefixes.put(a.cached, self.backend.export_row(running.index(slot)), carry)
                     else:
                         a.drafter.end(a.ids())
-            finally:
-                a.drafter.release()
+            except BaseException as error:  # its drafter: its tokens stand, its state is not kept for reuse
+                _raise_engine_exit(error)
+                logger.warning("serving: request %s: its drafter failed as it left: %r", a.request.request_id, error)
+            _release(a.drafter, a.request.request_id)
             a.output.spec_stats = a.stats
             a.output.lifespan = (a.output.lifespan[0], time.perf_counter())
             if failed is None:
@@ -777,6 +791,25 @@ def _chain(tokens: list[int]) -> DraftTree:
     if not tokens:
         return empty_draft(1)
     return DraftTree.from_lists(list(tokens), list(range(-1, len(tokens) - 1)))
+
+
+# The interpreter's own exits end the engine; anything else a request's code raises (its drafter, processors,
+# stopping criteria), a user's BaseException subclass included, fails that request alone.
+_ENGINE_EXITS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def _raise_engine_exit(error: BaseException) -> None:
+    if isinstance(error, _ENGINE_EXITS):
+        raise error
+
+
+def _release(drafter, request_id: str) -> None:
+    """A leaving request's drafter released; its failure is logged, not raised (the request is over either way)."""
+    try:
+        drafter.release()
+    except BaseException as error:
+        _raise_engine_exit(error)
+        logger.warning("serving: request %s: its drafter failed to release: %r", request_id, error)
 
 
 def _snapshot(output: SpecGenerationOutput) -> SpecGenerationOutput:

@@ -56,12 +56,19 @@ class ContinuousBatchingManager:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.error: BaseException | None = None
+        # The loop ran and ended (stopped, or the engine failed): a request added now is answered at once.
+        self._ended = False
+        # Streams whose reader left before the end (a client that disconnected): their last output is dropped.
+        self._abandoned: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        """Run the loop on a background thread; after a stop or an engine failure, a new run on the same engine."""
         if self.is_running():
             return
         self._stop.clear()
+        with self._cond:
+            self._ended, self.error = False, None
         self._thread = threading.Thread(target=self._run, name="hf_hybrid_spec-serving", daemon=True)
         self._thread.start()
 
@@ -100,8 +107,13 @@ class ContinuousBatchingManager:
             if len(ids) != 1:
                 raise ValueError("add_request takes one prompt; use add_requests for several")
             ids = ids[0]
-        self._inbox.put(("add", ServingRequest(request_id, ids, max_new_tokens, generation_config,
-                                               list(stopping_criteria or []), record_timestamps, streaming)))
+        request = ServingRequest(request_id, ids, max_new_tokens, generation_config, list(stopping_criteria or []),
+                                 record_timestamps, streaming)
+        with self._cond:
+            if not self._ended:
+                self._inbox.put(("add", request))
+                return request_id
+        self._deliver([_stopped(request, self._end_reason())])
         return request_id
 
     def add_requests(self, inputs: list[list[int]], max_new_tokens: int | None = None, streaming: bool = False,
@@ -132,15 +144,19 @@ class ContinuousBatchingManager:
             stream = self._streams.get(request_id)
         if stream is None:
             raise KeyError(f"request {request_id!r} was not added with streaming=True")
+        finished = False
         try:
             while True:
                 output = stream.get(timeout=timeout)
+                finished = output.is_finished()
                 yield output
-                if output.is_finished():
+                if finished:
                     return
         finally:
             with self._cond:
                 self._streams.pop(request_id, None)
+                if not finished:  # the reader left early: the request's last output has nobody to go to
+                    self._abandoned.add(request_id)
 
     def __iter__(self) -> Iterator[SpecGenerationOutput]:
         """Finished outputs as they come, while the manager runs."""
@@ -156,6 +172,9 @@ class ContinuousBatchingManager:
                 stream = self._streams.get(output.request_id)
                 if stream is not None:
                     stream.put(output)
+                elif output.request_id in self._abandoned:
+                    if output.is_finished():
+                        self._abandoned.discard(output.request_id)
                 elif output.is_finished():
                     self._finished[output.request_id] = output
             self._cond.notify_all()
@@ -194,7 +213,10 @@ class ContinuousBatchingManager:
             logger.error("serving loop failed: %r", error)
             self.error = error
         finally:
-            self._deliver(self.engine.fail_all("stopped" if self.error is None else f"engine failed: {self.error!r}"))
+            with self._cond:
+                self._ended = True  # from here on add_request answers at once
+            reason = self._end_reason()
+            self._deliver(self.engine.fail_all(reason))
             # Requests still in the inbox never reached the engine.
             while True:
                 try:
@@ -202,13 +224,16 @@ class ContinuousBatchingManager:
                 except queue.Empty:
                     break
                 if item is not None and item[0] == "add":
-                    self._deliver([_stopped(item[1])])
+                    self._deliver([_stopped(item[1], reason)])
+
+    def _end_reason(self) -> str:
+        return "stopped" if self.error is None else f"engine failed: {self.error!r}"
 
 
-def _stopped(request: ServingRequest) -> SpecGenerationOutput:
-    """The output of a request that never reached the engine: the manager stopped first."""
+def _stopped(request: ServingRequest, reason: str = "stopped") -> SpecGenerationOutput:
+    """The output of a request that never reached the engine: the manager stopped (or its engine failed) first."""
     return SpecGenerationOutput(request_id=request.request_id, prompt_ids=list(request.input_ids),
-                                status=RequestStatus.FAILED, error="stopped")
+                                status=RequestStatus.FAILED, error=reason)
 
 
 def init_continuous_batching(model: nn.Module, assistant_config: AssistantConfig | None = None,

@@ -457,3 +457,127 @@ def test_generate_batch_with_a_row_that_ends_at_its_first_token():
                          ServingConfig(max_slots=4, max_total_tokens=64, prefill="eager"), max_new_tokens=12)
     for i, ids in enumerate(inputs):
         assert out[f"req_{i}"].generated_tokens == plain(model, ids, 12, eos_token_id=eos), i
+
+
+class _UserSignal(BaseException):
+    """A user's own BaseException subclass (not an Exception): still that request's failure alone."""
+
+
+class _FailingSuffix(H.SuffixDrafter):
+    """The suffix drafter, failing in one hook."""
+
+    def __init__(self, hook: str, error: type = RuntimeError):
+        super().__init__(use_global=False)
+        self.hook, self.error = hook, error
+
+    def _maybe(self, hook):
+        if hook == self.hook:
+            raise self.error(f"{hook} failed")
+
+    def overlap(self):
+        self._maybe("overlap")
+        return super().overlap()
+
+    def handoff(self, input_ids):
+        self._maybe("handoff")
+        return super().handoff(input_ids)
+
+    def release(self):
+        super().release()
+        self._maybe("release")
+
+
+class _SignalCriterion(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        if input_ids.shape[1] > 12:
+            raise _UserSignal("stop right here")
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+@pytest.mark.parametrize("hook", ["overlap", "handoff", "release", "criterion"])
+def test_a_requests_hook_that_raises_fails_that_request_alone(hook, monkeypatch):
+    """Every per-request hook runs under that request's error handling: its drafter's overlap / handoff / release,
+    a stopping criterion raising a BaseException subclass; the others finish exactly, and the engine serves on."""
+    import hf_hybrid_spec.serving.engine as engine_module
+
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(4, seed=9)
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
+                           ServingConfig(max_slots=4, max_total_tokens=64), greedy_config())
+    real, built = engine_module.make_drafter, []
+
+    def drafter_for(config, target, draft_model=None):  # the third request's ("bad") drafter fails in `hook`
+        built.append(1)
+        if len(built) == 3 and hook != "criterion":
+            return _FailingSuffix(hook)
+        return real(config, target, draft_model)
+
+    monkeypatch.setattr(engine_module, "make_drafter", drafter_for)
+    for i in (0, 1):
+        engine.add(ServingRequest(f"ok{i}", inputs[i], max_new_tokens=12))
+    criteria = [_SignalCriterion()] if hook == "criterion" else []
+    engine.add(ServingRequest("bad", inputs[2], max_new_tokens=12, stopping_criteria=criteria))
+    done = drain(engine)
+    for i in (0, 1):
+        assert done[f"ok{i}"].status == RequestStatus.FINISHED
+        assert done[f"ok{i}"].generated_tokens == plain(model, inputs[i], 12)
+    if hook in ("overlap", "criterion"):  # it failed mid-request: FAILED with its message
+        assert done["bad"].status == RequestStatus.FAILED
+        assert ("overlap failed" if hook == "overlap" else "stop right here") in done["bad"].error
+    else:  # it failed as it left: its tokens stand
+        assert done["bad"].status == RequestStatus.FINISHED
+        assert done["bad"].generated_tokens == plain(model, inputs[2], 12)
+    engine.add(ServingRequest("after", inputs[3], max_new_tokens=6))
+    assert drain(engine)["after"].generated_tokens == plain(model, inputs[3], 6)
+
+
+def test_a_manager_whose_engine_failed_answers_at_once_and_restarts():
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(2, seed=10)
+    manager = init_continuous_batching(model, H.AssistantConfig(global_cache=False),
+                                       ServingConfig(max_slots=2, max_total_tokens=64), greedy_config())
+    real_step = manager.engine.step
+    calls = {"n": 0}
+
+    def broken_step():  # the engine itself fails (as on a device error) at its second step
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("device lost")
+        return real_step()
+
+    manager.engine.step = broken_step
+    manager.start()
+    first = manager.add_request(inputs[0], max_new_tokens=20)
+    result = manager.get_result(first, timeout=60)
+    assert result.status == RequestStatus.FAILED and "device lost" in result.error
+    manager.join(timeout=30)
+    assert not manager.is_running()
+    # Added after the loop ended: answered at once with the reason, not left waiting.
+    late = manager.add_request(inputs[1], max_new_tokens=4)
+    result = manager.get_result(late, timeout=5)
+    assert result is not None and result.status == RequestStatus.FAILED and "device lost" in result.error
+    # Restarted, the manager serves again.
+    manager.engine.step = real_step
+    manager.start()
+    again = manager.add_request(inputs[1], max_new_tokens=6)
+    assert manager.get_result(again, timeout=60).generated_tokens == plain(model, inputs[1], 6)
+    manager.stop(timeout=30)
+
+
+def test_a_stream_left_early_leaves_nothing_behind():
+    model = tiny_model("qwen3_5_text")
+    manager = init_continuous_batching(model, H.AssistantConfig(global_cache=False),
+                                       ServingConfig(max_slots=2, max_total_tokens=96), greedy_config())
+    with manager:
+        for i in range(4):
+            rid = manager.add_request(prompts(1, seed=i)[0], max_new_tokens=40, streaming=True)
+            stream = manager.request_id_iter(rid, timeout=60)
+            next(stream)
+            manager.cancel_request(rid)
+            stream.close()  # the client went away before the end
+        done = manager.add_request(prompts(1, seed=9)[0], max_new_tokens=4)
+        assert manager.get_result(done, timeout=60).status == RequestStatus.FINISHED
+        deadline = time.time() + 10
+        while manager.engine.has_work and time.time() < deadline:
+            time.sleep(0.01)
+    assert not manager._finished and not manager._streams and not manager._abandoned
