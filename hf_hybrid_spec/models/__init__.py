@@ -10,6 +10,7 @@ from torch import nn
 
 from . import attention, bamba, falcon_h1, granitemoehybrid, jamba, lfm2, nemotron_h, qwen3_5, qwen3_next
 from .base import ModelAdapter
+from .gated_deltanet import SUPPORTED_CONV_ACTIVATIONS
 from .tree_attention import TREE_ATTENTION
 
 __all__ = ["ModelAdapter", "get_adapter", "ADAPTERS", "supported_model_types"]
@@ -66,5 +67,17 @@ def get_adapter(model: nn.Module) -> ModelAdapter:
             f"{type(model).__name__} is registered as {adapter.name} but none of its modules is one of "
             f"{sorted(adapter.mixers)}; this transformers version may have renamed them."
         )
+    _check_conv_activations(model, adapter)
     adapter.install(model)
     return adapter
+
+
+def _check_conv_activations(model: nn.Module, adapter: ModelAdapter) -> None:
+    """ValueError, naming the first layer, where a recurrent mixer's short conv uses an activation the tree ops do not
+    compute (they compute silu or none): refused when the model is enabled, not at its first verify."""
+    mixers = set(adapter.mixer_modules(model))
+    for name, module in model.named_modules():
+        activation = getattr(module, "activation", None)
+        if module in mixers and isinstance(activation, str) and activation not in SUPPORTED_CONV_ACTIVATIONS:
+            raise ValueError(f"{name} ({type(module).__name__}) applies a {activation!r} activation after its "
+                             f"convolution; tree verification computes {' / '.join(SUPPORTED_CONV_ACTIVATIONS)} only")

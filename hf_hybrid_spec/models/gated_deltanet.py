@@ -35,8 +35,12 @@ class GatedDeltaProjection:
     a: torch.Tensor
 
 
+# What the tree conv ops compute after the convolution (`get_adapter` refuses a model whose mixers ask for another).
+SUPPORTED_CONV_ACTIVATIONS = ("silu", "swish")
+
+
 def conv_activation(name: str | None) -> str | None:
-    if name in (None, "silu", "swish"):
+    if name is None or name in SUPPORTED_CONV_ACTIVATIONS:
         return name
     raise NotImplementedError(f"tree verification supports silu convs only, this layer uses {name!r}")
 

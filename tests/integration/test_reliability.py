@@ -221,3 +221,12 @@ def test_speculative_generate_called_directly_fills_the_generation_config():
     out = H.speculative_generate(model, ids, generation_config=GenerationConfig(max_new_tokens=10, eos_token_id=None),
                                  assistant_config=H.AssistantConfig(drafter="ngram"), return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref) and out.spec_stats.target_forwards > 0
+
+
+def test_enable_refuses_a_conv_activation_the_tree_ops_do_not_compute():
+    model = tiny_model("jamba", hidden_act="gelu")
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mamba \(JambaMambaMixer\) applies a 'gelu' activation"):
+        H.enable(model)
+    with pytest.raises(ValueError, match="'gelu' activation"):
+        model.generate(prompt(), max_new_tokens=2, custom_generate=H.speculative_generate)
+    assert H.enable(tiny_model("jamba")) is not None  # silu, as Jamba ships
