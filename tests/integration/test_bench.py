@@ -56,6 +56,7 @@ def test_tree_kernel_host_work_times_the_launchers_and_puts_the_kernels_back(cap
     kernels it stubbed out are the real ones again afterwards."""
     import json
 
+    pytest.importorskip("triton", reason="the launchers are Triton's: pip install -e '.[triton]'")
     import tree_kernels
     from hf_hybrid_spec.kernels.gated_delta_rule import triton_tree as gdn_t
     from hf_hybrid_spec.kernels.mamba2 import triton_tree as m2_t
