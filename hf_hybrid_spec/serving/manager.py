@@ -20,7 +20,7 @@ import itertools
 import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from torch import nn
 from transformers import GenerationConfig
@@ -60,6 +60,8 @@ class ContinuousBatchingManager:
         self._ended = False
         # Streams whose reader left before the end (a client that disconnected): their last output is dropped.
         self._abandoned: set[str] = set()
+        # Requests whose outputs go to a callback (`add_request(on_output=...)`), until the finished one.
+        self._listeners: dict[str, Callable[[SpecGenerationOutput], None]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -96,10 +98,18 @@ class ContinuousBatchingManager:
     # ------------------------------------------------------------------ requests
     def add_request(self, input_ids: list[int], request_id: str | None = None, max_new_tokens: int | None = None,
                     streaming: bool = False, record_timestamps: bool = False,
-                    generation_config: GenerationConfig | None = None, stopping_criteria=None) -> str:
-        """Queue a request (see `ServingRequest`). Returns its id (`req_<n>` unless given)."""
+                    generation_config: GenerationConfig | None = None, stopping_criteria=None,
+                    on_output: Callable[[SpecGenerationOutput], None] | None = None) -> str:
+        """Queue a request (see `ServingRequest`). Returns its id (`req_<n>` unless given).
+
+        `on_output`: called on the engine's thread with each of the request's outputs (every step's with
+        `streaming`, else the finished one), in place of `get_result` / `request_id_iter`; it must not block (an
+        asyncio server hands the output to its loop with `call_soon_threadsafe`)."""
         request_id = f"req_{next(_IDS)}" if request_id is None else str(request_id)
-        if streaming:
+        if on_output is not None:
+            with self._cond:
+                self._listeners[request_id] = on_output
+        elif streaming:
             with self._cond:
                 self._streams[request_id] = queue.Queue()
         ids = input_ids.tolist() if hasattr(input_ids, "tolist") else list(input_ids)
@@ -169,6 +179,15 @@ class ContinuousBatchingManager:
     def _deliver(self, outputs: list[SpecGenerationOutput]) -> None:
         with self._cond:
             for output in outputs:
+                listener = self._listeners.get(output.request_id)
+                if listener is not None:
+                    if output.is_finished():
+                        del self._listeners[output.request_id]
+                    try:
+                        listener(output)
+                    except Exception as error:  # the caller's callback: logged, the loop goes on
+                        logger.warning("serving: on_output of %s failed: %r", output.request_id, error)
+                    continue
                 stream = self._streams.get(output.request_id)
                 if stream is not None:
                     stream.put(output)

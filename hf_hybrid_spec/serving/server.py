@@ -10,8 +10,16 @@ streaming over server-sent events) and `/v1/models`, on FastAPI and uvicorn (the
 
 Why not `transformers serve`: it has no extension point for another decoding engine (its continuous-batching path
 calls transformers' own manager, which refuses hybrid models), so this is a thin server of our own with the same API.
-Per request: `max_tokens` / `max_completion_tokens`, `temperature` (0: greedy, exact), `top_p`, `stop` (strings, cut
-from the text as OpenAI does), `stream`; `n` > 1, `logprobs`, tools and `seed` are refused with a 400 naming them.
+
+Per request: `max_tokens` / `max_completion_tokens` (omitted: 16 for completions, as OpenAI's; chat runs to eos or the
+context's end), `temperature` (0: greedy, exact), `top_p`, `stop` (up to 4 non-empty strings, cut from the text as
+OpenAI does), `stream` with `stream_options.include_usage`. Bodies are typed (pydantic): a value of the wrong type or
+out of range is a 400 naming the field, never coerced; `n` > 1, `logprobs`, tools, `seed` and non-zero
+`presence_penalty` / `frequency_penalty` are refused by name. Errors have OpenAI's shape (`{"error": {"message",
+"type", "param", "code"}}`); an unknown model is a 404, a body over `--max-body-mb` a 413, a missing or wrong key a 401
+under `--api-key`. Nothing waits on a thread: outputs reach the event loop from the engine's thread
+(`add_request(on_output=...)`), and tokenizing runs off the loop. `/health`, `/metrics` (Prometheus text: running,
+waiting, finished, failed, tokens, steps, mean accepted length) and `/v1/models/{id}` as vLLM's and SGLang's servers.
 """
 
 from __future__ import annotations
@@ -35,19 +43,92 @@ __all__ = ["create_app", "main"]
 # Fields of OpenAI requests the server does not implement: a request that sets them gets a 400 naming them.
 _UNSUPPORTED = ("logprobs", "top_logprobs", "tools", "tool_choice", "functions", "seed", "response_format", "suffix",
                 "echo", "best_of", "logit_bias")
+# OpenAI's default for /v1/completions when max_tokens is omitted (chat runs until eos or the context's end).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# The largest request body taken (a prompt of ~250k tokens); past it a 413, before anything is parsed.
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
+# Names pydantic puts in an error's location for the branch of a union it tried (not fields of the request).
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 class RequestError(ValueError):
-    """A request the server refuses (HTTP 400)."""
+    """A request the server refuses: HTTP `status` (400 unless said), OpenAI's error shape, `param` the field."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param, self.status = param, status
 
 
-def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, request_timeout: float = 600.0):
+def _request_models():
+    """The typed request bodies (pydantic, imported with the server): values are checked, never coerced."""
+    from typing import Annotated, Literal
+
+    from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, field_validator
+
+    Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+
+    class StreamOptions(BaseModel):
+        include_usage: StrictBool = False
+
+    class Sampling(BaseModel):
+        # Fields OpenAI defines that this server ignores (user, metadata, ...) pass; _UNSUPPORTED ones are refused.
+        model_config = ConfigDict(extra="allow")
+
+        model: StrictStr | None = None
+        max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+        max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+        temperature: Annotated[Number, Field(ge=0.0, le=2.0)] | None = None
+        top_p: Annotated[Number, Field(gt=0.0, le=1.0)] | None = None
+        n: Annotated[StrictInt, Field(ge=1)] | None = None
+        stop: StrictStr | Annotated[list[StrictStr], Field(max_length=4)] | None = None
+        stream: StrictBool = False
+        stream_options: StreamOptions | None = None
+        presence_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] | None = None
+        frequency_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] | None = None
+
+        @field_validator("stop")
+        @classmethod
+        def _stop_strings_not_empty(cls, value):
+            if value is not None and any(not s for s in ([value] if isinstance(value, str) else value)):
+                raise ValueError("stop strings must be non-empty")
+            return value
+
+    class Completion(Sampling):
+        prompt: StrictStr | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)] | \
+            Annotated[list[StrictStr], Field(min_length=1, max_length=1)] | \
+            Annotated[list[Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]],
+                      Field(min_length=1, max_length=1)]
+
+    class TextPart(BaseModel):
+        type: Literal["text"]
+        text: StrictStr
+
+    class Message(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        role: Literal["system", "developer", "user", "assistant", "tool"]
+        content: StrictStr | list[TextPart] | None = None
+
+    class Chat(Sampling):
+        messages: Annotated[list[Message], Field(min_length=1)]
+
+    return Completion, Chat
+
+
+def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, request_timeout: float = 600.0,
+               api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """The FastAPI app serving `manager` (started by the app's lifespan, stopped at shutdown) with `tokenizer`'s
-    text and chat template, under the model id `model_name`."""
+    text and chat template, under the model id `model_name`. `api_key`: the Bearer token every /v1 request must
+    carry (None: open). Request bodies over `max_body_bytes` get a 413."""
     from contextlib import asynccontextmanager
 
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi import Depends, FastAPI, Header
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    Completion, Chat = _request_models()
 
     @asynccontextmanager
     async def lifespan(app):
@@ -58,57 +139,92 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
             manager.stop(timeout=30)
 
     app = FastAPI(title="hf_hybrid_spec", lifespan=lifespan)
+    app.add_middleware(_BodyLimit, limit=max_body_bytes)
     eos = manager.engine.generation_config.eos_token_id
     if eos is None:
         eos = tokenizer.eos_token_id
+    eos_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
+    max_total = manager.engine.serving.max_total_tokens
+    served = {"requests": 0}
 
-    def error(status: int, message: str):
-        return JSONResponse(status_code=status, content={"error": {"message": message, "type": "invalid_request_error"}})
+    def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        return JSONResponse(status_code=status, content=_error_body(message, kind, param, status))
 
-    def settings(body: dict) -> tuple[int, GenerationConfig, list[str]]:
-        bad = [k for k in _UNSUPPORTED if body.get(k) not in (None, False, [], {})]
+    @app.exception_handler(RequestError)
+    async def refused(request, exc: RequestError):
+        return error(exc.status, str(exc), exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        if first.get("type") == "json_invalid":
+            return error(400, "the request body is not valid JSON")
+        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        # A union's branch names (str, list[...]) are pydantic's, not the request's: the field is what precedes them.
+        field = ".".join(part for part in loc if not (part in _TYPE_NAMES or "[" in part or part.startswith(
+            ("function-", "constrained-"))))
+        return error(400, f"{field or 'body'}: {first.get('msg', 'invalid value')}", field or None)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc: HTTPException):
+        return error(exc.status_code, str(exc.detail), kind="not_found_error" if exc.status_code == 404 else
+                     "invalid_request_error")
+
+    # (annotations are strings here, under `from __future__ import annotations`: the header comes by its default)
+    async def authorized(authorization: str | None = Header(None)) -> None:
+        if api_key is not None and authorization != f"Bearer {api_key}":
+            raise RequestError("invalid or missing API key (Authorization: Bearer ...)", status=401)
+
+    def settings(body, prompt_tokens: int, default_new: int | None) -> tuple[int, GenerationConfig, list[str]]:
+        extra = body.model_extra or {}
+        bad = [k for k in _UNSUPPORTED if extra.get(k) not in (None, False, [], {})]
         if bad:
-            raise RequestError(f"not supported by this server: {', '.join(bad)}")
-        if int(body.get("n") or 1) != 1:
-            raise RequestError("n > 1 is not supported")
-        if body.get("model") not in (None, model_name):
-            raise RequestError(f"model {body.get('model')!r} is not served here (this server serves {model_name!r})")
-        new = body.get("max_completion_tokens") or body.get("max_tokens") or 256
-        temperature = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
-        top_p = float(body.get("top_p") if body.get("top_p") is not None else 1.0)
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise RequestError("temperature must be >= 0 and top_p in (0, 1]")
+            raise RequestError(f"not supported by this server: {', '.join(bad)}", bad[0])
+        if (body.n or 1) != 1:
+            raise RequestError("n > 1 is not supported", "n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(body, name) not in (None, 0, 0.0):
+                raise RequestError(f"{name} is not supported by this server (0 or omitted only)", name)
+        if body.model not in (None, model_name):
+            raise RequestError(f"model {body.model!r} is not served here (this server serves {model_name!r})",
+                               "model", 404)
+        new = body.max_completion_tokens or body.max_tokens or default_new or max(1, max_total - prompt_tokens)
+        temperature = 1.0 if body.temperature is None else body.temperature
+        top_p = 1.0 if body.top_p is None else body.top_p
         sample = temperature > 0
         gen = GenerationConfig(do_sample=sample, temperature=temperature if sample else 1.0,
                                top_p=top_p if sample else 1.0, top_k=0 if sample else None, eos_token_id=eos,
                                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else list(stop)
+        stop = [] if body.stop is None else ([body.stop] if isinstance(body.stop, str) else list(body.stop))
         return int(new), gen, stop
 
-    def submit(ids: list[int], body: dict, stream: bool) -> tuple[str, list[str]]:
-        new, gen, stop = settings(body)
+    def submit(ids: list[int], body, default_new: int | None) -> tuple[str, list[str], asyncio.Queue]:
+        """Queue the request; its outputs arrive on the returned asyncio queue (no thread waits for them)."""
+        new, gen, stop = settings(body, len(ids), default_new)
         criteria = [StopStringCriteria(tokenizer=tokenizer, stop_strings=stop)] if stop else []
+        loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
         rid = manager.add_request(ids, max_new_tokens=new, generation_config=gen, stopping_criteria=criteria,
-                                  streaming=stream)
-        return rid, stop
+                                  streaming=body.stream,
+                                  on_output=lambda output: loop.call_soon_threadsafe(outputs.put_nowait, output))
+        served["requests"] += 1
+        return rid, stop, outputs
 
     def cut(text: str, stop: list[str]) -> tuple[str, bool]:
         """`text` up to the first stop string (excluded, as OpenAI returns it) and whether one was found."""
-        hits = [text.find(s) for s in stop if s and s in text]
+        hits = [text.find(s) for s in stop if s in text]
         return (text[: min(hits)], True) if hits else (text, False)
 
     def finish_reason(output, stopped: bool) -> str:
-        if stopped or (output.generated_tokens and eos is not None and output.generated_tokens[-1] in
-                       ([eos] if isinstance(eos, int) else list(eos))):
+        if stopped or (output.generated_tokens and output.generated_tokens[-1] in eos_ids):
             return "stop"
         return "length"
 
-    async def result(rid: str):
-        output = await asyncio.to_thread(manager.get_result, rid, request_timeout)
-        if output is None:
+    async def result(rid: str, outputs: asyncio.Queue):
+        try:
+            output = await asyncio.wait_for(outputs.get(), request_timeout)
+        except TimeoutError:
             manager.cancel_request(rid)
-            raise RequestError(f"request {rid} timed out after {request_timeout} s")
+            raise RequestError(f"request {rid} timed out after {request_timeout} s", status=504) from None
         if output.status == RequestStatus.FAILED:
             raise RequestError(output.error or "the request failed")
         return output
@@ -117,24 +233,25 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
         prompt, completion = len(output.prompt_ids), len(output.generated_tokens)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    async def stream_text(rid: str, stop: list[str], chunk):
+    async def stream_text(rid: str, stop: list[str], outputs: asyncio.Queue, chunk, include_usage: bool):
         """SSE events of a streaming request: each new piece of text (decoded from every token so far, so a
-        multi-token character arrives whole), then the finish reason, then [DONE]. A client that goes away cancels
-        its request (the slot is freed)."""
-        updates = manager.request_id_iter(rid, timeout=request_timeout)
+        multi-token character arrives whole), then the finish reason, the usage when asked, then [DONE]. A client
+        that goes away cancels its request (the slot is freed)."""
         sent, stopped, output, finished = "", False, None, False
         try:
             while True:
-                output = await asyncio.to_thread(next, updates, None)
-                if output is None:
+                try:
+                    output = await asyncio.wait_for(outputs.get(), request_timeout)
+                except TimeoutError:
                     break
                 if output.status == RequestStatus.FAILED:
                     finished = True
-                    yield f"data: {json.dumps({'error': {'message': output.error}})}\n\n"
+                    yield f"data: {json.dumps(_error_body(output.error or 'the request failed'))}\n\n"
                     yield "data: [DONE]\n\n"
                     return
                 if not stopped:  # past a stop string nothing more is sent; its criterion ends the request this step
-                    text, stopped = cut(tokenizer.decode(output.generated_tokens, skip_special_tokens=True), stop)
+                    text, stopped = cut(await asyncio.to_thread(tokenizer.decode, output.generated_tokens,
+                                                                skip_special_tokens=True), stop)
                     # Hold back what may start a stop string, and an incomplete character.
                     done = stopped or output.is_finished()
                     safe = len(text) if done else len(text) - max((len(s) - 1 for s in stop), default=0)
@@ -147,79 +264,160 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
                     finished = True
                     break
             yield f"data: {json.dumps(chunk('', finish_reason(output, stopped) if output else 'stop'))}\n\n"
+            if include_usage and output is not None:
+                yield f"data: {json.dumps({**chunk('', None), 'choices': [], 'usage': usage(output)})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             if not finished:
                 manager.cancel_request(rid)
 
-    @app.get("/v1/models")
+    @app.get("/health")
+    async def health():
+        if not manager.is_running():
+            return error(503, "the engine is not running" + (f": {manager.error!r}" if manager.error else ""),
+                         kind="server_error")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        engine = manager.engine
+        stats = engine.stats
+        rows = [("requests_running", "gauge", engine.running),
+                ("requests_waiting", "gauge", getattr(engine, "waiting", 0)),
+                ("requests_received_total", "counter", served["requests"]),
+                ("requests_finished_total", "counter", stats.finished),
+                ("requests_failed_total", "counter", stats.failed),
+                ("generated_tokens_total", "counter", stats.new_tokens),
+                ("verify_steps_total", "counter", stats.steps),
+                ("mean_accepted_length", "gauge", round(stats.new_tokens / stats.steps, 4) if stats.steps else 0.0)]
+        text = "".join(f"# TYPE hf_hybrid_spec_{name} {kind}\nhf_hybrid_spec_{name} {value}\n"
+                       for name, kind, value in rows)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    def model_card() -> dict:
+        return {"id": model_name, "object": "model", "created": 0, "owned_by": "hf_hybrid_spec"}
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "hf_hybrid_spec"}]}
+        return {"object": "list", "data": [model_card()]}
 
-    @app.post("/v1/completions")
-    async def completions(body: dict):
-        try:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-                prompt = prompt[0]
-            if isinstance(prompt, str):
-                ids = tokenizer(prompt).input_ids
-            elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-                ids = prompt
-            else:
-                raise RequestError("prompt must be one string or one list of token ids")
-            stream = bool(body.get("stream"))
-            rid, stop = submit(ids, body, stream)
-            created, cid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
-            if stream:
-                def chunk(text, reason):
-                    return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                            "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}]}
+    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(authorized)])
+    async def model(model_id: str):
+        if model_id != model_name:
+            raise RequestError(f"model {model_id!r} is not served here (this server serves {model_name!r})",
+                               "model", 404)
+        return model_card()
 
-                return StreamingResponse(stream_text(rid, stop, chunk), media_type="text/event-stream")
-            output = await result(rid)
-            text, stopped = cut(tokenizer.decode(output.generated_tokens, skip_special_tokens=True), stop)
+    async def completions(body: Completion):
+        prompt = body.prompt
+        if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        ids = (await asyncio.to_thread(tokenizer, prompt)).input_ids if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise RequestError("prompt: the prompt is empty", "prompt")
+        rid, stop, outputs = submit(ids, body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        created, cid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
+
+        def chunk(text, reason):
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                    "choices": [{"index": 0, "text": text, "finish_reason": finish_reason(output, stopped),
-                                 "logprobs": None}], "usage": usage(output)}
-        except RequestError as e:
-            return error(400, str(e))
+                    "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(body: dict):
-        try:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise RequestError("messages must be a non-empty list")
-            if getattr(tokenizer, "chat_template", None) is None:
-                raise RequestError("the tokenizer has no chat template: use /v1/completions")
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            stream = bool(body.get("stream"))
-            rid, stop = submit(list(ids), body, stream)
-            created, cid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
-            if stream:
-                first = [True]
+        if body.stream:
+            include = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(stream_text(rid, stop, outputs, chunk, include), media_type="text/event-stream")
+        output = await result(rid, outputs)
+        text, stopped = cut(await asyncio.to_thread(tokenizer.decode, output.generated_tokens,
+                                                    skip_special_tokens=True), stop)
+        out = chunk(text, finish_reason(output, stopped))
+        return {**out, "usage": usage(output)}
 
-                def chunk(text, reason):
-                    delta = {"content": text} if text or reason is None else {}
-                    if first[0]:
-                        delta["role"], first[0] = "assistant", False
-                    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                            "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+    async def chat(body: Chat):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise RequestError("the tokenizer has no chat template: use /v1/completions")
+        messages = [{"role": m.role, "content": m.content if not isinstance(m.content, list)
+                     else "".join(part.text for part in m.content)} for m in body.messages]
+        ids = await asyncio.to_thread(tokenizer.apply_chat_template, messages, add_generation_prompt=True,
+                                      tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        rid, stop, outputs = submit(list(ids), body, None)
+        created, cid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
+        if body.stream:
+            first = [True]
 
-                return StreamingResponse(stream_text(rid, stop, chunk), media_type="text/event-stream")
-            output = await result(rid)
-            text, stopped = cut(tokenizer.decode(output.generated_tokens, skip_special_tokens=True), stop)
-            return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "finish_reason": finish_reason(output, stopped)}], "usage": usage(output)}
-        except RequestError as e:
-            return error(400, str(e))
+            def chunk(text, reason):
+                delta = {"content": text} if text or reason is None else {}
+                if first[0]:
+                    delta["role"], first[0] = "assistant", False
+                return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
 
+            include = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(stream_text(rid, stop, outputs, chunk, include), media_type="text/event-stream")
+        output = await result(rid, outputs)
+        text, stopped = cut(await asyncio.to_thread(tokenizer.decode, output.generated_tokens,
+                                                    skip_special_tokens=True), stop)
+        return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": finish_reason(output, stopped)}], "usage": usage(output)}
+
+    # The bodies' types are local classes, and annotations are strings in this module: FastAPI reads them from here.
+    completions.__annotations__["body"], chat.__annotations__["body"] = Completion, Chat
+    app.post("/v1/completions", dependencies=[Depends(authorized)])(completions)
+    app.post("/v1/chat/completions", dependencies=[Depends(authorized)])(chat)
     return app
+
+
+def _error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+                code: int | None = None) -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class _BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets a 413 in OpenAI's error shape, from its Content-Length
+    before anything is read, or as soon as a body without one passes the limit."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(send)
+        received, started = 0, False
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _TooLarge
+            return message
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send)
+
+    async def _refuse(self, send) -> None:
+        body = json.dumps(_error_body(f"the request body is larger than {self.limit} bytes", code=413)).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,28 +442,48 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     parser.add_argument("--device", default="auto", help="'auto': cuda where a GPU is seen, else cpu")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
+    parser.add_argument("--draft-model", default=None,
+                        help="the draft model of drafter 'model', 'eagle' or 'hvd': a causal LM (same tokenizer) or "
+                             "an EAGLE-3 drafter folder / Hub id")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests")
+    parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
+                        help="the largest request body taken (larger: 413)")
     args = parser.parse_args(argv)
 
     import torch
     import uvicorn
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from ..config import AssistantConfig
+    from ..generate import _resolve_config
 
     args.device = resolve_device(args.device)
+    try:  # what the command line names is checked before the server starts: a clear error, not a traceback
+        config = None
+        if args.assistant_config is not None:
+            text = args.assistant_config.strip()
+            config = AssistantConfig.from_dict(json.loads(text)) if text.startswith("{") else _resolve_config(text,
+                                                                                                               None)
+        dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        draft = None
+        if args.draft_model is not None:
+            if AutoConfig.from_pretrained(args.draft_model).model_type == "hf_hybrid_spec_eagle3":
+                from ..eagle import EagleDrafter
 
-    dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    config = None
-    if args.assistant_config is not None:
-        text = args.assistant_config.strip()
-        config = AssistantConfig.from_dict(json.loads(text)) if text.startswith("{") else \
-            AssistantConfig.from_pretrained(text)
-    serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens,
-                            prefix_cache_bytes=args.prefix_cache_mb << 20, lanes=args.lanes)
-    manager = ContinuousBatchingManager(model, config, serving)
-    uvicorn.run(create_app(manager, tokenizer, args.served_model_name or args.model), host=args.host, port=args.port)
+                draft = EagleDrafter.from_pretrained(args.draft_model)
+            else:
+                draft = AutoModelForCausalLM.from_pretrained(args.draft_model, dtype=dtype)
+            draft = draft.to(args.device).eval()
+        serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens,
+                                prefix_cache_bytes=args.prefix_cache_mb << 20, lanes=args.lanes)
+        manager = ContinuousBatchingManager(model, config, serving, draft_model=draft)
+    except (OSError, ValueError, NotImplementedError, TypeError, json.JSONDecodeError) as err:
+        parser.error(f"{type(err).__name__}: {err}")
+    app = create_app(manager, tokenizer, args.served_model_name or args.model, api_key=args.api_key,
+                     max_body_bytes=int(args.max_body_mb * 2**20))
+    uvicorn.run(app, host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 text plain `generate` gives, streaming and not, for completions and chat; bad requests get a 400 naming the
 problem; the CLI has --help."""
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -24,10 +25,32 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(client, model, tokenizer, manager): a tiny target and tokenizer served on a free localhost port."""
+@contextlib.contextmanager
+def serving(manager, tokenizer, **app_kwargs):
+    """The app on a free localhost port, in a thread: yields its base URL; stopped (and the manager with it) after."""
     import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(manager, tokenizer, "tiny", **app_kwargs), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert not manager.is_running()  # the app's lifespan stopped the manager
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = tmp_path_factory.mktemp("served")
@@ -35,24 +58,46 @@ def served(tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.chat_template = CHAT_TEMPLATE
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def served(target):
+    """(client, model, tokenizer, manager): a tiny target and tokenizer served on a free localhost port."""
+    model, tokenizer = target
     manager = init_continuous_batching(model, H.AssistantConfig(global_cache=False),
                                        ServingConfig(max_slots=2, max_total_tokens=256))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(manager, tokenizer, "tiny"), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
-    yield client, model, tokenizer, manager
-    server.should_exit = True
-    thread.join(30)
-    assert not manager.is_running()  # the app's lifespan stopped the manager
+    with serving(manager, tokenizer) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        client.url = url
+        yield client, model, tokenizer, manager
+
+
+def post(url: str, path: str, body, headers: dict | None = None, raw: bytes | None = None) -> tuple[int, dict]:
+    """(status, JSON answer) of a POST with the standard library (a body the openai client would not send)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method="POST",
+                                     headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def get(url: str, path: str, headers: dict | None = None) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + path, headers=headers or {}), timeout=60) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
 
 
 def plain_text(model, tokenizer, ids, max_new_tokens):
@@ -117,11 +162,12 @@ def test_bad_requests_get_a_400_naming_the_problem(served):
     client, _, _, _ = served
     cases = [dict(model="tiny", prompt="x", max_tokens=4, n=2),
              dict(model="tiny", prompt="x", max_tokens=4, logprobs=2),
-             dict(model="other", prompt="x", max_tokens=4),
              dict(model="tiny", prompt="x" * 10, max_tokens=1000)]
-    for case, word in zip(cases, ["n > 1", "logprobs", "not served", "max_total_tokens"]):
+    for case, word in zip(cases, ["n > 1", "logprobs", "max_total_tokens"]):
         with pytest.raises(openai.BadRequestError, match=word):
             client.completions.create(**case)
+    with pytest.raises(openai.NotFoundError, match="not served"):  # an unknown model is a 404, as OpenAI's
+        client.completions.create(model="other", prompt="x", max_tokens=4)
     # The server still answers afterwards.
     assert client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=0).usage.total_tokens > 0
     assert [m.id for m in client.models.list()] == ["tiny"]
@@ -149,3 +195,106 @@ def test_a_client_that_leaves_a_stream_frees_its_slot(served):
     text, _ = plain_text(model, tokenizer, tokenizer(PROMPTS[1]).input_ids, 12)
     out = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=12, temperature=0)
     assert out.choices[0].text == text
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("max_tokens", "abc", "max_tokens"), ("max_tokens", [4], "max_tokens"), ("max_tokens", 0, "max_tokens"),
+    ("max_tokens", 2.7, "max_tokens"), ("temperature", "hot", "temperature"), ("temperature", float("nan"), "finite"),
+    ("temperature", 3.0, "temperature"), ("n", "two", "n"), ("stop", 5, "stop"), ("stop", ["\n", 3], "stop"),
+    ("stop", {"a": 1}, "stop"), ("stop", [""], "non-empty"), ("stop", "", "non-empty"), ("prompt", [True, False], "prompt"),
+    ("presence_penalty", 0.5, "presence_penalty"), ("frequency_penalty", 1.0, "frequency_penalty"),
+    ("stream", "yes", "stream"), ("top_p", 0, "top_p"),
+])
+def test_a_bad_value_gets_a_400_naming_its_field(served, field, value, words):
+    client, _, _, manager = served
+    failed = manager.engine.stats.failed
+    status, answer = post(client.url, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2,
+                                                          field: value})
+    assert status == 400, answer
+    assert set(answer["error"]) == {"message", "type", "param", "code"} and words in answer["error"]["message"]
+    assert manager.engine.stats.failed == failed  # refused before the engine saw it
+
+
+def test_malformed_json_and_a_large_body_get_openai_errors(served):
+    client, _, _, _ = served
+    status, answer = post(client.url, "/v1/completions", None, raw=b'{"prompt": "x", ')
+    assert status == 400 and "not valid JSON" in answer["error"]["message"]
+    status, answer = post(client.url, "/v1/completions", {"model": "tiny", "prompt": "x" * (2 << 20)})
+    assert status == 413 and "larger than" in answer["error"]["message"]
+    assert client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=0).usage.total_tokens > 0
+
+
+def test_health_models_metrics_and_openai_defaults(served):
+    client, model, tokenizer, _ = served
+    assert get(client.url, "/health") == (200, '{"status":"ok"}')
+    assert client.models.retrieve("tiny").id == "tiny"
+    assert get(client.url, "/v1/models/other")[0] == 404
+    status, text = get(client.url, "/metrics")
+    assert status == 200 and "hf_hybrid_spec_requests_running 0" in text and "hf_hybrid_spec_verify_steps_total" in text
+    # An omitted max_tokens is OpenAI's 16 for completions.
+    ids = tokenizer(PROMPTS[0]).input_ids
+    out = client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0)
+    assert out.choices[0].text == plain_text(model, tokenizer, ids, 16)[0]
+    # stream_options.include_usage: a last chunk with the usage and no choices.
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=5, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == out.usage.completion_tokens or \
+        chunks[-1].usage.completion_tokens <= 5
+    assert all(c.id == chunks[0].id for c in chunks)
+
+
+def test_an_api_key_is_required_when_set(target):
+    model, tokenizer = target
+    manager = init_continuous_batching(model, H.AssistantConfig(global_cache=False),
+                                       ServingConfig(max_slots=2, max_total_tokens=128))
+    with serving(manager, tokenizer, api_key="s3cret") as url:
+        denied = openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError, match="API key"):
+            denied.completions.create(model="tiny", prompt="x", max_tokens=2)
+        allowed = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0, timeout=60)
+        assert allowed.completions.create(model="tiny", prompt="x", max_tokens=2).usage.completion_tokens >= 1
+        assert get(url, "/health")[0] == 200  # health checks carry no key
+
+
+def test_a_short_request_among_long_ones_is_not_queued_behind_them(target):
+    """More running requests than the server's threads: none of them holds a thread while it waits, so a short
+    request is answered while the long ones still run."""
+    model, tokenizer = target
+    manager = init_continuous_batching(model, H.AssistantConfig(global_cache=False),
+                                       ServingConfig(max_slots=16, max_total_tokens=256))
+    with serving(manager, tokenizer) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+        done = []
+
+        def long_request(i):
+            # (greedy: these prompts run all 200 tokens on this model, as the stream test above relies on too)
+            client.completions.create(model="tiny", prompt=PROMPTS[i % 2], max_tokens=200, temperature=0)
+            done.append(i)
+
+        threads = [threading.Thread(target=long_request, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 60
+        while manager.engine.running < 12 and time.time() < deadline:
+            time.sleep(0.02)
+        assert manager.engine.running >= 12
+        out = client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=0)
+        assert out.usage.completion_tokens >= 1 and len(done) == 0  # answered while every long one still ran
+        for t in threads:
+            t.join(300)
+        assert len(done) == 12
+
+
+def test_cli_refuses_a_bad_model_or_config_with_a_message(tmp_path, capsys):
+    from hf_hybrid_spec.serving.server import main
+
+    tiny_target_with_tokenizer(tmp_path / "target")
+    for argv, words in ((["--model", str(tmp_path / "missing")], "missing"),
+                        (["--model", str(tmp_path / "target"), "--assistant-config", '{"drafter": "eagle"}'],
+                         "eagle"),
+                        (["--model", str(tmp_path / "target"), "--assistant-config", "{not json"], "JSON")):
+        with pytest.raises(SystemExit) as exit:
+            main(argv + ["--device", "cpu"])
+        assert exit.value.code == 2
+        err = capsys.readouterr().err
+        assert "error:" in err and words in err and "Traceback" not in err
