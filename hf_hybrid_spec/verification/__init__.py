@@ -6,7 +6,8 @@ from .exact import (DeviceAcceptance, ExactVerifier, greedy_device, greedy_walk,
                     verify_greedy, verify_keyed, verify_sampling)
 
 __all__ = ["Verifier", "FirstToken", "StepInputs", "ExactVerifier", "process_tree_logits", "verify_greedy",
-           "verify_sampling", "verify_keyed", "greedy_walk", "greedy_device", "DeviceAcceptance", "row_processors", "make_verifier"]
+           "verify_sampling", "verify_keyed", "greedy_walk", "greedy_device", "DeviceAcceptance", "row_processors",
+           "make_verifier"]
 
 
 def make_verifier(config, do_sample: bool, drafter) -> Verifier:

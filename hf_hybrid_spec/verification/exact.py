@@ -34,7 +34,8 @@ from ..tree import VerifyResult, VerifyTree
 from .base import FirstToken, StepInputs, Verifier
 from .noise import draw_seed, gumbel_choice
 
-__all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk", "row_processors",
+__all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
+           "row_processors",
            "greedy_device", "DeviceAcceptance", "from_config"]
 
 
