@@ -201,7 +201,8 @@ def test_a_client_that_leaves_a_stream_frees_its_slot(served):
     ("max_tokens", "abc", "max_tokens"), ("max_tokens", [4], "max_tokens"), ("max_tokens", 0, "max_tokens"),
     ("max_tokens", 2.7, "max_tokens"), ("temperature", "hot", "temperature"), ("temperature", float("nan"), "finite"),
     ("temperature", 3.0, "temperature"), ("n", "two", "n"), ("stop", 5, "stop"), ("stop", ["\n", 3], "stop"),
-    ("stop", {"a": 1}, "stop"), ("stop", [""], "non-empty"), ("stop", "", "non-empty"), ("prompt", [True, False], "prompt"),
+    ("stop", {"a": 1}, "stop"), ("stop", [""], "non-empty"), ("stop", "", "non-empty"),
+    ("prompt", [True, False], "prompt"),
     ("presence_penalty", 0.5, "presence_penalty"), ("frequency_penalty", 1.0, "frequency_penalty"),
     ("stream", "yes", "stream"), ("top_p", 0, "top_p"),
 ])
