@@ -5,8 +5,9 @@ node without such a child yields the bonus token (the argmax itself). The commit
 plain greedy decoding would produce.
 
 Sampling, for drafts that are a function of the context (cache matches, n-grams, top-k expansions, greedy drafts:
-every built-in drafter's): draw the target's token at every node by its position (`noise`: Gumbel-max keyed by the
-call's seed, the row and the position) and walk as greedy does, following the child that holds the drawn token.
+every built-in drafter's): draw the target's token at every node by its position (`noise`: inverse transform
+sampling with a uniform keyed by the call's seed, the row and the position) and walk as greedy does, following the
+child that holds the drawn token.
 A child x is accepted with probability p(x); each committed token is the draw plain sampling would make at its
 position, so the output does not depend on the draft and repeats under the same `torch.manual_seed`.
 
@@ -32,7 +33,7 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from ..tree import VerifyResult, VerifyTree
 from .base import FirstToken, StepInputs, Verifier
-from .noise import draw_seed, gumbel_choice
+from .noise import draw_seed, keyed_choice
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
            "row_processors",
@@ -55,7 +56,7 @@ class ExactVerifier(Verifier):
     def first_token(self, scores: torch.Tensor, inputs: FirstToken) -> VerifyResult:
         if self.do_sample:
             position = torch.tensor([inputs.input_ids.shape[1]])
-            token = gumbel_choice(scores.view(1, -1), self.seed, inputs.row, position).view(1)
+            token = keyed_choice(scores.view(1, -1), self.seed, inputs.row, position).view(1)
         else:
             token = scores.argmax(dim=-1).view(1)
         return VerifyResult(path=[0], tokens=token, score_nodes=[0], token_list=token.tolist())
@@ -126,11 +127,11 @@ def verify_greedy(tree: VerifyTree, scores: torch.Tensor) -> VerifyResult:
 
 def verify_keyed(tree: VerifyTree, scores: torch.Tensor, seed: int, row: int, length: int) -> VerifyResult:
     """Sampling over a draft that is a function of the context (cache matches, top-k expansions, greedy drafts): the
-    target's token at every node drawn by position (node at depth d: position `length + d`, `noise.gumbel_choice`),
+    target's token at every node drawn by position (node at depth d: position `length + d`, `noise.keyed_choice`),
     then the greedy walk with those draws in place of the argmax. Each child is accepted with probability p(child),
-    and the committed tokens are those plain sampling with the same noise draws. One host read of the draws."""
+    and the committed tokens are those plain sampling with the same uniforms would draw. One host read of the draws."""
     positions = tree.depth[0].to(scores.device) + length
-    drawn = gumbel_choice(scores, seed, row, positions)
+    drawn = keyed_choice(scores, seed, row, positions)
     path, new_tokens = greedy_walk(tree.token_list(0), tree.children(0), drawn.tolist())
     return VerifyResult.from_host(path, new_tokens, scores.device)
 

@@ -1,36 +1,32 @@
 """Sampling keyed by position: the random draw behind the token at position t of a row depends only on (the call's
 seed, the row, t), never on how many draft nodes were verified before it.
 
-Each token is drawn by the Gumbel-max trick, `argmax(scores + G)` with `G` i.i.d. standard Gumbel over the
-vocabulary: an exact sample of `softmax(scores)` (scores already processed: temperature, top-k, top-p, ...; a token
-filtered to -inf is never drawn). `G` for position t is a counter-based hash of (seed, row, t, token id), so
+Each token is drawn by inverse transform sampling: one uniform u in (0, 1) per position, and the token is the first
+whose cumulative probability under `softmax(scores)` exceeds u (scores already processed: temperature, top-k,
+top-p, ...; a token filtered to -inf has probability 0 and is never drawn). u for position t is a counter-based hash
+of (seed, row, t), so
 
 - a verify tree can draw the target's token at every node at once: node n at depth d (root 0) draws the token at
   position `length + d`, and the walk from the root follows the child holding that token, as the greedy walk
-  follows the argmax. Every committed token is the draw plain decoding with the same noise would make at its
+  follows the argmax. Every committed token is the draw plain decoding with the same uniforms would make at its
   position, so the output is an exact sample of the target and the same whatever was drafted: a call repeated
   after `torch.manual_seed(s)` gives the same tokens although the process-wide suffix cache (or any other drafter
   state) changed the drafts in between.
-- nothing is drawn from a generator per node, so the rule runs as a few tensor ops with no host loop.
+- one uniform per node and a cumulative sum over the vocabulary: a few tensor ops, nothing drawn from a generator.
 
-The hash is murmur3's 32-bit finalizer on int64 tensors, every product kept below 2**63 (16-bit halves), so CPU
-and GPU give the same bits.
+The hash is murmur3's 32-bit finalizer on Python ints and int64 tensors (every product kept below 2**63), so CPU and
+GPU draw the same uniforms.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["draw_seed", "gumbel_choice", "position_keys"]
+__all__ = ["draw_seed", "keyed_choice", "keyed_uniforms"]
 
 _M32 = 0xFFFFFFFF
 _C1, _C2 = 0x85EBCA6B, 0xC2B2AE35
 _GOLDEN = 0x9E3779B9
-# A uniform in (0, 1) from the top 24 bits of a hash: exact in float32, never 0 or 1.
-_U_SCALE = 1.0 / (1 << 24)
-
-# Hashes of the token ids 0..V-1 by (V, device): the vocabulary's half of every node's noise.
-_VOCAB: dict[tuple[int, str], torch.Tensor] = {}
 
 
 def _mul32(x, c: int):
@@ -53,22 +49,17 @@ def draw_seed() -> int:
     return int(torch.randint(0, 1 << 62, (), dtype=torch.int64))
 
 
-def position_keys(seed: int, row: int, positions: torch.Tensor) -> torch.Tensor:
-    """The noise key of each position: positions [N] (int64, any device) -> [N] int64 in [0, 2**32)."""
+def keyed_uniforms(seed: int, row: int, positions: torch.Tensor) -> torch.Tensor:
+    """The uniform of each position: positions [N] (int64, any device) -> [N] float64 in (0, 1), 53 random bits
+    from two 32-bit hashes of (seed, row, position)."""
     key = _fmix32((seed & _M32) ^ _fmix32(((seed >> 32) & _M32) ^ _fmix32((row + _GOLDEN) & _M32)))
-    return _fmix32(key ^ _fmix32((positions + _GOLDEN) & _M32))
+    first = _fmix32(key ^ _fmix32((positions + _GOLDEN) & _M32))
+    second = _fmix32(first ^ _fmix32((key + 0x5BD1E995) & _M32))
+    bits = (first >> 6) * (1 << 27) + (second >> 5)  # 26 + 27 bits
+    return (bits.to(torch.float64) + 0.5) / float(1 << 53)
 
 
-def _vocab_hash(vocab: int, device: torch.device) -> torch.Tensor:
-    key = (vocab, str(device))
-    found = _VOCAB.get(key)
-    if found is None:
-        ids = torch.arange(vocab, dtype=torch.int64, device=device)
-        found = _VOCAB[key] = _fmix32(_mul32(ids, _GOLDEN) ^ 0x5BD1E995)
-    return found
-
-
-def gumbel_choice(scores: torch.Tensor, seed: int, row: int, positions: torch.Tensor) -> torch.Tensor:
+def keyed_choice(scores: torch.Tensor, seed: int, row: int, positions: torch.Tensor) -> torch.Tensor:
     """The token drawn at each position from `softmax(scores)`.
 
     Args:
@@ -79,8 +70,8 @@ def gumbel_choice(scores: torch.Tensor, seed: int, row: int, positions: torch.Te
     Returns:
         [N] int64 token ids on the scores' device.
     """
-    keys = position_keys(seed, row, positions.to(device=scores.device, dtype=torch.int64))
-    bits = _fmix32(_vocab_hash(scores.shape[-1], scores.device).unsqueeze(0) ^ keys.unsqueeze(1))
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) * _U_SCALE
-    gumbel = -torch.log(-torch.log(uniform))
-    return (scores.float() + gumbel).argmax(dim=-1)
+    cdf = torch.softmax(scores.float(), dim=-1).to(torch.float64).cumsum(dim=-1)
+    u = keyed_uniforms(seed, row, positions.to(device=scores.device, dtype=torch.int64)) * cdf[:, -1]
+    # The first token whose cumulative probability exceeds u: never one of probability 0 (its cdf equals the one
+    # before it).
+    return torch.searchsorted(cdf, u.unsqueeze(1), right=True).squeeze(1).clamp(max=scores.shape[-1] - 1)
