@@ -376,7 +376,16 @@ def _error_body(message: str, kind: str = "invalid_request_error", param: str | 
 
 class _BodyLimit:
     """ASGI middleware: a request body over `limit` bytes gets a 413 in OpenAI's error shape, from its Content-Length
-    before anything is read, or as soon as a body without one passes the limit."""
+    before anything is read, or, for a body without one (chunked), as soon as what arrived passes the limit (such a
+    body is read here, up to the limit, and handed to the app whole: FastAPI turns any error raised while it reads a
+    body into its own 400).
+
+    The rest of a refused body is read and dropped (up to `DRAIN_FACTOR` times the limit) before the answer goes out:
+    a server that answers and closes while the client is still sending makes the client's kernel see a reset, and the
+    client gets "connection reset" instead of the 413 (nginx's lingering close does the same). A body past that bound
+    is cut off unread."""
+
+    DRAIN_FACTOR = 16
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -385,39 +394,51 @@ class _BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+        if declared is not None and declared.isdigit():
+            if int(declared) <= self.limit:
+                return await self.app(scope, receive, send)  # the server holds the body to its declared length
+            if int(declared) <= self.DRAIN_FACTOR * self.limit:
+                await self._drain(receive, 0)
             return await self._refuse(send)
-        received, started = 0, False
-
-        async def counted():
-            nonlocal received
+        pieces, received = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise _TooLarge
+            if message["type"] != "http.request":
+                return  # the client left before its body ended
+            pieces.append(message.get("body", b""))
+            received += len(pieces[-1])
+            if received > self.limit:
+                if message.get("more_body", False):
+                    await self._drain(receive, received)
+                return await self._refuse(send)
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(pieces), "more_body": False}
+
+        async def replay():
+            nonlocal whole
+            if whole is None:
+                return await receive()
+            message, whole = whole, None
             return message
 
-        async def tracked(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        await self.app(scope, replay, send)
 
-        try:
-            await self.app(scope, counted, tracked)
-        except _TooLarge:
-            if not started:
-                await self._refuse(send)
+    async def _drain(self, receive, received: int) -> None:
+        """Read and drop the body's rest, up to DRAIN_FACTOR x the limit in all (`received` bytes already read)."""
+        while received <= self.DRAIN_FACTOR * self.limit:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            received += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
     async def _refuse(self, send) -> None:
         body = json.dumps(_error_body(f"the request body is larger than {self.limit} bytes", code=413)).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -89,6 +89,23 @@ def post(url: str, path: str, body, headers: dict | None = None, raw: bytes | No
         return err.code, json.loads(err.read())
 
 
+def post_chunked(url: str, path: str, pieces: list[bytes]) -> tuple[int, dict]:
+    """(status, JSON answer) of a POST whose body is sent in chunks, with no Content-Length."""
+    import http.client
+    import json
+    import urllib.parse
+
+    address = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
+    try:
+        connection.request("POST", path, body=iter(pieces), headers={"content-type": "application/json"},
+                           encode_chunked=True)
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
+
+
 def get(url: str, path: str, headers: dict | None = None) -> tuple[int, str]:
     import urllib.error
     import urllib.request
@@ -220,7 +237,12 @@ def test_malformed_json_and_a_large_body_get_openai_errors(served):
     client, _, _, _ = served
     status, answer = post(client.url, "/v1/completions", None, raw=b'{"prompt": "x", ')
     assert status == 400 and "not valid JSON" in answer["error"]["message"]
-    status, answer = post(client.url, "/v1/completions", {"model": "tiny", "prompt": "x" * (2 << 20)})
+    # The client is still sending when the server decides: it must read the 413, not a connection reset.
+    for _ in range(3):
+        status, answer = post(client.url, "/v1/completions", {"model": "tiny", "prompt": "x" * (2 << 20)})
+        assert status == 413 and "larger than" in answer["error"]["message"]
+    # A body without a Content-Length (chunked) is refused as soon as it passes the limit.
+    status, answer = post_chunked(client.url, "/v1/completions", [b'{"prompt": "'] + [b"x" * 65536] * 48 + [b'"}'])
     assert status == 413 and "larger than" in answer["error"]["message"]
     assert client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=0).usage.total_tokens > 0
 
