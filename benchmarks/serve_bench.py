@@ -19,6 +19,10 @@ the moment call i returns, its prompt the token ids of call i's prompt, call i's
   without the fused verify forward (`AssistantConfig(compile_verify=False)`; "auto", the default, fuses on a GPU), for
   an A/B of the two runners in one run.
 
+With `--fault-every N` each CB method also runs as `<method>+faults`: every N-th request sent fails in its own
+stopping criterion; its error comes back (`faults` counts them) and the client sends the call again. `unanswered`
+counts requests without an answer when a run ends (lost ones, unless the `--max-seconds` bound cut the run).
+
 First a correctness gate (each CB method's greedy replies against plain `generate` on the same prompts: exact in fp32;
 bf16 reports the share of identical replies), an untimed pass over the sessions (autotuning and compiles of every
 prompt shape), then every method at every rate, bounded by `--max-seconds` per run.
@@ -93,25 +97,62 @@ def _gen(tokenizer, max_new: int) -> GenerationConfig:
                             pad_token_id=(tokenizer.pad_token_id if tokenizer is not None else None) or eos or 0)
 
 
+class InjectedFault(RuntimeError):
+    pass
+
+
+class _FailingCriterion:
+    """A stopping criterion that raises at its first call: the injected fault of `--fault-every` (one request's own
+    hook failing, as a user's criterion or processor can)."""
+
+    def __call__(self, input_ids, scores, **kwargs):
+        raise InjectedFault("injected fault")
+
+
+@dataclass
+class RunCounts:
+    """What a run's requests came to beyond their calls: faults injected (each answered with its error, then sent
+    again, as a client retries) and requests still unanswered when the run ended (lost, unless the bound cut it)."""
+
+    faults: int = 0
+    unanswered: int = 0
+
+
 def run_cb(manager: ContinuousBatchingManager, pieces, times: list[float], max_new: int, deadline: float,
-           bar) -> list[Call]:
-    """Drive `manager` with the sessions arriving at `times`; each call's follow-up sent when it returns."""
+           bar, fault_every: int = 0, counts: RunCounts | None = None) -> list[Call]:
+    """Drive `manager` with the sessions arriving at `times`; each call's follow-up sent when it returns. With
+    `fault_every` N, every N-th request sent carries a stopping criterion that raises: its error must come back, and
+    the call is sent again (its time to first token counts from the first send)."""
+    counts = counts if counts is not None else RunCounts()
     start = time.perf_counter()
     due = sorted((t, s) for s, t in enumerate(times))
     prompts: dict[int, list[int]] = {}
     inflight: dict[str, tuple[int, int, float]] = {}
     calls: list[Call] = []
+    sent_count = 0
+
+    def send(s: int, call: int, sent: float) -> None:
+        nonlocal sent_count
+        sent_count += 1
+        fault = fault_every > 0 and sent_count % fault_every == 0
+        rid = manager.add_request(prompts[s], max_new_tokens=max_new, record_timestamps=True,
+                                  stopping_criteria=[_FailingCriterion()] if fault else None)
+        inflight[rid] = (s, call, sent)
+
     while (due or inflight) and time.perf_counter() - start < deadline:
         now = time.perf_counter()
         while due and due[0][0] <= now - start:
             _, s = due.pop(0)
             prompts[s] = list(pieces[s][0])
-            rid = manager.add_request(prompts[s], max_new_tokens=max_new, record_timestamps=True)
-            inflight[rid] = (s, 0, time.perf_counter())
+            send(s, 0, time.perf_counter())
         out = manager.get_result(timeout=0.001)
         if out is None:
             continue
         s, call, sent = inflight.pop(out.request_id)
+        if out.error is not None and "injected fault" in str(out.error):
+            counts.faults += 1
+            send(s, call, sent)
+            continue
         bar.update(1)
         if out.error is not None:  # counted, and the session ends there (summaries report `failed`)
             logger.warning("session %d call %d failed: %s", s, call, out.error)
@@ -123,8 +164,8 @@ def run_cb(manager: ContinuousBatchingManager, pieces, times: list[float], max_n
                           out.reused_prefix_tokens, stats.mean_accepted_length if stats else 1.0))
         if call + 1 < len(pieces[s]):
             prompts[s] = prompts[s] + list(out.generated_tokens) + list(pieces[s][call + 1])
-            rid = manager.add_request(prompts[s], max_new_tokens=max_new, record_timestamps=True)
-            inflight[rid] = (s, call + 1, time.perf_counter())
+            send(s, call + 1, time.perf_counter())
+    counts.unanswered = len(inflight)
     for rid in inflight:
         manager.cancel_request(rid)
     return calls
@@ -253,9 +294,12 @@ def report_profile(profiler: _ThreadProfile, label: str, out: str | None, filena
         (Path(out) / filename).write_text(stream.getvalue())
 
 
-def cb_runs(methods, modes) -> list[tuple[str, str, str]]:
-    """(label, method, prefill mode) of every CB run at a rate; the label names the mode when several are given."""
-    return [(m if len(modes) == 1 else f"{m}/{mode}", m, mode) for m in methods if m != "stock" for mode in modes]
+def cb_runs(methods, modes, fault_every: int = 0) -> list[tuple[str, str, str, int]]:
+    """(label, method, prefill mode, fault_every) of every CB run at a rate; the label names the mode when several are
+    given. With `fault_every`, each run is followed by the same run with faults injected (label `+faults`)."""
+    runs = [(m if len(modes) == 1 else f"{m}/{mode}", m, mode) for m in methods if m != "stock" for mode in modes]
+    return [(label + suffix, m, mode, every) for label, m, mode in runs
+            for suffix, every in ([("", 0), ("+faults", fault_every)] if fault_every else [("", 0)])]
 
 
 def gate(model, tokenizer, pieces, args, gen) -> dict:
@@ -269,7 +313,7 @@ def gate(model, tokenizer, pieces, args, gen) -> dict:
     shares = {}
     # Every CB method of the default list, whatever --methods runs, and the unfused ones where asked for.
     gated = [m for m in METHODS[1:] if m in DEFAULT_METHODS or m in args.methods]
-    for label, method, mode in cb_runs(gated, args.prefill):
+    for label, method, mode, _ in cb_runs(gated, args.prefill):
         manager = make_manager(model, method, mode, args, gen)
         with manager:
             rids = [manager.add_request(ids, max_new_tokens=args.max_new_tokens) for ids in prompts]
@@ -328,6 +372,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--unfused", action="store_true",
                         help="every engine's runner without the fused verify forward (AssistantConfig("
                              "compile_verify=False); the default \"auto\" fuses on a GPU)")
+    parser.add_argument("--fault-every", type=int, default=0,
+                        help="also run each CB method with every N-th request failing in its own stopping criterion "
+                             "(answered with its error, then sent again); 0: no fault runs")
     parser.add_argument("--profile", nargs="*", default=[], choices=METHODS[1:],
                         help="CB methods whose timed runs also run the engine's thread under cProfile (host functions "
                              "by own time printed, all of them to --out/profile_<method>_<rate>.txt, punctuation as _)")
@@ -360,8 +407,10 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for rate in args.rates:
         times = arrivals(len(pieces), rate, args.seed)
-        runs = ([("stock", "stock", None)] if "stock" in args.methods else []) + cb_runs(args.methods, args.prefill)
-        for label, method, mode in runs:
+        runs = (([("stock", "stock", None, 0)] if "stock" in args.methods else [])
+                + cb_runs(args.methods, args.prefill, args.fault_every))
+        for label, method, mode, fault_every in runs:
+            counts = RunCounts()
             bar = tqdm(total=total_calls, desc=f"{label} @ {rate}/s", unit="call", leave=False)
             if method == "stock":
                 # Several prompt lengths, with a streamer as timed: dynamo's dynamic shapes settle before timing.
@@ -381,7 +430,8 @@ def main(argv: list[str] | None = None) -> dict:
                     before = dataclasses.replace(manager.engine.stats)
                     if profiler is not None:
                         profiler.armed.set()
-                    calls = run_cb(manager, pieces, times, args.max_new_tokens, args.max_seconds, bar)
+                    calls = run_cb(manager, pieces, times, args.max_new_tokens, args.max_seconds, bar, fault_every,
+                                   counts)
                     after = manager.engine.stats
                     engine = {f.name: round(getattr(after, f.name) - getattr(before, f.name), 4)
                               for f in dataclasses.fields(after)}
@@ -390,9 +440,10 @@ def main(argv: list[str] | None = None) -> dict:
                     report_profile(profiler, f"{label} @ {rate}/s", args.out, f"profile_{name}.txt")
             bar.close()
             summary = summarize(calls)
-            rows.append({"method": label, "rate": rate, **summary, "complete": summary["calls"] == total_calls,
+            rows.append({"method": label, "rate": rate, **summary, **dataclasses.asdict(counts),
+                         "complete": summary["calls"] == total_calls,
                          **({"engine": engine} if method != "stock" else {})})
-    cols = ("method", "rate", "calls", "failed", "ttft_p50", "ttft_p99", "follow_ttft_p50", "tpot_p50", "tpot_p99",
+    cols = ("method", "rate", "calls", "failed", "faults", "unanswered", "ttft_p50", "ttft_p99", "follow_ttft_p50", "tpot_p50", "tpot_p99",
             "tokens_per_s", "accepted")
     print("| " + " | ".join(cols) + " |")
     print("|" + " --- |" * len(cols))

@@ -96,6 +96,24 @@ def test_serve_bench_dry_run_runs_every_method_behind_its_gate(tmp_path, capsys)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["bench"] == "serve"
 
 
+def test_serve_bench_fault_runs_answer_every_injected_fault_and_lose_nothing(tmp_path):
+    """`--fault-every 2`: every second request fails in its own stopping criterion; each fault comes back as an error
+    and its call is sent again, so the faulty run completes every call, identical in tokens to the clean one."""
+    import serve_bench
+    from helpers import tiny_target_with_tokenizer
+
+    tiny_target_with_tokenizer(tmp_path / "target")
+    result = serve_bench.main(["--model", str(tmp_path / "target"), "--dtype", "float32", "--device", "cpu",
+                               "--dry-run", "--max-total-tokens", "2048", "--max-slots", "4", "--rates", "64",
+                               "--methods", "cb+spec", "--fault-every", "2", "--no-warm-pass"])
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"cb+spec", "cb+spec+faults"}
+    clean, faulty = rows["cb+spec"], rows["cb+spec+faults"]
+    assert clean["faults"] == 0 and faulty["faults"] >= clean["calls"] // 2
+    assert faulty["complete"] and faulty["failed"] == 0 and faulty["unanswered"] == 0
+    assert faulty["engine"]["failed"] == faulty["faults"]
+
+
 def test_serve_bench_unfused_methods_are_their_base_method_on_the_unfused_runner(monkeypatch):
     """`cb-unfused` / `cb+spec-unfused` build the engine of `cb` / `cb+spec` with `compile_verify=False`; the others
     keep "auto" (unless --unfused)."""
