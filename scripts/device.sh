@@ -30,8 +30,7 @@ source scripts/device_env.sh
 E2E="--dtype bfloat16 --stock-static --skip-gate --allow-mismatch --num-prompts 8 --prompt-tokens 400 --max-new-tokens 128"
 case "${1:-}" in
   kernels)
-    # -P: not the working directory first on the path (its hf_hybrid_spec/ lacks the kernels of the installed copy)
-    run 400 kernel_tests python3 -P -m pytest -q tests/kernels/test_kernels_gpu.py tests/kernels/test_tree_attention.py
+    run 400 kernel_tests python3 -m pytest -q tests/kernels/test_kernels_gpu.py tests/kernels/test_tree_attention.py
     run 300 tree_kernels python3 benchmarks/tree_kernels.py --cuda-graph --ops gdn mamba2 --batch 1 8 --nodes 16 64 \
         --out "$OUT/kbench" ;;
   e2e)

@@ -1,9 +1,7 @@
-# Sourced by scripts/device.sh on the GPU machine (from the repository root): wheels, the package importable as
-# installed (hf_hybrid_spec with its kernels/ inside), the fixture unpacked, and `run`, which runs one step under a
-# timeout with its log in $OUT.
+# Sourced by scripts/device.sh on the GPU machine (from the repository root): wheels, the package importable from
+# the working tree, the fixture unpacked, and `run`, which runs one step under a timeout with its log in $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/*.whl
-rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r hf_hybrid_spec /tmp/pkg/ && cp -r kernels /tmp/pkg/hf_hybrid_spec/kernels
-export PYTHONPATH=/tmp/site:/tmp/pkg:$PWD/benchmarks
+export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
 export HF_HYBRID_SPEC_FIXTURES=$PWD/.carry/models
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 for f in .carry/models/*.tar.xz; do [ -e "$f" ] && tar -xJf "$f" -C .carry/models; done
@@ -18,7 +16,8 @@ run() { local t=$1 name=$2; shift 2; echo "=== $name"; timeout -k 5 "$t" "$@" > 
         grep -v "^\[trans\|Loading weights\|falling back" "$OUT/$name.log" | tail -n "${TAILN:-8}" | cut -c1-"${CUTC:-300}"; }
 # base NAME SECONDS CMD...: the same CMD with the package of .carry/base (its benchmarks/ first on the path).
 base() { local t=$1 name=$2; shift 2;
-         rm -rf /tmp/basepkg && mkdir -p /tmp/basepkg && cp -r .carry/base/hf_hybrid_spec /tmp/basepkg/ &&
-         cp -r .carry/base/kernels /tmp/basepkg/hf_hybrid_spec/kernels;
+         rm -rf /tmp/basepkg && mkdir -p /tmp/basepkg && cp -r .carry/base/hf_hybrid_spec /tmp/basepkg/;
+         # Commits before the kernels moved into the package kept them in a top-level kernels/ folder.
+         [ -d .carry/base/kernels ] && cp -r .carry/base/kernels /tmp/basepkg/hf_hybrid_spec/kernels;
          # From /tmp: `python -m` puts the working directory first on the path, and this one holds the new package.
          (cd /tmp && PYTHONPATH=/tmp/site:/tmp/basepkg:$OLDPWD/.carry/base/benchmarks run "$t" "$name" "$@"); }

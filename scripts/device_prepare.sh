@@ -16,7 +16,8 @@ rm -rf .carry/base
 if [ $# -ge 2 ]; then
   mkdir -p .carry/base
   # Only the code of that commit: its package (with the kernels where it installs them) and its benchmark scripts.
-  git archive "$2" hf_hybrid_spec kernels $(git ls-tree --name-only "$2" benchmarks 2>/dev/null) | tar -x -C .carry/base
+  # (commits before the kernels moved into the package kept them in a top-level kernels/ folder)
+  git archive "$2" hf_hybrid_spec $(git ls-tree --name-only "$2" kernels benchmarks 2>/dev/null) | tar -x -C .carry/base
   echo "$2" > .carry/base/REF
 fi
 du -sh .carry

@@ -1,4 +1,5 @@
-"""Tree verification and factorized state commit for recurrent layers (installed as `hf_hybrid_spec.kernels`).
+"""Tree verification and factorized state commit for recurrent layers: the package's bottom layer (as fla keeps
+`fla/ops/`).
 
 Math on tensors only: nothing here imports transformers. Each op has up to three implementations with one contract:
 `naive_*` (the recurrence walked node by node, the test oracle), `torch_*` (closed form, vectorized; the CPU
@@ -17,15 +18,5 @@ children of the committed state):
     tree_attention                                    attention of tree nodes over a KV cache (`compile_verify`)
 """
 
-if __name__ == "kernels":
-    # Imported as a top-level package: the repository root is on the path (Python started there with -c, -m or a
-    # REPL), and this folder shadows Hugging Face's `kernels` library, which transformers probes for and imports. The
-    # name goes to that library; without one, this stays an empty module with no file and no version, which
-    # transformers' probe reads as no installation.
-    from ._shadowed import hand_over
-
-    if not hand_over():
-        __file__ = None
-else:
-    from .dispatch import *  # noqa: F403
-    from .dispatch import __all__  # noqa: F401
+from .dispatch import *  # noqa: F403
+from .dispatch import __all__  # noqa: F401
