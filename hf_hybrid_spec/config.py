@@ -108,18 +108,17 @@ class AssistantConfig:
             faster path). Also turned on by `generate(..., cache_implementation="static")`.
         compile_buckets: tree sizes (root included) captured; a tree is padded to the smallest that fits and the
             draft budget is capped at the largest minus one.
-        compile_drafter: with `compile`, also compile the EAGLE (or MTP) drafter's passes with Inductor (before they are
-            captured on a GPU: a 60-node tree drafts in 1.25 ms instead of 2.0 on the H200; on CPU the compiled
-            passes run as they are, ~20-30% less drafting time). Costs ~20 s of compiling per pass (the tree
-            expansion for the request's full budget, the accept pass) once per process and drafter, so it is off by
-            default: turn it on for a server that keeps the process.
+        compile_drafter: with `compile`, also compile the EAGLE (or MTP) drafter's passes with Inductor (before they
+            are captured on a GPU; on CPU the compiled passes run as they are; docs/benchmarks.md, "EAGLE-3 drafters").
+            Costs an Inductor compile of seconds per pass (the tree expansion for the request's full budget, the accept
+            pass) once per process and drafter, so it is off by default: turn it on for a server that keeps the process.
         compile_verify: with `compile`, also compile the target's pure regions inside the verify forward with
             Inductor (`hf_hybrid_spec.fusion`: the RMSNorms, gated norms, MLPs and the mixers' gate math become
             fused kernels before the forward is captured), run each layer's independent projections side by side
             (`fusion.parallel_linears`) and its attention on our tree-attention kernel (`models.tree_attention`):
-            the 8-node verify of a 2B Qwen3.5 shape went from 4.9 to 2.5 ms on an H200 (2.7x its weight-read
-            floor), qwen3_5-small's from 1.25 to 0.56, and a batch's plain decode step (what the budget falls back
-            to) from slower than stock static+compile's to about half its time. "auto" (the default) is True where
+            about half the verify forward's time on a GPU, and a batch's plain decode step (what the budget falls
+            back to) faster than stock static+compile's (docs/compile.md, docs/benchmarks.md "Batches"). "auto"
+            (the default) is True where
             `compile` resolves to True on a CUDA device and False elsewhere: on a CPU (no graphs) the compiled
             regions are not faster at these sizes (dynamo's guards run every step). Numerics are a compiled
             model's (fused reductions and another attention kernel round differently in the last bits, as stock
@@ -143,9 +142,8 @@ class AssistantConfig:
             padding in the cache): replays instead of an eager forward whose kernel launches can cost more than a
             short generation's steps. "eager": the prompt in one forward of the model (a batch's left-padded), as
             stock generate runs it. "auto" (the default): chunked for prompts of at most 512 tokens and 16384 in
-            the call (rows x padded length), else eager (the H200 measured chunked faster up to 64 x 256 tokens on
-            falcon_h1-small, 3 ms slower at 64 x 256 on qwen3_5-small; the 512 bound is reasoned from what each
-            chain costs, not measured). At batch size 1, a call
+            the call (rows x padded length), else eager (the bounds: `engine.backend`, docs/batching.md
+            "Prompts"). At batch size 1, a call
             that continues a cache or has padding, multimodal inputs or asks for the prompt's attentions prefills
             eagerly.
 

@@ -20,10 +20,10 @@ from .tree import VerifyTree
 
 __all__ = ["cache_kwarg", "forward_tokens", "forward_tree", "sdpa_without_cudnn"]
 
-# cuDNN's SDPA backend builds an execution plan for each new shape it sees (40-60 ms for a small model on the H200) and
-# caches it; stock decoding meets one shape per prompt, but a speculative loop meets a new key length at every step
-# (eager tree verification, the drafters' own attention), so on the first request with a given prompt length each
-# step paid that build: EAGLE steps took 20-44 ms instead of ~2. The flag is process-wide, so concurrent
+# cuDNN's SDPA backend builds an execution plan for each new shape it sees (tens of milliseconds) and caches it;
+# stock decoding meets one shape per prompt, but a speculative loop meets a new key length at every step (eager tree
+# verification, the drafters' own attention), so on the first request with a given prompt length each step paid that
+# build: EAGLE steps took ten times their graph-replayed time. The flag is process-wide, so concurrent
 # calls share one switch-off: the first to enter saves the user's setting, the last to leave restores it.
 _CUDNN_LOCK = threading.Lock()
 _CUDNN_USERS = 0

@@ -1,9 +1,9 @@
 """Inductor-fused regions of the target's verify forward (`AssistantConfig.compile_verify`, on by default on a GPU).
 
-A verify forward captured as a CUDA graph has no Python or launch overhead left, but it still runs every small
-kernel eager PyTorch issues: on a 2B Qwen3.5-shaped model ~1,000 kernels per forward, most of them the dtype
-casts, squares, means and scales of RMSNorms, the gated output norm, the gate math of each mixer and the MLP's
-activation, 1-4 us each, against matmuls that read the weights once. Stock `generate(cache_implementation="static")`
+A verify forward captured as a CUDA graph has no Python or launch overhead left, but it still runs every small kernel
+eager PyTorch issues: on a 2B Qwen3.5-shaped model about a thousand kernels per forward, most of them the dtype casts,
+squares, means and scales of RMSNorms, the gated output norm, the gate math of each mixer and the MLP's activation, each
+costing its launch latency, against matmuls that read the weights once. Stock `generate(cache_implementation="static")`
 compiles the whole forward for the same reason. We cannot hand the whole verify forward to torch.compile (the tree
 cache's bookkeeping and our Triton kernels sit inside it), so we compile the pure regions instead:
 
@@ -14,9 +14,9 @@ cache's bookkeeping and our Triton kernels sit inside it), so we compile the pur
 - functions of ours marked with `@fusable` (the mixers' gate math), compiled on first use under `fused_regions`;
 - `parallel_linears`: independent projections of one input (a gated-delta mixer's qkv / z / b / a, an MLP's gate
   and up) run on side streams next to the largest one, so in the captured graph they are parallel branches. At a
-  few rows a linear layer is a weight read of a few microseconds, and cuBLAS reaches the bandwidth only on the
-  large ones (H200, 9 rows: 8192x2048 at 10.7 us, 2048x2048 at 6.3 us, 32x2048 at 4.9 us): run one after
-  the other, the small ones cost their latency in full. Model adapters give MLP forwards that use it
+  few rows a linear layer is a short weight read, and cuBLAS reaches the bandwidth only on the large ones (a
+  32x2048 projection costs nearly what a 2048x2048 one does): run one after the other, the small ones cost their
+  latency in full. Model adapters give MLP forwards that use it
   (`ModelAdapter.mlps`); they replace the compiled class forward of those modules within the regions.
 
 Numerics are those of a compiled model (the fused reductions round differently in the last bits, as stock

@@ -51,7 +51,8 @@ class SuffixTrie:
     ROOT = 0
     _NONE, _MANY = -1, -2
     # Tokens `SuffixDrafter.settle` feeds between two checks of its deadline: few, since a check that comes late holds
-    # the host past the device's idle time (a token costs ~5-25 us here on the fixtures' repetitive text).
+    # the host past the device's idle time (the Python trie's cost per token: docs/benchmarks.md, "Suffix tries per
+    # committed token").
     FEED_CHUNK = 8
 
     def __init__(self, depth: int):
@@ -443,8 +444,7 @@ class GlobalSuffixCache:
       finished request's tokens (the next call of an agent loop carries the earlier prompt and its output) takes that
       trie over instead of building its own from the first token: `SuffixTrie.truncate` cuts it back to the common
       prefix and only the rest of the prompt is inserted. The trie is the same either way (so are the drafts);
-      building one costs ~10-17 us per prompt token at the default depth (`max_match_length + max_depth` = 40: node
-      visits per token).
+      building one visits `max_match_length + max_depth` nodes (40 by default) per prompt token.
 
     Bounded by `max_outputs` outputs and by `max_tokens` tokens in all (outputs and kept tries): the oldest go first
     (kept tries before outputs), and a trie over the budget on its own is not kept at all. Memory is about

@@ -1,9 +1,9 @@
 """`NativeSuffixTrie`: `SuffixTrie`'s structure and results in C (`suffix_trie.c`), behind the same methods.
 
 `suffix.new_trie(depth)` gives the C trie where it could be built (`hf_hybrid_spec._native`) and the Python one
-otherwise; the drafts are the same either way (tests check them node for node). The C trie costs ~0.1-0.5 us per
-token fed where the Python one costs ~4-6 us, and grows a draft in one call; per call it pays ~2 us of ctypes, so
-callers feed tokens in batches (`extend_many`, `follow_many`).
+otherwise; the drafts are the same either way (tests check them node for node). The C trie costs a small fraction of
+the Python one per token fed (docs/benchmarks.md, "Suffix tries per committed token") and grows a draft in one call;
+each call pays a fixed ctypes toll, so callers feed tokens in batches (`extend_many`, `follow_many`).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class NativeSuffixTrie:
     back, index it and take its length; either kind is accepted."""
 
     ROOT = 0
-    FEED_CHUNK = 256  # tokens `SuffixDrafter.settle` feeds between two checks of its deadline (~0.1 us each here)
+    FEED_CHUNK = 256  # tokens `SuffixDrafter.settle` feeds between two checks of its deadline (cheap ones in C)
 
     def __init__(self, depth: int, _handle: int | None = None):
         lib = _library()
@@ -109,7 +109,7 @@ class NativeSuffixTrie:
         self._active_addr = _addr(self._active)
         self._out: tuple[tuple[array, ...], tuple[int, ...]] | None = None  # best_draft's buffers and addresses
         # The scratch above is the trie's: the process-wide trie is read by several requests' threads, and a thread
-        # may switch between a C call and the read of its results (an uncontended lock costs ~0.05 us).
+        # may switch between a C call and the read of its results (an uncontended lock is cheap beside the call).
         self._scratch = threading.Lock()
 
     def __del__(self):

@@ -1,25 +1,22 @@
 """Fixed-shape EAGLE drafting: the drafter's keys and values in preallocated storage, tree expansion as CUDA graphs.
 
-Eager, one EAGLE-2 tree is ~750 small ops (five drafter layers, masks, top-k, sort): on the H200 that is tens of
-milliseconds of launches against a 2-3 ms graph-replayed verify, which made the EAGLE drafter lose everywhere on the
-GPU. `StaticEagleTree` keeps the committed steps' keys and values in a [1, kv_heads, capacity, head_dim] buffer, so
-`tree.expand_tree` sees the same shapes at every step (the committed length is a device scalar and a mask), and on
-CUDA captures it once per draft budget and replays it. The accept pass (the drafter's steps for the tokens the target
-just committed, 1 .. depth + 1 of them) is fixed-shape too, one graph per count: eager it was ~30 launches and ~1.5-2 ms
-per step on the H200), the largest part of an EAGLE step. On CPU the same code runs eagerly (what the tests
-exercise).
+Eager, one EAGLE-2 tree is ~750 small ops (five drafter layers, masks, top-k, sort): on a GPU their launches take many
+times a graph-replayed verify, which made the EAGLE drafter lose everywhere there. `StaticEagleTree` keeps the committed
+steps' keys and values in a [1, kv_heads, capacity, head_dim] buffer, so `tree.expand_tree` sees the same shapes at
+every step (the committed length is a device scalar and a mask), and on CUDA captures it once per draft budget and
+replays it. The accept pass (the drafter's steps for the tokens the target just committed, 1 .. depth + 1 of them) is
+fixed-shape too, one graph per count (eager it was ~30 launches per step, the largest part of an EAGLE step). On CPU the
+same code runs eagerly (what the tests exercise).
 
 Graph replay removes the launch cost but not the kernels: one EAGLE-2 expansion is ~780 aten ops (~450 kernels, each a
-few microseconds on the GPU even when replayed), 1.5-2 ms per tree on the H200, more than the verify
-forward it feeds. With `fuse=True` (`AssistantConfig(compile=True, compile_drafter=True)`) the expansion and the
-accept pass are compiled by Inductor (`torch.compile(fullgraph=True)`, which fuses the elementwise ops of the small
-drafter layer, the masks and the score arithmetic) before they are captured, and the graphs replay the fused kernels
-(on the H200: 2.02 -> 1.25 ms per 60-node tree, 1.54 -> 0.86 ms per 6-token chain). Each compile costs ~20 s on the
-H200's host, once per process: the expansion is compiled for the first draft budget only (a request's full budget;
-the shorter ones of its last steps replay unfused graphs), the accept pass twice (one step, and a dynamic count). Any
-compile error falls back to the unfused graph with a warning (drafting never decides what is committed). Without
-graphs (CPU) the compiled passes run as they are (qwen3_5-small's drafter on this project's CPU: 15.8 -> 12.3 ms per
-60-node tree, 8.0 -> 5.3 ms per chain).
+few microseconds on the GPU even when replayed), more than the verify forward it feeds. With `fuse=True`
+(`AssistantConfig(compile=True, compile_drafter=True)`) the expansion and the accept pass are compiled by Inductor
+(`torch.compile(fullgraph=True)`, which fuses the elementwise ops of the small drafter layer, the masks and the score
+arithmetic) before they are captured, and the graphs replay the fused kernels (docs/benchmarks.md, "EAGLE-3 drafters").
+Each compile costs seconds of the host's time, once per process: the expansion is compiled for the first draft budget
+only (a request's full budget; the shorter ones of its last steps replay unfused graphs), the accept pass twice (one
+step, and a dynamic count). Any compile error falls back to the unfused graph with a warning (drafting never decides
+what is committed). Without graphs (CPU) the compiled passes run as they are (also faster there).
 
 With `rows=R` the storage holds R rows of a batch (`eagle.batch.BatchEagleDrafter`): one expansion grows every
 row's tree, one accept pass takes every row's committed steps (each row its own count, padded to the longest; a

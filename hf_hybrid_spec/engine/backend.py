@@ -33,12 +33,10 @@ __all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "BatchEagerBackend", 
 # bucket would take a replay per few prompt tokens; the tree kernels hold at most 128 nodes).
 PREFILL_CHUNK = 64
 # prefill="auto" runs the chunked prefill for prompts padded to at most AUTO_CHUNKED_LENGTH tokens (8 chains) and at
-# most AUTO_CHUNKED_TOKENS in the call (rows x padded length). Measured on the H200 (256-token prompts, 4 chains, the
-# fixtures, EAGLE's set-up): 1.6-4x shorter chunked from 1 x 256 to 32 x 256 tokens; at 64 x 256, 55 against 260 ms on
-# falcon_h1-small (the eager forward runs Mamba-2's PyTorch fallbacks without mamba_ssm / causal_conv1d) and 35
-# against 32 ms on qwen3_5-small. Each chain is a replay and a commit (~2.5 ms at B = 1) where an eager forward's
-# launches cost about the same at any length (25-36 ms on the fixtures at B = 1): past a few chains per row the eager
-# forward wins (the length bound is reasoned from that, not measured).
+# most AUTO_CHUNKED_TOKENS in the call (rows x padded length): shorter chunked up to those sizes on the fixtures
+# (docs/batching.md, "Prompts"). Each chain is a replay and a commit where an eager forward's launches cost about the
+# same at any length: past a few chains per row the eager forward wins (the length bound is reasoned from that, not
+# measured).
 AUTO_CHUNKED_LENGTH = 512
 AUTO_CHUNKED_TOKENS = 16384
 

@@ -3,8 +3,8 @@
 The budget's promise is that speculation never loses to autoregressive decoding, so the step it falls back to must
 cost what a plain decode step costs. The pipelined and general batch steps can verify a tree of width 1, but they
 carry the tree machinery (selection, masks, the walk or its device version, per-node bookkeeping) around a one-token
-forward: measured on the H200 at B = 8 to 64, that made a width-1 step 0.6-0.9 ms slower than stock's compiled
-decode step. Here one step is
+forward, which made a width-1 step slower than stock's compiled decode step (docs/batching.md, "Plain steps"). Here
+one step is
 
     forward_device(roots)            # each row's last token alone: the runner's narrowest captured graph
     argmax -> commit_device          # every running row keeps its root; rows that stopped commit nothing

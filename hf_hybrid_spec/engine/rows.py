@@ -36,7 +36,7 @@ class BatchRecorder:
                                  dtype=torch.long, device=input_ids.device)
         self.buffer[:, :length] = input_ids
         # On the host (the serving engine's requests, a CPU batch), writes go through a NumPy view: a slice assigned
-        # from a list, without a tensor per write (~10 us each, every request every step).
+        # from a list, without building a tensor per write (every request, every step).
         self._host_view = self.buffer.numpy() if self.buffer.device.type == "cpu" else None
         self.host: list[list[int]] = input_ids.tolist()
         self.lengths = [length] * rows

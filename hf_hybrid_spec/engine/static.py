@@ -405,7 +405,8 @@ def capture_bucket(runner, bucket, forward, commit) -> None:
 # bucket on each switch; each runner holds a static cache, so the count is bounded, and a runner longer than
 # MAX_KEPT_LENGTH (one huge request) is dropped when its call ends instead of being kept. Eight: every drafter that
 # reads hidden states (EAGLE's layers, MTP's last one) is a setting of its own, twice with the fused verify, and with
-# four a process alternating suffix, EAGLE and MTP recaptured every bucket on every call (the H200 benchmark did).
+# four a process alternating suffix, EAGLE and MTP recaptured every bucket on every call (the end-to-end benchmark
+# does alternate them).
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _RUNNERS_LOCK = threading.Lock()
 MAX_RUNNERS_PER_MODEL = 8

@@ -254,7 +254,7 @@ class HybridDrafter(Drafter):
         if not self.record and self.policy.quick_cache(cache.num_nodes, history, self.cost, budget, model_tokens,
                                                        self.allow_merge, self._model_begun, length):
             # Most agentic steps: the cache draft wins whatever its features say (HVD's whole per-step cost there
-            # is this branch, ~5 us on the host, against ~25 us through the `Step` below).
+            # is this branch, a fraction of a pass through the `Step` below).
             self.options["cache"] = self.options.get("cache", 0) + 1
             self._pending_cache = cache
             if cache.probs is None and cache.next_probs is None:

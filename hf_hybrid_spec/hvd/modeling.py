@@ -109,8 +109,8 @@ class PayoffOutput(ModelOutput):
 
 class _FoldedHead:
     """One head of a `PayoffPredictor` for a single feature vector, on the host in float64 numpy. HVD asks for a
-    prediction on the steps it cannot decide from the cost model alone; the same arithmetic through `torch.nn` costs
-    ~100 us of per-op dispatch for ~1.7k multiply-adds (a GPU step is ~2 ms). Folded into the weights: the feature
+    prediction on the steps it cannot decide from the cost model alone; through `torch.nn` the per-op dispatch of
+    ~1.7k multiply-adds would be a visible share of a GPU step. Folded into the weights: the feature
     normalization and the head's feature subset (the first layer reads the full `FEATURE_NAMES` vector, zero
     columns for the features it does not use), and GELU's factor 1/2 (into the next layer)."""
 

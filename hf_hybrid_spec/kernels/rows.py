@@ -3,7 +3,7 @@
 The static runner's commit graph keeps the target's hidden states of every committed token for drafters that read
 them (EAGLE, HVD): each step it copies the accepted path's rows of L layers (3 for EAGLE-3) into a per-token
 history. In PyTorch that is a gather and a scatter per layer, 2L launches of a few kilobytes each, every one paying
-the ~2-3 us a graph node costs whatever its size; the Triton kernel does all L layers in one launch. `order` and
+the fixed cost of a graph node whatever its size; the Triton kernel does all L layers in one launch. `order` and
 `dst` stay on the device (the commit graph computes them), so neither path reads anything back to the host.
 """
 

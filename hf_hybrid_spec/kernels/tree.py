@@ -182,8 +182,8 @@ def finish_state(into: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
 
 
 # The launchers' tile and grid arithmetic on Python ints. Not triton.next_power_of_2 / triton.cdiv: in recent Triton
-# those are constexpr functions that unwrap every argument on each host call (~8 us per call on a 2-core CPU, four to
-# six calls per launch), and an eager verify forward launches two tree ops per recurrent layer.
+# those are constexpr functions that unwrap every argument on each host call (four to six calls per launch), and an
+# eager verify forward launches two tree ops per recurrent layer.
 def pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()

@@ -1,8 +1,8 @@
 """Fixed-shape MTP drafting: the head's keys and values in preallocated storage, its passes as CUDA graphs.
 
 Eager, one MTP draft is a few hundred small ops per depth (the family's decoder layer with gated attention and q/k
-norms, the norms, the head, top-k) launched from Python: 5-6 ms per step on the H200 for a 3-token chain, more than
-the graph-replayed verify forward it feeds. `StaticMtp` keeps the committed steps' keys and values in a
+norms, the norms, the head, top-k) launched from Python: on a GPU more time per step than the graph-replayed verify
+forward it feeds (docs/benchmarks.md, "MTP head"). `StaticMtp` keeps the committed steps' keys and values in a
 [1, kv_heads, capacity + tree, head_dim] buffer (committed steps at 0 .. capacity, the draft tree's nodes after
 them), so every pass has the same shapes at every step: the committed length is a device scalar and a mask. On CUDA
 the tree expansion is captured once per draft budget and the accept pass (the head's steps for the 1 .. depth + 1
@@ -12,7 +12,7 @@ exercise). The prompt's steps at `begin` run eagerly on the same storage.
 With `fuse=True` (`AssistantConfig(compile=True, compile_drafter=True)`) both passes are compiled by Inductor
 (`torch.compile(fullgraph=True)`) before they are captured, as EAGLE's are: the accept pass once with a dynamic
 count, the expansion for the first draft budget only (a request's full budget; the smaller ones of its last steps
-replay plain graphs: compiling every budget took seconds each inside the first requests on the H200). A compile that
+replay plain graphs: compiling every budget cost seconds each inside the first requests). A compile that
 fails warns and the plain pass runs from then on (drafting never decides what is committed).
 
 One `StaticMtp` per (head, top-k, depth, fuse) is kept on the head and reused by later requests (their graphs point

@@ -77,8 +77,8 @@ class ServingConfig:
             tokens per step as a chain in the request's row of the captured verify forward, beside the other
             requests' trees (no forward of its own: the running requests never wait for it); "eager": it runs in a
             forward of its own (with `batch_prefill`, shared with those joining at the same time) before it decodes
-            and the running requests wait (slower on the H200 in both time to first token and time per output
-            token: docs/benchmarks.md).
+            and the running requests wait (slower in both time to first token and time per output token:
+            docs/benchmarks.md, "Serving agentic sessions").
         lanes: engines the slots are split between, stepped in turn so that one's host work runs while the device
             computes another's forward (`serving.lanes.ServingLanes`, built by `make_engine`; 1: one engine).
     """
@@ -245,8 +245,8 @@ class RunnerModes:
 def runner_modes(config: AssistantConfig, device: torch.device) -> RunnerModes:
     """The runner's modes on `device`. compile "auto" or True captures graphs on a GPU (the engine's graphs are CUDA
     graphs: eager elsewhere). compile_verify "auto" fuses where the runner captures graphs, as `generate`'s static
-    paths do: on the H200 it cut time to first token and per output token at every measured rate (docs/benchmarks.md,
-    serving); on a CPU the compiled regions are not faster. compile_verify=True fuses anywhere."""
+    paths do: it cut time to first token and per output token at every measured rate (docs/benchmarks.md, "Serving
+    agentic sessions"); on a CPU the compiled regions are not faster. compile_verify=True fuses anywhere."""
     graphs = device.type == "cuda" and config.compile in (True, "auto")
     fuse = config.compile_verify is True or (config.compile_verify == "auto" and graphs)
     return RunnerModes(graphs=graphs, fuse=fuse)

@@ -1,8 +1,8 @@
 """Serving engines stepped in turn, so that the host's work for one runs while the device computes the other's forward.
 
 A speculative serving step is host work (each request's drafts), a verify forward, then host work again (records,
-stopping criteria, the drafters' accepts); the device idles through both host parts, which measured half of a step on
-the H200 (docs/benchmarks.md, "Serving"). With `ServingConfig(lanes=2)` the slots are split between two engines, each
+stopping criteria, the drafters' accepts); the device idles through both host parts (docs/benchmarks.md, "Serving
+agentic sessions"). With `ServingConfig(lanes=2)` the slots are split between two engines, each
 with its own batched cache and captured forward, and a step of lane A is
 
     A.finish(A's launched step)      # read its forward, commit, record: while the device runs B's forward
