@@ -40,7 +40,7 @@ from ..drafters import BatchHidden, DraftBudget, DraftContext, PerRowDrafters, R
 from ..kernels.tree import ancestor_mask
 from ..staging import device_busy
 from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
-from ..verification import FirstToken, StepInputs, make_verifier, process_tree_logits, row_processors
+from ..verification import FirstToken, StepInputs, batch_choices, make_verifier, process_tree_logits, row_processors
 from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
 from .budget import DraftingPayoff, PlainRuns, VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter, path_attentions
@@ -404,9 +404,22 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
     would alone, and the forward's `hidden` states [R, N, H] per layer, for a rule that reads them). `chosen` (a list,
     not with `raw_greedy`) gets each row's processed scores and raw logits [k, V] of the nodes that chose its k
     committed tokens, and their hidden states [k, H] per layer when `hidden` is given (else None). `batch_rows`: each
-    row's index in its batch, for the rule (default: its place in `row_ids`)."""
+    row's index in its batch, for the rule (default: its place in `row_ids`).
+
+    Where the rule's choice at a node needs that node's scores alone (`verification.batch_choices`: the exact rule
+    with context-free processors, such as sampling with temperature / top-k / top-p), every row's choices are made at
+    once and walked as greedy's argmax is: one host read for the batch."""
     if raw_greedy:
         return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
+    if chosen is None and hidden is None:
+        n = 1 + drafts.tokens.shape[1]
+        lengths = torch.tensor([ids.shape[1] - (pads[i] if pads else 0) for i, ids in enumerate(row_ids)])
+        depth = torch.cat([drafts.depth.new_zeros(drafts.rows, 1), drafts.depth], dim=1)
+        rows = torch.tensor(list(range(len(row_ids))) if batch_rows is None else list(batch_rows))
+        sampled = drafts.drafts is not None and any(d.probs is not None for d in drafts.drafts)
+        choices = batch_choices(verifier, processors, logits[:, :n], lengths, depth, rows, sampled)
+        if choices is not None:
+            return greedy_rows(drafts, choices.cpu())
     results = []
     host_tokens, host_parent = tree.tokens.cpu(), tree.parent.cpu()
     for row, (ids, row_procs) in enumerate(zip(row_ids, processors)):

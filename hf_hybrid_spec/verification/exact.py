@@ -30,13 +30,14 @@ from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+from transformers.generation import logits_process as _lp
 
 from ..tree import VerifyResult, VerifyTree
 from .base import FirstToken, StepInputs, Verifier
 from .noise import draw_seed, keyed_choice
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
-           "row_processors",
+           "row_processors", "batch_choices", "CONTEXT_FREE",
            "greedy_device", "DeviceAcceptance", "from_config"]
 
 
@@ -67,6 +68,51 @@ class ExactVerifier(Verifier):
         if tree.draft.probs is not None:
             return verify_sampling(tree, scores)
         return verify_keyed(tree, scores, self.seed, inputs.row, inputs.length)
+
+
+# Processors whose output at a node depends on that node's scores alone, never on the ids before it: applied to every
+# node of every row at once, they give what stock generate gives at each position. Exact types: a subclass may read
+# the ids.
+CONTEXT_FREE = tuple(getattr(_lp, name) for name in (
+    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
+    "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper", "SuppressTokensLogitsProcessor",
+    "InfNanRemoveLogitsProcessor") if hasattr(_lp, name))
+
+
+def batch_choices(verifier, processors: list, logits: torch.Tensor, lengths: torch.Tensor, depth: torch.Tensor,
+                  rows: torch.Tensor, sampled_drafts: bool) -> torch.Tensor | None:
+    """The token `verifier` chooses at every node of every row, in a few tensor ops over the whole batch, where that
+    is its rule: `ExactVerifier`, the same processors for every row and all of them context-free (`CONTEXT_FREE`),
+    and, when sampling, drafts without a draft distribution (`sampled_drafts` False: the keyed rule). None otherwise
+    (the caller verifies row by row).
+
+    Args:
+        logits: [R, N, V] the verify forward's logits (node 0 each row's root).
+        lengths: [R] int64 each row's length without its padding (the root's position + 1).
+        depth: [R, N] int64 each node's depth below its root (0 for the root and padding nodes).
+        rows: [R] int64 each row's index in its batch (the keyed rule draws per row).
+
+    Returns:
+        [R, N] int64 on the logits' device: the argmax (greedy) or the keyed draw (sampling) of each node's processed
+        scores; walking each row's tree with them (`engine.batch.greedy_rows`) is that row's `verifier.verify`.
+    """
+    if type(verifier) is not ExactVerifier or (verifier.do_sample and sampled_drafts):
+        return None
+    procs = processors[0] if processors else None
+    if any(p is not procs for p in processors) or (procs and any(type(p) not in CONTEXT_FREE for p in procs)):
+        return None
+    r, n, v = logits.shape
+    scores = logits.reshape(r * n, v).float()
+    if procs:
+        no_ids = torch.empty((r * n, 0), dtype=torch.long, device=scores.device)
+        for processor in procs:
+            scores = processor(no_ids, scores)
+    if not verifier.do_sample:
+        return scores.argmax(dim=-1).view(r, n)
+    device = scores.device
+    positions = (lengths.to(device)[:, None] + depth.to(device)).reshape(-1)
+    row_of = rows.to(device)[:, None].expand(r, n).reshape(-1)
+    return keyed_choice(scores, verifier.seed, row_of, positions).view(r, n)
 
 
 def from_config(config, do_sample: bool, drafter) -> ExactVerifier:

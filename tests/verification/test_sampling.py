@@ -165,3 +165,52 @@ def test_sampled_rows_of_a_batch_repeat_with_the_seed_and_differ_from_each_other
     same = torch.tensor([[2, 5, 3, 7, 2], [2, 5, 3, 7, 2]])
     out = _sample(model, same, 3, custom_generate=H.speculative_generate)
     assert not torch.equal(out[0], out[1])
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_a_batch_draws_every_rows_nodes_at_once_as_row_by_row(family, monkeypatch):
+    """Sampling with context-free processors (temperature, top-k, top-p) chooses every node of every row in one pass
+    (`verification.batch_choices`); the tokens are those the row-by-row rule commits after the same seed."""
+    import hf_hybrid_spec.engine.batch as batch_module
+    from hf_hybrid_spec.verification import batch_choices
+
+    model = tiny_model(family, vocab_size=V)
+    ids = torch.tensor([[1, 1, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3], [1, 7, 2, 5, 3, 7, 2]])
+    kw = dict(attention_mask=(ids != 1).long(), pad_token_id=1, custom_generate=H.speculative_generate,
+              top_k=6, top_p=0.9)
+    used = []
+    monkeypatch.setattr(batch_module, "batch_choices", lambda *a: used.append(1) or batch_choices(*a))
+    at_once = _sample(model, ids, 5, **kw)
+    assert used  # the batched choice ran
+    monkeypatch.setattr(batch_module, "batch_choices", lambda *a: None)
+    row_by_row = _sample(model, ids, 5, **kw)
+    assert torch.equal(at_once, row_by_row)
+
+
+def test_batch_choices_is_greedy_with_context_free_processors_and_declines_the_others():
+    """Greedy with `suppress_tokens` is the argmax of the processed scores; processors that read the ids
+    (repetition penalty), rows with different processors, drafts with a draft distribution and other rules are
+    left to the row-by-row path."""
+    from transformers import RepetitionPenaltyLogitsProcessor, SuppressTokensLogitsProcessor
+
+    from hf_hybrid_spec.verification import ExactVerifier, batch_choices
+
+    logits = torch.randn(2, 3, V)
+    args = (torch.tensor([4, 5]), torch.zeros(2, 3, dtype=torch.long), torch.arange(2), False)
+    suppress = LogitsProcessorList([SuppressTokensLogitsProcessor([int(logits[0, 0].argmax())])])
+    chosen = batch_choices(ExactVerifier(False), [suppress, suppress], logits, *args)
+    expected = suppress(None, logits.reshape(6, V)).argmax(-1).view(2, 3)
+    assert torch.equal(chosen, expected) and chosen[0, 0] != logits[0, 0].argmax()
+    sampler = ExactVerifier(True, seed=3)
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(4)])
+    assert batch_choices(sampler, [warpers, warpers], logits, *args).shape == (2, 3)
+    penalty = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.2)])
+    assert batch_choices(sampler, [penalty, penalty], logits, *args) is None
+    assert batch_choices(sampler, [warpers, LogitsProcessorList([TemperatureLogitsWarper(0.7)])], logits,
+                         *args) is None
+    assert batch_choices(sampler, [warpers, warpers], logits, *args[:3], True) is None
+
+    class Other(ExactVerifier):
+        pass
+
+    assert batch_choices(Other(True, seed=3), [warpers, warpers], logits, *args) is None
