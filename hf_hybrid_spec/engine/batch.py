@@ -412,9 +412,10 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
     if raw_greedy:
         return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
     if chosen is None and hidden is None:
-        n = 1 + drafts.tokens.shape[1]
+        # The logits may be cut to the widest row's nodes (a caller's slice) or padded past them (a bucket).
+        n = min(logits.shape[1], 1 + drafts.tokens.shape[1])
         lengths = torch.tensor([ids.shape[1] - (pads[i] if pads else 0) for i, ids in enumerate(row_ids)])
-        depth = torch.cat([drafts.depth.new_zeros(drafts.rows, 1), drafts.depth], dim=1)
+        depth = torch.cat([drafts.depth.new_zeros(drafts.rows, 1), drafts.depth], dim=1)[:, :n]
         rows = torch.tensor(list(range(len(row_ids))) if batch_rows is None else list(batch_rows))
         sampled = drafts.drafts is not None and any(d.probs is not None for d in drafts.drafts)
         choices = batch_choices(verifier, processors, logits[:, :n], lengths, depth, rows, sampled)

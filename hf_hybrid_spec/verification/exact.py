@@ -79,40 +79,61 @@ CONTEXT_FREE = tuple(getattr(_lp, name) for name in (
     "InfNanRemoveLogitsProcessor") if hasattr(_lp, name))
 
 
-def batch_choices(verifier, processors: list, logits: torch.Tensor, lengths: torch.Tensor, depth: torch.Tensor,
-                  rows: torch.Tensor, sampled_drafts: bool) -> torch.Tensor | None:
-    """The token `verifier` chooses at every node of every row, in a few tensor ops over the whole batch, where that
-    is its rule: `ExactVerifier`, the same processors for every row and all of them context-free (`CONTEXT_FREE`),
-    and, when sampling, drafts without a draft distribution (`sampled_drafts` False: the keyed rule). None otherwise
-    (the caller verifies row by row).
+def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: torch.Tensor, depth: torch.Tensor,
+                  rows: torch.Tensor, sampled_drafts) -> torch.Tensor | None:
+    """The token each row's rule chooses at every node, for every row at once, where that is the rule: each row's
+    `ExactVerifier` with context-free processors only (`CONTEXT_FREE`) and, when it samples, a draft without a draft
+    distribution (the keyed rule). None where any row's is not (the caller verifies row by row).
 
     Args:
+        verifiers: the rule of every row (a batch of one call), or a list with each row's (a serving engine's
+            requests, each with its own seed, or greedy).
+        processors: [R] each row's processors (the same object for every row: one pass over the whole batch).
         logits: [R, N, V] the verify forward's logits (node 0 each row's root).
         lengths: [R] int64 each row's length without its padding (the root's position + 1).
         depth: [R, N] int64 each node's depth below its root (0 for the root and padding nodes).
-        rows: [R] int64 each row's index in its batch (the keyed rule draws per row).
+        rows: [R] int64 each row's index for the keyed rule (its row in its call).
+        sampled_drafts: whether each row's draft (a list), or any row's (a bool), was sampled from a draft
+            distribution.
 
     Returns:
-        [R, N] int64 on the logits' device: the argmax (greedy) or the keyed draw (sampling) of each node's processed
-        scores; walking each row's tree with them (`engine.batch.greedy_rows`) is that row's `verifier.verify`.
+        [R, N] int64 on the logits' device: the argmax (greedy rows) or the keyed draw (sampling rows) of each node's
+        processed scores; walking each row's tree with them (`engine.batch.greedy_rows`) is that row's
+        `verify`. Processor errors propagate (the caller can then go row by row to blame one).
     """
-    if type(verifier) is not ExactVerifier or (verifier.do_sample and sampled_drafts):
-        return None
-    procs = processors[0] if processors else None
-    if any(p is not procs for p in processors) or (procs and any(type(p) not in CONTEXT_FREE for p in procs)):
-        return None
     r, n, v = logits.shape
-    scores = logits.reshape(r * n, v).float()
-    if procs:
-        no_ids = torch.empty((r * n, 0), dtype=torch.long, device=scores.device)
-        for processor in procs:
-            scores = processor(no_ids, scores)
-    if not verifier.do_sample:
-        return scores.argmax(dim=-1).view(r, n)
-    device = scores.device
-    positions = (lengths.to(device)[:, None] + depth.to(device)).reshape(-1)
-    row_of = rows.to(device)[:, None].expand(r, n).reshape(-1)
-    return keyed_choice(scores, verifier.seed, row_of, positions).view(r, n)
+    rules = verifiers if isinstance(verifiers, (list, tuple)) else [verifiers] * r
+    sampled = sampled_drafts if isinstance(sampled_drafts, (list, tuple)) else [sampled_drafts] * r
+    for rule, drafted in zip(rules, sampled):
+        if type(rule) is not ExactVerifier or (rule.do_sample and drafted):
+            return None
+    for procs in processors:
+        if procs and any(type(p) not in CONTEXT_FREE for p in procs):
+            return None
+    shared = all(p is processors[0] for p in processors)
+    scores = logits.to(torch.float32, copy=not shared)  # rows processed one by one are written in place
+    for procs, at in ([(processors[0], slice(None))] if shared else [(p, i) for i, p in enumerate(processors)]):
+        if procs:
+            part = scores[at].reshape(-1, v)
+            no_ids = torch.empty((part.shape[0], 0), dtype=torch.long, device=scores.device)
+            for processor in procs:
+                part = processor(no_ids, part)
+            if shared:
+                scores = part.view(r, n, v)
+            else:
+                scores[at] = part.view(n, v)
+    choices = scores.argmax(dim=-1)
+    drawing = [i for i, rule in enumerate(rules) if rule.do_sample]
+    if drawing:
+        device = scores.device
+        pick = torch.tensor(drawing, device=device)
+        positions = (lengths.to(device)[pick, None] + depth.to(device)[pick]).reshape(-1)
+        row_of = rows.to(device)[pick, None].expand(len(drawing), n).reshape(-1)
+        seeds = torch.tensor([rules[i].seed for i in drawing], dtype=torch.int64, device=device)
+        seed_of = seeds[:, None].expand(len(drawing), n).reshape(-1)
+        drawn = keyed_choice(scores[pick].reshape(-1, v), seed_of, row_of, positions).view(len(drawing), n)
+        choices[pick] = drawn
+    return choices
 
 
 def from_config(config, do_sample: bool, drafter) -> ExactVerifier:

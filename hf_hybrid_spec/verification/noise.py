@@ -49,9 +49,9 @@ def draw_seed() -> int:
     return int(torch.randint(0, 1 << 62, (), dtype=torch.int64))
 
 
-def keyed_uniforms(seed: int, row: int | torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def keyed_uniforms(seed: int | torch.Tensor, row: int | torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The uniform of each position: positions [N] (int64, any device) -> [N] float64 in (0, 1), 53 random bits
-    from two 32-bit hashes of (seed, row, position). `row`: one row's index, or [N] int64 (each position's row)."""
+    from two 32-bit hashes of (seed, row, position). `seed` and `row`: one value, or [N] int64 (each position's)."""
     key = _fmix32((seed & _M32) ^ _fmix32(((seed >> 32) & _M32) ^ _fmix32((row + _GOLDEN) & _M32)))
     first = _fmix32(key ^ _fmix32((positions + _GOLDEN) & _M32))
     second = _fmix32(first ^ _fmix32((key + 0x5BD1E995) & _M32))
@@ -59,13 +59,15 @@ def keyed_uniforms(seed: int, row: int | torch.Tensor, positions: torch.Tensor) 
     return (bits.to(torch.float64) + 0.5) / float(1 << 53)
 
 
-def keyed_choice(scores: torch.Tensor, seed: int, row: int | torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def keyed_choice(scores: torch.Tensor, seed: int | torch.Tensor, row: int | torch.Tensor,
+                 positions: torch.Tensor) -> torch.Tensor:
     """The token drawn at each position from `softmax(scores)`.
 
     Args:
         scores: [N, V] processed scores (float; -inf where a processor removed a token).
-        seed: the call's seed (`draw_seed`); row: the batch row (rows of one call draw independently), or [N] int64,
-            each score row's batch row (a whole batch's trees at once).
+        seed: the call's seed (`draw_seed`), or [N] int64 each score row's (requests of a serving batch);
+        row: the batch row (rows of one call draw independently), or [N] int64, each score row's batch row (a whole
+            batch's trees at once).
         positions: [N] the position of the token each row of `scores` chooses (prompt length for the first token).
 
     Returns:
@@ -74,6 +76,8 @@ def keyed_choice(scores: torch.Tensor, seed: int, row: int | torch.Tensor, posit
     cdf = torch.softmax(scores.float(), dim=-1).to(torch.float64).cumsum(dim=-1)
     if isinstance(row, torch.Tensor):
         row = row.to(device=scores.device, dtype=torch.int64)
+    if isinstance(seed, torch.Tensor):
+        seed = seed.to(device=scores.device, dtype=torch.int64)
     u = keyed_uniforms(seed, row, positions.to(device=scores.device, dtype=torch.int64)) * cdf[:, -1]
     # The first token whose cumulative probability exceeds u: never one of probability 0 (its cdf equals the one
     # before it).

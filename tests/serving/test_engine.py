@@ -581,3 +581,38 @@ def test_a_stream_left_early_leaves_nothing_behind():
         while manager.engine.has_work and time.time() < deadline:
             time.sleep(0.01)
     assert not manager._finished and not manager._streams and not manager._abandoned
+
+
+def test_requests_with_different_sampling_settings_choose_together_as_one_by_one(monkeypatch):
+    """A step's decoding requests choose their tokens in one pass (`batch_choices`: each its own seed, temperature,
+    top-k / top-p, or greedy) with the tokens each would choose verified alone; a request whose processors read the
+    ids (repetition penalty) sends the step row by row, with the same tokens too."""
+    import hf_hybrid_spec.serving.engine as engine_module
+    from hf_hybrid_spec.verification import batch_choices
+
+    model = tiny_model("qwen3_5_text", vocab_size=V, seed=3)
+    inputs = [[2, 5, 3, 2, 5, 3, 2, 5], [4, 6, 4, 6, 4], [3, 2, 5, 3, 2, 5], [6, 4, 6, 4, 6, 4, 6]]
+    settings = [dict(do_sample=True, temperature=0.7, top_k=5), dict(do_sample=False),
+                dict(do_sample=True, temperature=1.2, top_p=0.8), dict(do_sample=True, min_p=0.1)]
+
+    def serve(extra: dict | None = None) -> list[list[int]]:
+        torch.manual_seed(21)  # each request's seed is drawn when it is admitted, in order
+        engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=4,
+                               max_total_tokens=48), greedy_config())
+        for i, (ids, kw) in enumerate(zip(inputs, settings)):
+            gen = greedy_config(**{**kw, **(extra or {})})
+            engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=20, generation_config=gen))
+        out = drain(engine)
+        return [out[f"r{i}"].generated_tokens for i in range(len(inputs))]
+
+    used = []
+    monkeypatch.setattr(engine_module, "batch_choices", lambda *a: used.append(a) or batch_choices(*a))
+    together = serve()
+    assert used and len(used[0][0]) > 1  # several requests chose in one pass
+    assert together[1] == plain(model, inputs[1], 20)
+    monkeypatch.setattr(engine_module, "batch_choices", lambda *a: None)
+    assert serve() == together
+    monkeypatch.setattr(engine_module, "batch_choices", batch_choices)
+    penalized = serve(dict(repetition_penalty=1.3))
+    monkeypatch.setattr(engine_module, "batch_choices", lambda *a: None)
+    assert serve(dict(repetition_penalty=1.3)) == penalized
