@@ -188,9 +188,9 @@ def test_a_batch_draws_every_rows_nodes_at_once_as_row_by_row(family, monkeypatc
 
 
 def test_batch_choices_is_greedy_with_context_free_processors_and_declines_the_others():
-    """Greedy with `suppress_tokens` is the argmax of the processed scores; processors that read the ids
-    (repetition penalty), rows with different processors, drafts with a draft distribution and other rules are
-    left to the row-by-row path."""
+    """Greedy with `suppress_tokens` is the argmax of the processed scores; rows with processors of their own, and
+    rules of their own (greedy beside sampling, seeds), choose each by its own; processors that read the ids
+    (repetition penalty), drafts with a draft distribution and other rules are left to the row-by-row path."""
     from transformers import RepetitionPenaltyLogitsProcessor, SuppressTokensLogitsProcessor
 
     from hf_hybrid_spec.verification import ExactVerifier, batch_choices
@@ -206,8 +206,13 @@ def test_batch_choices_is_greedy_with_context_free_processors_and_declines_the_o
     assert batch_choices(sampler, [warpers, warpers], logits, *args).shape == (2, 3)
     penalty = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.2)])
     assert batch_choices(sampler, [penalty, penalty], logits, *args) is None
-    assert batch_choices(sampler, [warpers, LogitsProcessorList([TemperatureLogitsWarper(0.7)])], logits,
-                         *args) is None
+    # Each row its own processors and rule: the same as each row alone.
+    before = logits.clone()
+    mixed = batch_choices([sampler, ExactVerifier(False)], [warpers, suppress], logits, *args)
+    alone = [batch_choices(sampler, [warpers], logits[:1], args[0][:1], args[1][:1], args[2][:1], False),
+             batch_choices(ExactVerifier(False), [suppress], logits[1:], args[0][1:], args[1][1:], args[2][1:], False)]
+    assert torch.equal(mixed, torch.cat(alone)) and torch.equal(mixed[1], expected[1])
+    assert torch.equal(logits, before)  # the caller's logits are left as they were
     assert batch_choices(sampler, [warpers, warpers], logits, *args[:3], True) is None
 
     class Other(ExactVerifier):
