@@ -40,12 +40,13 @@ from ..drafters import BatchHidden, DraftBudget, DraftContext, PerRowDrafters, R
 from ..kernels.tree import ancestor_mask
 from ..staging import device_busy
 from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
-from ..verification import FirstToken, StepInputs, batch_choices, make_verifier, process_tree_logits, row_processors
+from ..verification import (FirstToken, StepInputs, batch_choices, choices_apply, make_verifier, process_tree_logits,
+                            row_processors)
 from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
 from .budget import DraftingPayoff, PlainRuns, VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter, path_attentions
 from .pipeline import LONGEST_PLAIN_RUN, PATIENCE, PLAIN_RUN, PipelineInputs, pipelines, run_pipelined
-from .plain import plain_step, plain_steps, runs_plain
+from .plain import Choose, plain_step, plain_steps, runs_plain
 from .request import Request
 from .rows import BatchRecorder
 
@@ -139,14 +140,18 @@ def decode_batch(request: Request):
                         for f in firsts], None)
         del out, logits, scores, firsts, hidden
         per_row = [row_processors(processors, b) for b in range(rows)]
+        # Plain steps choose by the argmax (greedy over raw logits) or by the rule's choice at each row's position
+        # (sampling, or greedy, with context-free processors); otherwise a batch verifies every step.
+        choose = None if raw_greedy else _plain_choice(verifier, per_row, pads, kept)
+        choosable = raw_greedy or choose is not None
         cost = _cost_model(config, backend, model, rows)
         if cost is not None:  # the widest tree that could pay even if every draft node were accepted
             node_budget = min(node_budget, paying_width(cost, rows, config.budget_slack, backend.widths) - 1)
         running = _still_running(everyone, rec, backend, gen.max_length)
         stats.setup_seconds = time.perf_counter() - start
-        if node_budget == 0 and runs_plain(backend, raw_greedy):
+        if node_budget == 0 and runs_plain(backend, choosable):
             # No draft can pay for its verification at this batch size: plain decode steps (`engine.plain`).
-            plain_steps(backend, rec, running, gen.max_length, stats, row_stats)
+            plain_steps(backend, rec, running, gen.max_length, stats, row_stats, choose=choose)
             running = []
         elif pipelines(drafter, backend, raw_greedy, node_budget):
             # Drafting, verification and the commit on the device, one read per step (`engine.pipeline`).
@@ -157,7 +162,7 @@ def decode_batch(request: Request):
         # ---- draft, budget, verify, commit, record
         # Steps where no row drafts run as plain steps on the static path, unless the drafter reads the verify
         # forward's hidden states (a plain step returns none).
-        fast_plain = runs_plain(backend, raw_greedy) and not layers
+        fast_plain = runs_plain(backend, choosable) and not layers
         # Drafting against plain steps as measured, where a plain run can leave the drafter out (see the docstring).
         payoff = runs = None
         if fast_plain and cost is not None and node_budget > 0 and drafter.catches_up:
@@ -188,7 +193,8 @@ def decode_batch(request: Request):
             attentions = None  # each row's attention rows, when asked for (the verify step below)
             if fast_plain and not any(drafts.counts):
                 # No row drafts: a plain step without the tree machinery (`engine.plain`).
-                news, on_device = plain_step(backend, [rec.host[b][-1] for b in running], overlap)
+                news, on_device = plain_step(backend, [rec.host[b][-1] for b in running], overlap, choose,
+                                             None if choose is None else rec.lengths[:rows])
                 results = [VerifyResult(path=[0], tokens=on_device[i : i + 1], score_nodes=[0], token_list=[t])
                            for i, t in enumerate(news)]
                 hidden = None
@@ -240,7 +246,8 @@ def decode_batch(request: Request):
                     logger.debug("batch of %d: drafts do not pay for their steps (%.0f tokens per row and second "
                                  "against %.0f plain): %d plain steps", len(running), payoff.rate,
                                  1.0 / cost(1), length)
-                    running = _plain_run(drafter, backend, rec, running, gen.max_length, stats, row_stats, length)
+                    running = _plain_run(drafter, backend, rec, running, gen.max_length, stats, row_stats, length,
+                                         choose)
                     payoff.restart()
         drafter.end(_row_tokens(rec, list(range(rows)), pads))
     finally:
@@ -259,8 +266,25 @@ def decode_batch(request: Request):
                                         attentions=attentions, spec_stats=stats, **{CACHE_FIELD: None})
 
 
+def _plain_choice(verifier, per_row: list, pads: list[int], kept) -> Choose | None:
+    """A plain step's rule for a batch that is not greedy over raw logits, where its choice at a position needs that
+    position's scores alone (`verification.batch_choices`: the exact rule with context-free processors, no scores
+    kept for the output): each row's token drawn (or taken) as a verify step would at the row's position. None
+    otherwise: every step verifies."""
+    if kept is not None or not choices_apply(verifier, per_row):
+        return None
+    rows = torch.arange(len(per_row))
+
+    def choose(logits: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        unpadded = torch.tensor([n - pad for n, pad in zip(lengths, pads)])
+        depth = torch.zeros(len(per_row), 1, dtype=torch.long)
+        return batch_choices(verifier, per_row, logits[:, None], unpadded, depth, rows, False)[:, 0]
+
+    return choose
+
+
 def _plain_run(drafter, backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
-               row_stats: list[SpecStats], length: int) -> list[int]:
+               row_stats: list[SpecStats], length: int, choose: Choose | None = None) -> list[int]:
     """`length` plain steps without the drafter (`engine.plain`); the drafter catches up on each step's tokens while
     the device runs the next. Returns the rows that still run."""
     spent = [0.0]
@@ -273,7 +297,8 @@ def _plain_run(drafter, backend, rec: BatchRecorder, running: list[int], max_len
         drafter.catch_up(rows, [[t] for t in tokens])
         spent[0] += time.perf_counter() - t0
 
-    run = plain_steps(backend, rec, running, max_length, stats, row_stats, max_steps=length, recorded=catch_up)
+    run = plain_steps(backend, rec, running, max_length, stats, row_stats, max_steps=length, recorded=catch_up,
+                      choose=choose)
     stats.draft_seconds += spent[0]
     return run.running
 

@@ -12,8 +12,9 @@ one step is
 
 about a dozen launches around the captured forward. The host knows every row's new length without reading it (one
 token per running row) and the roots stay on the device, so each step is queued before the previous one is read,
-and the host's bookkeeping runs while the device computes. Greedy over raw logits only (no logits processors): the
-token is the argmax of the target's own logits, as stock greedy takes it.
+and the host's bookkeeping runs while the device computes. The token is the argmax of the target's own logits, as
+stock greedy takes it, or what a `Choose` rule makes of them (sampling with context-free processors:
+`verification.batch_choices` at each row's position, the same draw a verify step would make there).
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ import torch
 from .outputs import SpecStats
 from .rows import BatchRecorder
 
-__all__ = ["PlainRun", "plain_step", "plain_steps", "runs_plain"]
+__all__ = ["Choose", "PlainRun", "plain_step", "plain_steps", "runs_plain"]
+
+Choose = Callable[[torch.Tensor, list[int]], torch.Tensor]
+"""A plain step's rule other than the argmax: (logits [R, V] of every runner row, each row's length before the
+step's token, padding included) -> the chosen token of each row [R], on the device, unread."""
 
 
 @dataclass
@@ -50,17 +55,20 @@ class PlainRun:
     hidden: tuple[torch.Tensor, ...]
 
 
-def runs_plain(backend, raw_greedy: bool) -> bool:
-    """Whether a batch's plain steps can run here: the batched static runner and greedy over raw logits."""
+def runs_plain(backend, choosable: bool) -> bool:
+    """Whether a batch's plain steps can run here: the batched static runner, and a rule a plain step can apply
+    (`choosable`: greedy over raw logits, or a `Choose`)."""
     from .batch_static import BatchStaticBackend
 
-    return isinstance(backend, BatchStaticBackend) and raw_greedy
+    return isinstance(backend, BatchStaticBackend) and choosable
 
 
-def plain_step(backend, roots: list[int], overlap=None) -> tuple[list[int], torch.Tensor]:
+def plain_step(backend, roots: list[int], overlap=None, choose: Choose | None = None,
+               lengths: list[int] | None = None) -> tuple[list[int], torch.Tensor]:
     """One plain step of the backend's running rows (`backend.running_slots`) whose roots are `roots` (in running
     order), for the general batch step when the budget kept no draft: returns each running row's new token, as a list
-    and as a device tensor [rows running]. `overlap()` (optional) runs on the host while the device computes."""
+    and as a device tensor [rows running]. `overlap()` (optional) runs on the host while the device computes.
+    `choose` (None: the argmax) is given `lengths`, every runner row's length before the step."""
     runner = backend.runner
     rows, device = runner.rows, runner.device
     slots = backend.running_slots
@@ -70,7 +78,7 @@ def plain_step(backend, roots: list[int], overlap=None) -> tuple[list[int], torc
     staged[1, slots] = 0
     staged = staged.to(device, non_blocking=True)
     parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
-    best = _queue(backend, staged[0], parent, staged[1], slots)
+    best = _queue(backend, staged[0], parent, staged[1], slots, choose=choose, lengths=lengths)
     if overlap is not None:
         overlap()
     new = best[torch.tensor(slots, dtype=torch.long, device=device)]
@@ -79,7 +87,8 @@ def plain_step(backend, roots: list[int], overlap=None) -> tuple[list[int], torc
 
 def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
                 row_stats: list[SpecStats], max_steps: int | None = None, columns: int = 0,
-                recorded: Callable[[list[int], list[int]], None] | None = None) -> PlainRun:
+                recorded: Callable[[list[int], list[int]], None] | None = None,
+                choose: Choose | None = None) -> PlainRun:
     """Step the batch without drafts until no row runs, or for `max_steps` steps at most. `running` are the running
     rows, which index the runner's rows (a `generate` batch: row b is runner row b); the cache holds every row's
     committed tokens but its last, which is the next step's root (`rec.host[b][-1]`). A bounded run also keeps what
@@ -92,7 +101,8 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
     then runs while the device computes step t + 1, and so does `recorded(rows, tokens)` (optional) after each step's
     records: the rows it recorded a token for and those tokens (a drafter's catch-up on them, no device read). A row
     that stops at step t has had step t + 1 computed too; that token lands past its end (its slot is never read
-    again) and is not recorded."""
+    again) and is not recorded. `choose` (None: the argmax) gets each row's length as the host knows it ahead: its
+    recorded length, plus one for the step in flight."""
     runner = backend.runner
     rows, device = runner.rows, runner.device
     pinned = device.type == "cuda"
@@ -117,7 +127,8 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
                 flags[running] = 1
                 on = flags.to(device)
                 leaves = on - 1
-            best = _queue(backend, roots, parent, leaves, running, kept, step)
+            lengths = None if choose is None else [n + int(pending is not None) for n in rec.lengths[:rows]]
+            best = _queue(backend, roots, parent, leaves, running, kept, step, choose, lengths)
             roots = torch.where(on.bool(), best, roots)
             if kept is not None:
                 kept.tokens[:, step].copy_(roots)
@@ -149,15 +160,16 @@ def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int
 
 
 def _queue(backend, roots: torch.Tensor, parent: torch.Tensor, leaves: torch.Tensor, slots: list[int],
-           kept: PlainRun | None = None, column: int = 0) -> torch.Tensor:
-    """Queue one plain step on the device: the width-1 forward of `roots` [R] (`parent` [R, 1] all -1), its argmax,
-    and the commit of each row whose leaf (`leaves` [R]) is 0 (-1: nothing); the host's lengths advance by one for
+           kept: PlainRun | None = None, column: int = 0, choose: Choose | None = None,
+           lengths: list[int] | None = None) -> torch.Tensor:
+    """Queue one plain step on the device: the width-1 forward of `roots` [R] (`parent` [R, 1] all -1), its argmax
+    (or `choose(logits, lengths)`), and the commit of each row whose leaf (`leaves` [R]) is 0 (-1: nothing); the host's lengths advance by one for
     the runner rows `slots` (those with leaf 0) without reading anything. With `kept` (a bounded run) and a runner
     that keeps hidden states, the forward's states go to column `column` of `kept.hidden`. Returns the argmax [R], not
     yet read."""
     try:
         logits = backend.forward_device(roots.unsqueeze(1), parent)
-        best = logits[:, 0].argmax(dim=-1)
+        best = logits[:, 0].argmax(dim=-1) if choose is None else choose(logits[:, 0], lengths)
         if kept is not None and backend.runner.hidden_layers:
             states = backend.runner.hidden()
             if not kept.hidden:  # allocated at the first step, when the states' sizes are known

@@ -37,7 +37,7 @@ from .base import FirstToken, StepInputs, Verifier
 from .noise import draw_seed, keyed_choice
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
-           "row_processors", "batch_choices", "CONTEXT_FREE",
+           "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE",
            "greedy_device", "DeviceAcceptance", "from_config"]
 
 
@@ -79,6 +79,17 @@ CONTEXT_FREE = tuple(getattr(_lp, name) for name in (
     "InfNanRemoveLogitsProcessor") if hasattr(_lp, name))
 
 
+def choices_apply(verifiers, processors: list, sampled_drafts=False) -> bool:
+    """Whether `batch_choices` makes these rows' choices (its arguments of the same names): each row's rule the exact
+    one, its processors context-free, and a sampling row's draft not sampled from a draft distribution."""
+    rules = verifiers if isinstance(verifiers, (list, tuple)) else [verifiers] * len(processors)
+    sampled = sampled_drafts if isinstance(sampled_drafts, (list, tuple)) else [sampled_drafts] * len(rules)
+    for rule, drafted in zip(rules, sampled):
+        if type(rule) is not ExactVerifier or (rule.do_sample and drafted):
+            return False
+    return all(not procs or all(type(p) in CONTEXT_FREE for p in procs) for procs in processors)
+
+
 def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: torch.Tensor, depth: torch.Tensor,
                   rows: torch.Tensor, sampled_drafts) -> torch.Tensor | None:
     """The token each row's rule chooses at every node, for every row at once, where that is the rule: each row's
@@ -103,13 +114,8 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
     """
     r, n, v = logits.shape
     rules = verifiers if isinstance(verifiers, (list, tuple)) else [verifiers] * r
-    sampled = sampled_drafts if isinstance(sampled_drafts, (list, tuple)) else [sampled_drafts] * r
-    for rule, drafted in zip(rules, sampled):
-        if type(rule) is not ExactVerifier or (rule.do_sample and drafted):
-            return None
-    for procs in processors:
-        if procs and any(type(p) not in CONTEXT_FREE for p in procs):
-            return None
+    if not choices_apply(rules, processors, sampled_drafts):
+        return None
     shared = all(p is processors[0] for p in processors)
     scores = logits.to(torch.float32, copy=not shared)  # rows processed one by one are written in place
     for procs, at in ([(processors[0], slice(None))] if shared else [(p, i) for i, p in enumerate(processors)]):

@@ -219,3 +219,44 @@ def test_batch_choices_is_greedy_with_context_free_processors_and_declines_the_o
         pass
 
     assert batch_choices(Other(True, seed=3), [warpers, warpers], logits, *args) is None
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_plain_steps_sample_the_tokens_drafting_steps_sample(family, monkeypatch):
+    """On the batched static runner a batch that samples with context-free processors runs plain steps too
+    (`engine.plain` with the rule's choice): with a drafter that never drafts every step is plain, and the tokens are
+    those the drafting steps commit after the same seed (each position's draw is keyed, whatever step makes it)."""
+    import hf_hybrid_spec.engine.plain as plain_module
+    from hf_hybrid_spec.tree import empty_draft
+
+    class Silent(Drafter):
+        def propose(self, input_ids, budget):
+            return empty_draft(1)
+
+    model = tiny_model(family, vocab_size=V)
+    ids = torch.tensor([[1, 1, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3], [1, 7, 2, 5, 3, 7, 2]])
+    kw = dict(attention_mask=(ids != 1).long(), pad_token_id=1, custom_generate=H.speculative_generate, top_k=6)
+    queued = []
+    real = plain_module._queue
+    monkeypatch.setattr(plain_module, "_queue", lambda *a, **k: queued.append(1) or real(*a, **k))
+    silent = dict(assistant_config=H.AssistantConfig(compile=True))
+    plain = _sample(model, ids, 9, drafter=[Silent() for _ in range(3)], **silent, **kw)
+    assert len(queued) >= 20  # every token after the first came from a plain step
+    drafting = _sample(model, ids, 9, assistant_config=H.AssistantConfig(compile=True), **kw)
+    assert torch.equal(plain, drafting)
+    eager = _sample(model, ids, 9, assistant_config=H.AssistantConfig(compile=False), **kw)
+    assert torch.equal(plain, eager)
+    # The calibrated budget's runs of plain steps queued ahead of their reads (drafts rarely pay on random weights):
+    # the same tokens again.
+    calibrated = _sample(model, ids, 9, assistant_config=H.AssistantConfig(compile=True, batch_budget="calibrated"),
+                         **kw)
+    assert torch.equal(calibrated, eager)
+    # Greedy with a context-free processor: plain steps take the processed argmax, as plain generate does.
+    gen = dict(attention_mask=kw["attention_mask"], pad_token_id=1, max_new_tokens=16, eos_token_id=None,
+               suppress_tokens=[3])
+    expected = model.generate(ids, **gen)
+    queued.clear()
+    got = model.generate(ids, custom_generate=H.speculative_generate, drafter=[Silent() for _ in range(3)], **silent,
+                         **gen)
+    assert len(queued) >= 10
+    assert torch.equal(got, expected)
