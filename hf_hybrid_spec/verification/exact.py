@@ -131,15 +131,27 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
     choices = scores.argmax(dim=-1)
     drawing = [i for i, rule in enumerate(rules) if rule.do_sample]
     if drawing:
-        device = scores.device
-        pick = torch.tensor(drawing, device=device)
-        positions = (lengths.to(device)[pick, None] + depth.to(device)[pick]).reshape(-1)
-        row_of = rows.to(device)[pick, None].expand(len(drawing), n).reshape(-1)
-        seeds = torch.tensor([rules[i].seed for i in drawing], dtype=torch.int64, device=device)
-        seed_of = seeds[:, None].expand(len(drawing), n).reshape(-1)
-        drawn = keyed_choice(scores[pick].reshape(-1, v), seed_of, row_of, positions).view(len(drawing), n)
-        choices[pick] = drawn
+        # The keys go to the device in one pinned, non-blocking copy: a blocking copy would wait for the queued work
+        # (the plain steps queue the next step before reading this one).
+        k = len(drawing)
+        at = torch.tensor(drawing)
+        seeds = torch.tensor([rules[i].seed for i in drawing], dtype=torch.int64)
+        keys = torch.stack([lengths.cpu()[at][:, None] + depth.cpu()[at], rows.cpu()[at][:, None].expand(k, n),
+                            seeds[:, None].expand(k, n)])
+        keys = _to_device(keys.reshape(3, -1), scores.device)
+        if k == r:
+            choices = keyed_choice(scores.reshape(-1, v), keys[2], keys[1], keys[0]).view(r, n)
+        else:
+            at = _to_device(at, scores.device)
+            choices[at] = keyed_choice(scores[at].reshape(-1, v), keys[2], keys[1], keys[0]).view(k, n)
     return choices
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the device's queue (pinned, non-blocking) where it is CUDA."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.contiguous().pin_memory().to(device, non_blocking=True)
 
 
 def from_config(config, do_sample: bool, drafter) -> ExactVerifier:
