@@ -273,11 +273,10 @@ def _plain_choice(verifier, per_row: list, pads: list[int], kept) -> Choose | No
     otherwise: every step verifies."""
     if kept is not None or not choices_apply(verifier, per_row):
         return None
-    rows = torch.arange(len(per_row))
+    rows, depth = torch.arange(len(per_row)), torch.zeros(len(per_row), 1, dtype=torch.long)
 
     def choose(logits: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         unpadded = torch.tensor([n - pad for n, pad in zip(lengths, pads)])
-        depth = torch.zeros(len(per_row), 1, dtype=torch.long)
         return batch_choices(verifier, per_row, logits[:, None], unpadded, depth, rows, False)[:, 0]
 
     return choose
@@ -436,16 +435,15 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
     once and walked as greedy's argmax is: one host read for the batch."""
     if raw_greedy:
         return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
-    if chosen is None and hidden is None:
+    sampled = drafts.drafts is not None and any(d.probs is not None for d in drafts.drafts)
+    if chosen is None and hidden is None and choices_apply(verifier, processors, sampled):
         # The logits may be cut to the widest row's nodes (a caller's slice) or padded past them (a bucket).
         n = min(logits.shape[1], 1 + drafts.tokens.shape[1])
         lengths = torch.tensor([ids.shape[1] - (pads[i] if pads else 0) for i, ids in enumerate(row_ids)])
         depth = torch.cat([drafts.depth.new_zeros(drafts.rows, 1), drafts.depth], dim=1)[:, :n]
         rows = torch.tensor(list(range(len(row_ids))) if batch_rows is None else list(batch_rows))
-        sampled = drafts.drafts is not None and any(d.probs is not None for d in drafts.drafts)
-        choices = batch_choices(verifier, processors, logits[:, :n], lengths, depth, rows, sampled)
-        if choices is not None:
-            return greedy_rows(drafts, choices.cpu())
+        return greedy_rows(drafts, batch_choices(verifier, processors, logits[:, :n], lengths, depth, rows,
+                                                 sampled).cpu())
     results = []
     host_tokens, host_parent = tree.tokens.cpu(), tree.parent.cpu()
     for row, (ids, row_procs) in enumerate(zip(row_ids, processors)):

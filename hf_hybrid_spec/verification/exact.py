@@ -128,8 +128,9 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
                 scores = part.view(r, n, v)
             else:
                 scores[at] = part.view(n, v)
-    choices = scores.argmax(dim=-1)
     drawing = [i for i, rule in enumerate(rules) if rule.do_sample]
+    # Greedy rows take the argmax (not computed when every row samples).
+    choices = scores.argmax(dim=-1) if len(drawing) < r else None
     if drawing:
         # The keys go to the device in one pinned, non-blocking copy: a blocking copy would wait for the queued work
         # (the plain steps queue the next step before reading this one).
