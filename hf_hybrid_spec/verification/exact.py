@@ -34,7 +34,7 @@ from transformers.generation import logits_process as _lp
 
 from ..tree import VerifyResult, VerifyTree
 from .base import FirstToken, StepInputs, Verifier
-from .noise import draw_seed, keyed_choice
+from .noise import draw_seed, keyed_choice, to_device
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
            "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE",
@@ -132,27 +132,18 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
     # Greedy rows take the argmax (not computed when every row samples).
     choices = scores.argmax(dim=-1) if len(drawing) < r else None
     if drawing:
-        # The keys go to the device in one pinned, non-blocking copy: a blocking copy would wait for the queued work
-        # (the plain steps queue the next step before reading this one).
+        # The keys stay on the host: the uniforms are worked out there and go to the device in one copy that does
+        # not wait for the queued work (`noise.keyed_choice`).
         k = len(drawing)
         at = torch.tensor(drawing)
         seeds = torch.tensor([rules[i].seed for i in drawing], dtype=torch.int64)
-        keys = torch.stack([lengths.cpu()[at][:, None] + depth.cpu()[at], rows.cpu()[at][:, None].expand(k, n),
-                            seeds[:, None].expand(k, n)])
-        keys = _to_device(keys.reshape(3, -1), scores.device)
+        keys = (seeds[:, None], rows.cpu()[at][:, None], lengths.cpu()[at][:, None] + depth.cpu()[at])  # [k, 1|n]
         if k == r:
-            choices = keyed_choice(scores.reshape(-1, v), keys[2], keys[1], keys[0]).view(r, n)
+            choices = keyed_choice(scores.reshape(-1, v), *keys).view(r, n)
         else:
-            at = _to_device(at, scores.device)
-            choices[at] = keyed_choice(scores[at].reshape(-1, v), keys[2], keys[1], keys[0]).view(k, n)
+            at = to_device(at, scores.device)
+            choices[at] = keyed_choice(scores[at].reshape(-1, v), *keys).view(k, n)
     return choices
-
-
-def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device` without waiting for the device's queue (pinned, non-blocking) where it is CUDA."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.contiguous().pin_memory().to(device, non_blocking=True)
 
 
 def from_config(config, do_sample: bool, drafter) -> ExactVerifier:
@@ -216,9 +207,13 @@ def verify_keyed(tree: VerifyTree, scores: torch.Tensor, seed: int, row: int, le
     target's token at every node drawn by position (node at depth d: position `length + d`, `noise.keyed_choice`),
     then the greedy walk with those draws in place of the argmax. Each child is accepted with probability p(child),
     and the committed tokens are those plain sampling with the same uniforms would draw. One host read of the draws."""
-    positions = tree.depth[0].to(scores.device) + length
-    drawn = keyed_choice(scores, seed, row, positions)
-    path, new_tokens = greedy_walk(tree.token_list(0), tree.children(0), drawn.tolist())
+    children = tree.children(0)
+    depth = [0] * len(children)
+    for node, kids in enumerate(children):  # index order is topological: a parent before its children
+        for child in kids:
+            depth[child] = depth[node] + 1
+    drawn = keyed_choice(scores, seed, row, torch.tensor(depth, dtype=torch.int64) + length)
+    path, new_tokens = greedy_walk(tree.token_list(0), children, drawn.tolist())
     return VerifyResult.from_host(path, new_tokens, scores.device)
 
 

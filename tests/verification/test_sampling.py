@@ -39,6 +39,36 @@ def two_level_tree(gen, with_q: bool):
     return DraftTree(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]), probs=probs)
 
 
+def test_keyed_uniforms_are_the_same_bits_on_the_host_and_as_tensors():
+    """The host form (numpy, where the positions are known; broadcast keys) and the tensor form (what a device
+    runs) of the keyed uniforms agree bit for bit, and keyed_choice draws the same tokens from either."""
+    from hf_hybrid_spec.verification import noise
+
+    def tensor_form(seed, row, positions):
+        mix, m32, golden = noise._fmix32, noise._M32, noise._GOLDEN
+        key = mix((seed & m32) ^ mix(((seed >> 32) & m32) ^ mix((row + golden) & m32)))
+        first = mix(key ^ mix((positions + golden) & m32))
+        second = mix(first ^ mix((key + 0x5BD1E995) & m32))
+        return (((first >> 6) * (1 << 27) + (second >> 5)).to(torch.float64) + 0.5) / float(1 << 53)
+
+    gen = torch.Generator().manual_seed(3)
+    seeds = torch.randint(0, 1 << 62, (6, 1), generator=gen)
+    rows = torch.randint(0, 1 << 20, (6, 1), generator=gen)
+    positions = torch.randint(0, 1 << 40, (6, 5), generator=gen)
+    host = noise.keyed_uniforms(seeds, rows, positions)
+    assert host.shape == (6, 5) and host.dtype == torch.float64 and bool(((host > 0) & (host < 1)).all())
+    assert torch.equal(host, tensor_form(seeds.expand(6, 5), rows.expand(6, 5), positions))
+    assert torch.equal(noise.keyed_uniforms(7, 2, positions[0]), tensor_form(7, 2, positions[0]))
+    # keyed_choice from broadcast host keys and from flat ones: the tokens the tensor-form uniforms pick
+    scores = torch.randn(30, 11, generator=gen)
+    flat = (seeds.expand(6, 5).reshape(-1), rows.expand(6, 5).reshape(-1), positions.reshape(-1))
+    cdf = torch.softmax(scores, dim=-1).to(torch.float64).cumsum(-1)
+    u = tensor_form(*flat) * cdf[:, -1]
+    expected = torch.searchsorted(cdf, u.unsqueeze(1), right=True).squeeze(1).clamp(max=10)
+    assert torch.equal(noise.keyed_choice(scores, seeds, rows, positions), expected)
+    assert torch.equal(noise.keyed_choice(scores, *flat), expected)
+
+
 @pytest.mark.parametrize("with_q", [False, True], ids=["deterministic-tree", "sampled-tree"])
 @pytest.mark.parametrize("rule", ["keyed", "rejection"])
 def test_verify_rule_is_exact_on_synthetic_logits(with_q, rule):
