@@ -73,7 +73,11 @@ def first_differences(sequences: torch.Tensor, reference: torch.Tensor, prompt_l
                      for b in range(sequences.shape[0]) if differ[b].any())
 
 
-def timed(fn, device) -> tuple[float, object]:
+def timed(fn, device, seed: int | None = None) -> tuple[float, object]:
+    """`fn()`'s wall time, the device synchronized on both sides; with `seed`, torch's generators seeded first (a
+    sampling call then draws the same tokens in every run and at every commit)."""
+    if seed is not None:
+        torch.manual_seed(seed)
     _sync(device)
     t0 = time.perf_counter()
     out = fn()
@@ -204,6 +208,9 @@ def run(argv: list[str] | None = None) -> dict:
                              "step's cost, the choice) to stderr")
     parser.add_argument("--preset", default="greedy", choices=sorted(PRESETS),
                         help="generation settings of every call, stock's and ours")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="torch.manual_seed before every timed call (stock's and ours): sampling calls draw the "
+                             "same tokens in every run, so two commits compare on the same samples")
     parser.add_argument("--out", default=None, help="folder for the PNG and results.json")
     args = parser.parse_args(argv)
     sampling = PRESETS[args.preset].get("do_sample", False)
@@ -234,15 +241,17 @@ def run(argv: list[str] | None = None) -> dict:
         tokens = rows * args.max_new_tokens
         entry = {"batch": rows}
         model.generate(ids, **gen)  # warm-up: kernels compile and autotune for this batch size on first use
-        seconds, reference = timed(lambda: model.generate(ids, **gen), args.device)
+        seconds, reference = timed(lambda: model.generate(ids, **gen), args.device, args.seed)
         entry["stock_eager"] = tokens / seconds
         if not args.no_stock_static:
             model.generate(ids, cache_implementation="static", **gen)  # compiles for this batch size
-            seconds, _ = timed(lambda: model.generate(ids, cache_implementation="static", **gen), args.device)
+            seconds, _ = timed(lambda: model.generate(ids, cache_implementation="static", **gen), args.device,
+                               args.seed)
             entry["stock_static"] = tokens / seconds
             # Its call split in two: the prompt and first token (no compiled step runs), then the steps.
             first = dict(gen, max_new_tokens=1, min_new_tokens=1)
-            first_seconds, _ = timed(lambda: model.generate(ids, cache_implementation="static", **first), args.device)
+            first_seconds, _ = timed(lambda: model.generate(ids, cache_implementation="static", **first),
+                                     args.device, args.seed)
             entry["stock_static.first_ms"] = 1000 * first_seconds
             entry["stock_static.step_ms"] = 1000 * (seconds - first_seconds) / max(args.max_new_tokens - 1, 1)
         # The acceptance drafters propose the target's continuation as this loop computes it: in bf16 a batched tree
@@ -260,7 +269,8 @@ def run(argv: list[str] | None = None) -> dict:
                 kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
                                        args.max_new_tokens, eagle, mtp)  # fresh drafters
                 seconds, out = timed(lambda: model.generate(ids, custom_generate=speculative_generate,
-                                                            return_dict_in_generate=True, **gen, **kwargs), args.device)
+                                                            return_dict_in_generate=True, **gen, **kwargs),
+                                  args.device, args.seed)
             same = (out.sequences == reference).all(-1).float().mean().item() if not sampling else float("nan")
             if same < 1.0:
                 gate_failures.append(f"B={rows} {name}: {same:.0%} of rows identical to stock greedy "
