@@ -268,16 +268,17 @@ def decode_batch(request: Request):
 
 def _plain_choice(verifier, per_row: list, pads: list[int], kept) -> Choose | None:
     """A plain step's rule for a batch that is not greedy over raw logits, where its choice at a position needs that
-    position's scores alone (`verification.batch_choices`: the exact rule with context-free processors, no scores
-    kept for the output): each row's token drawn (or taken) as a verify step would at the row's position. None
-    otherwise: every step verifies."""
+    position's scores and place alone (`verification.batch_choices`: the exact rule with context-free or positional
+    processors, such as `min_new_tokens`; no scores kept for the output): each row's token drawn (or taken) as a
+    verify step would at the row's position. None otherwise: every step verifies."""
     if kept is not None or not choices_apply(verifier, per_row):
         return None
     rows, depth = torch.arange(len(per_row)), torch.zeros(len(per_row), 1, dtype=torch.long)
+    padding = torch.tensor(pads)
 
     def choose(logits: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         unpadded = torch.tensor([n - pad for n, pad in zip(lengths, pads)])
-        return batch_choices(verifier, per_row, logits[:, None], unpadded, depth, rows, False)[:, 0]
+        return batch_choices(verifier, per_row, logits[:, None], unpadded, depth, rows, False, padding)[:, 0]
 
     return choose
 
@@ -443,7 +444,7 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
         depth = torch.cat([drafts.depth.new_zeros(drafts.rows, 1), drafts.depth], dim=1)[:, :n]
         rows = torch.tensor(list(range(len(row_ids))) if batch_rows is None else list(batch_rows))
         return greedy_rows(drafts, batch_choices(verifier, processors, logits[:, :n], lengths, depth, rows,
-                                                 sampled).cpu())
+                                                 sampled, torch.tensor(pads) if pads else None).cpu())
     results = []
     host_tokens, host_parent = tree.tokens.cpu(), tree.parent.cpu()
     for row, (ids, row_procs) in enumerate(zip(row_ids, processors)):

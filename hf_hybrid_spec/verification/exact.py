@@ -26,6 +26,7 @@ the like behave as they do without speculation.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,7 @@ from .base import FirstToken, StepInputs, Verifier
 from .noise import draw_seed, keyed_choice, to_device
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
-           "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE",
+           "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE", "POSITIONAL",
            "greedy_device", "DeviceAcceptance", "from_config"]
 
 
@@ -77,24 +78,49 @@ CONTEXT_FREE = tuple(getattr(_lp, name) for name in (
     "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
     "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper", "SuppressTokensLogitsProcessor",
     "InfNanRemoveLogitsProcessor") if hasattr(_lp, name))
+# Processors whose output at a node depends on the length of the ids before it alone (the node's position), never on
+# their values: `min_length` and `min_new_tokens` remove the eos tokens before their bound. `batch_choices` applies
+# them from each node's position, worked out on the host (a step past the bound launches nothing for them).
+POSITIONAL = (_lp.MinLengthLogitsProcessor, _lp.MinNewTokensLengthLogitsProcessor)
 
 
 def choices_apply(verifiers, processors: list, sampled_drafts=False) -> bool:
     """Whether `batch_choices` makes these rows' choices (its arguments of the same names): each row's rule the exact
-    one, its processors context-free, and a sampling row's draft not sampled from a draft distribution."""
+    one, its processors context-free or positional, and a sampling row's draft not sampled from a draft
+    distribution."""
     rules = verifiers if isinstance(verifiers, (list, tuple)) else [verifiers] * len(processors)
     sampled = sampled_drafts if isinstance(sampled_drafts, (list, tuple)) else [sampled_drafts] * len(rules)
     for rule, drafted in zip(rules, sampled):
         if type(rule) is not ExactVerifier or (rule.do_sample and drafted):
             return False
-    return all(not procs or all(type(p) in CONTEXT_FREE for p in procs) for procs in processors)
+    return all(not procs or all(type(p) in CONTEXT_FREE or type(p) in POSITIONAL for p in procs)
+               for procs in processors)
+
+
+def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor) -> torch.Tensor:
+    """One processor over many nodes' scores [M, V], as stock generate applies it at each node's position:
+    `ids_length` [M] (host int64) the length of the ids stock's processor would see there (padding included)."""
+    if type(processor) in CONTEXT_FREE:
+        return processor(torch.empty((scores.shape[0], 0), dtype=torch.long, device=scores.device), scores)
+    if type(processor) is _lp.MinLengthLogitsProcessor:
+        active = ids_length < processor.min_length
+    else:  # MinNewTokensLengthLogitsProcessor
+        active = ids_length - processor.prompt_length_to_skip < processor.min_new_tokens
+    if not bool(active.any()):
+        return scores
+    vocab = torch.arange(scores.shape[-1], device=scores.device)
+    eos = torch.isin(vocab, processor.eos_token_id.to(scores.device))[None, :]
+    if not bool(active.all()):
+        eos = eos & to_device(active, scores.device)[:, None]
+    return torch.where(eos, -math.inf, scores)
 
 
 def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: torch.Tensor, depth: torch.Tensor,
-                  rows: torch.Tensor, sampled_drafts) -> torch.Tensor | None:
+                  rows: torch.Tensor, sampled_drafts, pads: torch.Tensor | None = None) -> torch.Tensor | None:
     """The token each row's rule chooses at every node, for every row at once, where that is the rule: each row's
-    `ExactVerifier` with context-free processors only (`CONTEXT_FREE`) and, when it samples, a draft without a draft
-    distribution (the keyed rule). None where any row's is not (the caller verifies row by row).
+    `ExactVerifier` with context-free (`CONTEXT_FREE`) or positional (`POSITIONAL`) processors only and, when it
+    samples, a draft without a draft distribution (the keyed rule). None where any row's is not (the caller verifies
+    row by row).
 
     Args:
         verifiers: the rule of every row (a batch of one call), or a list with each row's (a serving engine's
@@ -106,6 +132,8 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
         rows: [R] int64 each row's index for the keyed rule (its row in its call).
         sampled_drafts: whether each row's draft (a list), or any row's (a bool), was sampled from a draft
             distribution.
+        pads: [R] int64 each row's left padding (None: none), which stock's positional processors count in the
+            length of the ids they see.
 
     Returns:
         [R, N] int64 on the logits' device: the argmax (greedy rows) or the keyed draw (sampling rows) of each node's
@@ -118,12 +146,14 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
         return None
     shared = all(p is processors[0] for p in processors)
     scores = logits.to(torch.float32, copy=not shared)  # rows processed one by one are written in place
+    if any(processors):
+        # The length of the ids stock's processors would see at each node (host; positional processors read it).
+        ids_length = lengths.cpu()[:, None] + depth.cpu() + (0 if pads is None else pads.cpu()[:, None])
     for procs, at in ([(processors[0], slice(None))] if shared else [(p, i) for i, p in enumerate(processors)]):
         if procs:
             part = scores[at].reshape(-1, v)
-            no_ids = torch.empty((part.shape[0], 0), dtype=torch.long, device=scores.device)
             for processor in procs:
-                part = processor(no_ids, part)
+                part = _process(processor, part, ids_length[at].reshape(-1))
             if shared:
                 scores = part.view(r, n, v)
             else:

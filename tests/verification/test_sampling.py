@@ -290,3 +290,60 @@ def test_plain_steps_sample_the_tokens_drafting_steps_sample(family, monkeypatch
                          **gen)
     assert len(queued) >= 10
     assert torch.equal(got, expected)
+
+
+def test_positional_processors_are_applied_at_each_nodes_place():
+    """`min_length` / `min_new_tokens` in `batch_choices`: at every node of every row the eos tokens are removed
+    exactly where stock's processor, given that node's ids (padding included), removes them."""
+    from transformers import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
+
+    from hf_hybrid_spec.verification import ExactVerifier, batch_choices
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, V, generator=gen)
+    eos = [2, 5]
+    logits[..., 2] += 10.0  # an eos token is every node's argmax unless it is removed
+    lengths, pads = torch.tensor([6, 9, 7]), torch.tensor([3, 0, 2])
+    depth = torch.tensor([[0, 1, 2, 3], [0, 1, 1, 2], [0, 1, 2, 2]])
+    for processor in (MinNewTokensLengthLogitsProcessor(9, 2, eos), MinLengthLogitsProcessor(11, eos)):
+        procs = LogitsProcessorList([processor, TopKLogitsWarper(4)])
+        chosen = batch_choices(ExactVerifier(False), [procs] * 3, logits, lengths, depth, torch.arange(3), False,
+                               pads)
+        expected = torch.empty(3, 4, dtype=torch.long)
+        for r in range(3):
+            for j in range(4):
+                ids = torch.zeros(1, int(lengths[r] + pads[r] + depth[r, j]), dtype=torch.long)
+                expected[r, j] = procs(ids, logits[r, j][None].clone()).argmax()
+        assert torch.equal(chosen, expected)
+        assert (chosen == 2).any() and (chosen != 2).any()  # the bound falls inside these trees
+
+
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])
+def test_a_batch_with_min_new_tokens_chooses_at_once_and_matches_plain_generate(compile_, monkeypatch):
+    """Greedy with `min_new_tokens` (and sampling with it) takes the batched choices and, on the static runner, plain
+    steps: greedy is token for token plain generate with left padding; sampling the row-by-row rule's tokens."""
+    import hf_hybrid_spec.engine.batch as batch_module
+    from hf_hybrid_spec.verification import batch_choices
+
+    model = tiny_model("qwen3_5_text", vocab_size=V)
+    ids = torch.tensor([[1, 1, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3], [1, 7, 2, 5, 3, 7, 2]])
+    mask = (ids != 1).long()
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          pad_token_id=1)
+    eos = int(free[1, 8])  # a token the model picks early on
+    kw = dict(attention_mask=mask, pad_token_id=1, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+              min_new_tokens=6)
+    expected = model.generate(ids, **kw)
+    used = []
+    monkeypatch.setattr(batch_module, "batch_choices", lambda *a: used.append(1) or batch_choices(*a))
+    got = model.generate(ids, custom_generate=H.speculative_generate,
+                         assistant_config=H.AssistantConfig(compile=compile_), **kw)
+    assert used and torch.equal(got, expected)
+    sample = dict(kw, do_sample=True, top_k=6, custom_generate=H.speculative_generate,
+                  assistant_config=H.AssistantConfig(compile=compile_))
+    torch.manual_seed(4)
+    at_once = model.generate(ids, **sample)
+    monkeypatch.setattr(batch_module, "choices_apply", lambda *a: False)
+    torch.manual_seed(4)
+    row_by_row = model.generate(ids, **sample)
+    assert torch.equal(at_once, row_by_row)
