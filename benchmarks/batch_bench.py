@@ -28,8 +28,9 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
    forward, or one eager forward; the default "auto" picks by the call's prompt tokens) for a side-by-side comparison;
    `+nographs` (a diagnostic) runs the batched static runner without CUDA graphs, its ops launched one by one.
 
-`--preset sampling` runs every call, stock's and ours, with the sampling Qwen3.5's generation config asks for
-(temperature 0.7, top-p 0.95, top-k 20); there is no gate then (a sample is not stock's sample: the suite tests the
+`--preset min-new` runs every call greedy with one logits processor: the model's eos on, and `min_new_tokens` (every
+call's is `max_new_tokens`) removing it at each step. `--preset sampling` runs every call, stock's and ours, with the
+sampling Qwen3.5's generation config asks for (temperature 0.7, top-p 0.95, top-k 20); there is no gate then (a sample is not stock's sample: the suite tests the
 distribution), and the `acceptance:P` methods, which follow the greedy continuation, are refused.
 
 A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
@@ -58,8 +59,11 @@ from hf_hybrid_spec.testing import acceptance_batch_drafter, acceptance_drafter,
 logger = logging.get_logger(__name__)
 
 
-# Generation settings of every call (`--preset`): greedy, or the sampling of Qwen3.5's generation config.
-PRESETS = {"greedy": {}, "sampling": dict(do_sample=True, temperature=0.7, top_p=0.95, top_k=20)}
+# Generation settings of every call (`--preset`): greedy; greedy with one logits processor (`min-new`: the model's eos
+# on, so `min_new_tokens`, which every call sets to `max_new_tokens`, removes it at every step: each row still makes
+# all its tokens); or the sampling of Qwen3.5's generation config. "model" stands for the model's eos id.
+PRESETS = {"greedy": {}, "min-new": dict(eos_token_id="model"),
+           "sampling": dict(do_sample=True, temperature=0.7, top_p=0.95, top_k=20)}
 
 
 def batch_of(prompts: list[torch.Tensor], rows: int) -> torch.Tensor:
@@ -234,6 +238,10 @@ def run(argv: list[str] | None = None) -> dict:
     gen = dict(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens, do_sample=False,
                eos_token_id=None, pad_token_id=model.config.get_text_config().pad_token_id or 0)
     gen.update(PRESETS[args.preset])
+    if gen["eos_token_id"] == "model":
+        gen["eos_token_id"] = model.generation_config.eos_token_id
+        if gen["eos_token_id"] is None:
+            parser.error(f"--preset {args.preset} needs the model's eos token: {args.model} has none")
     quiet_gc()
     rows_out, gate_failures = [], []
     for rows in tqdm(args.batch_sizes, desc="batch sizes"):
