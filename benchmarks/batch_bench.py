@@ -29,7 +29,8 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
    `+nographs` (a diagnostic) runs the batched static runner without CUDA graphs, its ops launched one by one.
 
 `--preset min-new` runs every call greedy with one logits processor: the model's eos on, and `min_new_tokens` (every
-call's is `max_new_tokens`) removing it at each step. `--preset sampling` runs every call, stock's and ours, with the
+call's is `max_new_tokens`) removing it at each step; `--preset penalty` adds `repetition_penalty=1.1`, a processor
+that reads each position's ids. `--preset sampling` runs every call, stock's and ours, with the
 sampling Qwen3.5's generation config asks for (temperature 0.7, top-p 0.95, top-k 20); there is no gate then (a sample is not stock's sample: the suite tests the
 distribution), and the `acceptance:P` methods, which follow the greedy continuation, are refused.
 
@@ -61,8 +62,10 @@ logger = logging.get_logger(__name__)
 
 # Generation settings of every call (`--preset`): greedy; greedy with one logits processor (`min-new`: the model's eos
 # on, so `min_new_tokens`, which every call sets to `max_new_tokens`, removes it at every step: each row still makes
-# all its tokens); or the sampling of Qwen3.5's generation config. "model" stands for the model's eos id.
+# all its tokens); `penalty`: the same and a repetition penalty of 1.1 (a processor that reads the ids); or the
+# sampling of Qwen3.5's generation config. "model" stands for the model's eos id.
 PRESETS = {"greedy": {}, "min-new": dict(eos_token_id="model"),
+           "penalty": dict(eos_token_id="model", repetition_penalty=1.1),
            "sampling": dict(do_sample=True, temperature=0.7, top_p=0.95, top_k=20)}
 
 

@@ -40,8 +40,8 @@ from ..drafters import BatchHidden, DraftBudget, DraftContext, PerRowDrafters, R
 from ..kernels.tree import ancestor_mask
 from ..staging import device_busy
 from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
-from ..verification import (FirstToken, StepInputs, batch_choices, choices_apply, make_verifier, process_tree_logits,
-                            row_processors)
+from ..verification import (FirstToken, NodeContexts, StepInputs, batch_choices, choices_apply, make_verifier,
+                            process_tree_logits, row_processors)
 from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
 from .budget import DraftingPayoff, PlainRuns, VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter, path_attentions
@@ -431,20 +431,22 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
     committed tokens, and their hidden states [k, H] per layer when `hidden` is given (else None). `batch_rows`: each
     row's index in its batch, for the rule (default: its place in `row_ids`).
 
-    Where the rule's choice at a node needs that node's scores alone (`verification.batch_choices`: the exact rule
-    with context-free processors, such as sampling with temperature / top-k / top-p), every row's choices are made at
-    once and walked as greedy's argmax is: one host read for the batch."""
+    Where the rule's choice at a node needs that node's scores, place and context alone (`verification.batch_choices`:
+    the exact rule with the processors it knows, such as sampling with temperature / top-k / top-p, min_new_tokens,
+    a repetition penalty), every row's choices are made at once and walked as greedy's argmax is: one host read for
+    the batch."""
     if raw_greedy:
         return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
     sampled = drafts.drafts is not None and any(d.probs is not None for d in drafts.drafts)
-    if chosen is None and hidden is None and choices_apply(verifier, processors, sampled):
+    if chosen is None and hidden is None and choices_apply(verifier, processors, sampled, contexts=True):
         # The logits may be cut to the widest row's nodes (a caller's slice) or padded past them (a bucket).
         n = min(logits.shape[1], 1 + drafts.tokens.shape[1])
         lengths = torch.tensor([ids.shape[1] - (pads[i] if pads else 0) for i, ids in enumerate(row_ids)])
         depth = torch.cat([drafts.depth.new_zeros(drafts.rows, 1), drafts.depth], dim=1)[:, :n]
         rows = torch.tensor(list(range(len(row_ids))) if batch_rows is None else list(batch_rows))
         return greedy_rows(drafts, batch_choices(verifier, processors, logits[:, :n], lengths, depth, rows,
-                                                 sampled, torch.tensor(pads) if pads else None).cpu())
+                                                 sampled, torch.tensor(pads) if pads else None,
+                                                 NodeContexts(row_ids, tree)).cpu())
     results = []
     host_tokens, host_parent = tree.tokens.cpu(), tree.parent.cpu()
     for row, (ids, row_procs) in enumerate(zip(row_ids, processors)):

@@ -54,7 +54,7 @@ from ..engine.static import DEFAULT_BUCKETS
 from ..forward import forward_tokens
 from ..models import get_adapter
 from ..tree import DraftBatch, DraftTree, VerifyResult, VerifyTree, empty_draft
-from ..verification import FirstToken, batch_choices, make_verifier, row_processors
+from ..verification import FirstToken, NodeContexts, batch_choices, make_verifier, row_processors
 from .prefix import PrefixHit, PrefixStore
 
 logger = logging.get_logger(__name__)
@@ -576,9 +576,9 @@ class ServingEngine:
             for row, result in zip(decoding, greedy_rows(rows.take(decoding), best[torch.tensor(decoding)])):
                 results[row] = result
             return results
-        # Every decoding request's choices at once where each one's rule allows it (greedy or keyed sampling with
-        # context-free processors: `batch_choices`), each with its own seed and processors; else, or when a
-        # request's processors raise (row by row then finds whose), one request at a time.
+        # Every decoding request's choices at once where each one's rule allows it (greedy or keyed sampling with the
+        # processors `batch_choices` knows, a repetition penalty included), each with its own seed and processors;
+        # else, or when a request's processors raise (row by row then finds whose), one request at a time.
         taken = rows.take(decoding)
         try:
             n = min(logits.shape[1], 1 + taken.tokens.shape[1])
@@ -587,7 +587,8 @@ class ServingEngine:
                 [actives[row].verifier for row in decoding], [actives[row].row_processors for row in decoding],
                 logits[index, :n], torch.tensor([actives[row].length for row in decoding]),
                 torch.cat([taken.depth.new_zeros(len(decoding), 1), taken.depth], dim=1)[:, :n],
-                torch.zeros(len(decoding), dtype=torch.long), [drafts[row].probs is not None for row in decoding])
+                torch.zeros(len(decoding), dtype=torch.long), [drafts[row].probs is not None for row in decoding],
+                contexts=NodeContexts([actives[row].ids() for row in decoding], tree, decoding))
         except BaseException as error:
             _raise_engine_exit(error)
             choices = None

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 from transformers.generation import logits_process as _lp
 
@@ -38,8 +40,8 @@ from .base import FirstToken, StepInputs, Verifier
 from .noise import draw_seed, keyed_choice, to_device
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
-           "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE", "POSITIONAL",
-           "greedy_device", "DeviceAcceptance", "from_config"]
+           "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE", "POSITIONAL", "IDS_READING",
+           "NodeContexts", "greedy_device", "DeviceAcceptance", "from_config"]
 
 
 class ExactVerifier(Verifier):
@@ -82,26 +84,73 @@ CONTEXT_FREE = tuple(getattr(_lp, name) for name in (
 # their values: `min_length` and `min_new_tokens` remove the eos tokens before their bound. `batch_choices` applies
 # them from each node's position, worked out on the host (a step past the bound launches nothing for them).
 POSITIONAL = (_lp.MinLengthLogitsProcessor, _lp.MinNewTokensLengthLogitsProcessor)
+# Processors that read the ids before a node, which `batch_choices` applies to every node at once from `NodeContexts`
+# (each row's ids and its tree's paths): the repetition penalty (a token in the context has its score divided by the
+# penalty, or multiplied where it is negative).
+IDS_READING = (RepetitionPenaltyLogitsProcessor,)
 
 
-def choices_apply(verifiers, processors: list, sampled_drafts=False) -> bool:
+@dataclass
+class NodeContexts:
+    """What ids-reading processors need to see every node's context (the ids stock generate would have there: the
+    row's committed ids, padding included, then the node's path below the root).
+
+    Attributes:
+        row_ids: [R] each row's committed ids [1, L_r] (its last token the root), as stock's processors see them.
+        tree: the rows' verify trees ([R, >= N] tokens, node 0 each root; `ancestors` worked out when first used).
+        index: the tree rows that are these rows (None: all of them, in order).
+    """
+
+    row_ids: Sequence[torch.Tensor]
+    tree: VerifyTree
+    index: list[int] | None = None
+
+    def presence(self, rows: list[int], n: int, ignore: int, vocab: int, device: torch.device) -> torch.Tensor:
+        """[len(rows) * n, vocab] bool: whether each token is in the context of node j of row r (rows' nodes in
+        row-major order), the first `ignore` ids of each row left out (`prompt_ignore_length`)."""
+        ids = pad_sequence([self.row_ids[r][0].to(device) for r in rows], batch_first=True, padding_value=vocab)
+        ids = ids.clamp(max=vocab)  # ids past the scores' vocabulary cannot be scored: a dropped column, as stock's
+        if ignore:
+            ids[:, :ignore] = vocab
+        m = len(rows)
+        seen = torch.zeros(m, vocab + 1, dtype=torch.bool, device=device).scatter_(1, ids, True)
+        at = torch.tensor(rows if self.index is None else [self.index[r] for r in rows], device=device)
+        tokens = self.tree.tokens.to(device)[at, :n].clamp(max=vocab)
+        ancestors = self.tree.ancestors.to(device)[at, :n, :n].clone()
+        ancestors[..., 0] = False  # the root is the ids' last token already
+        # Node j's path tokens into its row of the mask; every other pair writes the dropped column (all writes are
+        # True, so duplicate tokens cannot race).
+        path = torch.where(ancestors, tokens[:, None, :].expand(m, n, n), vocab)
+        seen = seen[:, None, :].repeat(1, n, 1).scatter_(2, path, True)
+        return seen[..., :vocab].reshape(m * n, vocab)
+
+
+def choices_apply(verifiers, processors: list, sampled_drafts=False, contexts: bool = False) -> bool:
     """Whether `batch_choices` makes these rows' choices (its arguments of the same names): each row's rule the exact
-    one, its processors context-free or positional, and a sampling row's draft not sampled from a draft
-    distribution."""
+    one, its processors context-free or positional (or, with `contexts`, ids-reading), and a sampling row's draft not
+    sampled from a draft distribution."""
     rules = verifiers if isinstance(verifiers, (list, tuple)) else [verifiers] * len(processors)
     sampled = sampled_drafts if isinstance(sampled_drafts, (list, tuple)) else [sampled_drafts] * len(rules)
     for rule, drafted in zip(rules, sampled):
         if type(rule) is not ExactVerifier or (rule.do_sample and drafted):
             return False
-    return all(not procs or all(type(p) in CONTEXT_FREE or type(p) in POSITIONAL for p in procs)
-               for procs in processors)
+    known = CONTEXT_FREE + POSITIONAL + (IDS_READING if contexts else ())
+    return all(not procs or all(type(p) in known for p in procs) for procs in processors)
 
 
-def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor) -> torch.Tensor:
-    """One processor over many nodes' scores [M, V], as stock generate applies it at each node's position:
-    `ids_length` [M] (host int64) the length of the ids stock's processor would see there (padding included)."""
+def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor, contexts: NodeContexts | None,
+             rows: list[int], n: int) -> torch.Tensor:
+    """One processor over many nodes' scores [M, V] (rows `rows`, `n` nodes each), as stock generate applies it at
+    each node: `ids_length` [M] (host int64) the length of the ids stock's processor would see there (padding
+    included); `contexts` those ids (for an ids-reading processor)."""
     if type(processor) in CONTEXT_FREE:
         return processor(torch.empty((scores.shape[0], 0), dtype=torch.long, device=scores.device), scores)
+    if type(processor) in IDS_READING:
+        ignore = processor.prompt_ignore_length if isinstance(getattr(processor, "prompt_ignore_length", None),
+                                                              int) else 0
+        seen = contexts.presence(rows, n, ignore, scores.shape[-1], scores.device)
+        penalty = processor.penalty
+        return torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
     if type(processor) is _lp.MinLengthLogitsProcessor:
         active = ids_length < processor.min_length
     else:  # MinNewTokensLengthLogitsProcessor
@@ -116,11 +165,12 @@ def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor) -> torch
 
 
 def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: torch.Tensor, depth: torch.Tensor,
-                  rows: torch.Tensor, sampled_drafts, pads: torch.Tensor | None = None) -> torch.Tensor | None:
+                  rows: torch.Tensor, sampled_drafts, pads: torch.Tensor | None = None,
+                  contexts: NodeContexts | None = None) -> torch.Tensor | None:
     """The token each row's rule chooses at every node, for every row at once, where that is the rule: each row's
-    `ExactVerifier` with context-free (`CONTEXT_FREE`) or positional (`POSITIONAL`) processors only and, when it
-    samples, a draft without a draft distribution (the keyed rule). None where any row's is not (the caller verifies
-    row by row).
+    `ExactVerifier` with context-free (`CONTEXT_FREE`), positional (`POSITIONAL`) or, given `contexts`, ids-reading
+    (`IDS_READING`) processors only and, when it samples, a draft without a draft distribution (the keyed rule). None
+    where any row's is not (the caller verifies row by row).
 
     Args:
         verifiers: the rule of every row (a batch of one call), or a list with each row's (a serving engine's
@@ -134,6 +184,7 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
             distribution.
         pads: [R] int64 each row's left padding (None: none), which stock's positional processors count in the
             length of the ids they see.
+        contexts: the rows' ids and trees (`NodeContexts`), for ids-reading processors (None: they are declined).
 
     Returns:
         [R, N] int64 on the logits' device: the argmax (greedy rows) or the keyed draw (sampling rows) of each node's
@@ -142,7 +193,7 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
     """
     r, n, v = logits.shape
     rules = verifiers if isinstance(verifiers, (list, tuple)) else [verifiers] * r
-    if not choices_apply(rules, processors, sampled_drafts):
+    if not choices_apply(rules, processors, sampled_drafts, contexts is not None):
         return None
     shared = all(p is processors[0] for p in processors)
     scores = logits.to(torch.float32, copy=not shared)  # rows processed one by one are written in place
@@ -152,8 +203,9 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
     for procs, at in ([(processors[0], slice(None))] if shared else [(p, i) for i, p in enumerate(processors)]):
         if procs:
             part = scores[at].reshape(-1, v)
+            these = list(range(r)) if shared else [at]
             for processor in procs:
-                part = _process(processor, part, ids_length[at].reshape(-1))
+                part = _process(processor, part, ids_length[at].reshape(-1), contexts, these, n)
             if shared:
                 scores = part.view(r, n, v)
             else:

@@ -212,7 +212,7 @@ def test_a_batch_draws_every_rows_nodes_at_once_as_row_by_row(family, monkeypatc
     monkeypatch.setattr(batch_module, "batch_choices", lambda *a: used.append(1) or batch_choices(*a))
     at_once = _sample(model, ids, 5, **kw)
     assert used  # the batched choice ran
-    monkeypatch.setattr(batch_module, "choices_apply", lambda *a: False)
+    monkeypatch.setattr(batch_module, "choices_apply", lambda *a, **k: False)
     row_by_row = _sample(model, ids, 5, **kw)
     assert torch.equal(at_once, row_by_row)
 
@@ -343,7 +343,73 @@ def test_a_batch_with_min_new_tokens_chooses_at_once_and_matches_plain_generate(
                   assistant_config=H.AssistantConfig(compile=compile_))
     torch.manual_seed(4)
     at_once = model.generate(ids, **sample)
-    monkeypatch.setattr(batch_module, "choices_apply", lambda *a: False)
+    monkeypatch.setattr(batch_module, "choices_apply", lambda *a, **k: False)
     torch.manual_seed(4)
     row_by_row = model.generate(ids, **sample)
     assert torch.equal(at_once, row_by_row)
+
+
+@pytest.mark.parametrize("ignore", [None, 2])
+def test_a_repetition_penalty_is_applied_to_every_nodes_context_at_once(ignore):
+    """The repetition penalty in `batch_choices` (`NodeContexts`): each node's scores penalized for the tokens of its
+    row's ids (padding included, the first `prompt_ignore_length` left out) and of its path, as stock's processor
+    does given that node's ids (`process_tree_logits`, node by node), on random trees with repeated tokens."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from hf_hybrid_spec.tree import DraftBatch, VerifyTree
+    from hf_hybrid_spec.verification import ExactVerifier, NodeContexts, batch_choices, process_tree_logits
+
+    gen = torch.Generator().manual_seed(1)
+    rows, width = 3, 6
+    drafts = []
+    for _ in range(rows):
+        parents = [-1] + [int(torch.randint(-1, j, (1,), generator=gen)) for j in range(width - 1)]
+        drafts.append(DraftTree(tokens=torch.randint(0, V, (1, width), generator=gen), parents=torch.tensor([parents])))
+    batch = DraftBatch.from_drafts(drafts)
+    roots = torch.randint(0, V, (rows,), generator=gen)
+    tokens = torch.cat([roots[:, None], batch.tokens], dim=1)
+    parent = torch.cat([torch.full((rows, 1), -1), torch.where(batch.parents >= 0, batch.parents + 1, 0)], dim=1)
+    tree = VerifyTree.from_parents(tokens, parent)
+    row_ids = [torch.cat([torch.randint(0, V, (1, 4 + r), generator=gen), roots[r].view(1, 1)], dim=1)
+               for r in range(rows)]
+    logits = torch.randn(rows, width + 1, V, generator=gen)
+    procs = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.7, prompt_ignore_length=ignore),
+                                 TemperatureLogitsWarper(0.9)])
+    lengths = torch.tensor([ids.shape[1] for ids in row_ids])
+    depth = torch.cat([torch.zeros(rows, 1, dtype=torch.long), batch.depth], dim=1)
+    args = (logits, lengths, depth, torch.arange(rows), False)
+    assert batch_choices(ExactVerifier(False), [procs] * rows, *args) is None  # no contexts: declined
+    chosen = batch_choices(ExactVerifier(False), [procs] * rows, *args, None, NodeContexts(row_ids, tree))
+    for r in range(rows):
+        one = VerifyTree.from_parents(tokens[r : r + 1], parent[r : r + 1])
+        expected = process_tree_logits(row_ids[r], one, logits[r : r + 1], procs).argmax(-1)
+        assert torch.equal(chosen[r], expected)
+    # The penalty changes choices here (or the test would not see a wrong context).
+    assert not torch.equal(chosen, logits.argmax(-1))
+
+
+def test_a_batch_with_a_repetition_penalty_chooses_at_once_and_matches_plain_generate(monkeypatch):
+    """Greedy with `repetition_penalty` over a left-padded batch: every row's nodes chosen at once, token for token
+    plain generate; sampling with it, the row-by-row rule's tokens after the same seed."""
+    import hf_hybrid_spec.engine.batch as batch_module
+    from hf_hybrid_spec.verification import batch_choices
+
+    model = tiny_model("falcon_h1", vocab_size=V)
+    ids = torch.tensor([[1, 1, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3], [1, 7, 2, 5, 3, 7, 2]])
+    kw = dict(attention_mask=(ids != 1).long(), pad_token_id=1, max_new_tokens=12, do_sample=False,
+              eos_token_id=None, repetition_penalty=1.3)
+    expected = model.generate(ids, **kw)
+    assert not torch.equal(expected, model.generate(ids, **dict(kw, repetition_penalty=1.0)))
+    used = []
+    monkeypatch.setattr(batch_module, "batch_choices", lambda *a: used.append(1) or batch_choices(*a))
+    for compile_ in (False, True):
+        got = model.generate(ids, custom_generate=H.speculative_generate,
+                             assistant_config=H.AssistantConfig(compile=compile_), **kw)
+        assert torch.equal(got, expected)
+    assert used
+    sample = dict(kw, do_sample=True, top_k=6, custom_generate=H.speculative_generate)
+    torch.manual_seed(2)
+    at_once = model.generate(ids, **sample)
+    monkeypatch.setattr(batch_module, "choices_apply", lambda *a, **k: False)
+    torch.manual_seed(2)
+    assert torch.equal(at_once, model.generate(ids, **sample))
