@@ -1,6 +1,12 @@
-"""The engine: one decode loop (`loop.decode`; a batch of rows: `batch.decode_batch`) over a request's trees, through a backend that verifies them eagerly
-(`backend.EagerBackend`) or from captured CUDA graphs over a static cache (`backend.StaticBackend`, on
-`static.StaticTreeRunner`), with what it returns and records in `outputs`."""
+"""The engine: the decode loops over a request's draft trees and the backends that verify them.
+
+A batch (`batch.decode_batch`, any B > 1; the serving engine's steps too) verifies every row's tree in one forward
+on `backend.BatchEagerBackend` or, compiled, `batch_static.BatchStaticBackend` (captured CUDA graphs over a static
+cache), which also runs plain steps (`plain`) and the pipelined step (`pipeline`); the batch step asks a backend
+what it can do through its capability flags (`queues_plain`, `device_drafts`, `prefills_chunked`,
+`draft_forwards`). One request (`loop.decode`) runs on `backend.EagerBackend` or `backend.StaticBackend` (on
+`static.StaticTreeRunner`). What they return and record: `outputs`. Putting the single request on the batch step
+is open work (issue 58 of the tracker)."""
 
 from .backend import BatchEagerBackend, EagerBackend, StaticBackend, TreeBackend, VerifyOutputs
 from .batch import decode_batch

@@ -306,6 +306,11 @@ class BatchEagerBackend:
 
     # Widths the budget may pick (None: any); the static backend's are its buckets.
     widths: list[int] | None = None
+    # What a batch backend can do besides forward / commit (the batch step asks these, never the class):
+    queues_plain = False  # width-1 steps queued on the device (`forward_device`, `commit_device`, `finish_commit`)
+    device_drafts = False  # the pipelined step's device-side drafts and acceptance
+    prefills_chunked = False  # prompts in chunks through the captured verify forward (`prefill(..., chunked=True)`)
+    draft_forwards = True  # a drafter's own forwards on this cache (`engine.batch._draft_forward`)
 
     def __init__(self, model: nn.Module, hidden_layers: tuple[int, ...], all_hidden: bool = False,
                  attentions: bool = False):

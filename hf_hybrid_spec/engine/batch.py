@@ -43,6 +43,7 @@ from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
 from ..verification import (FirstToken, NodeContexts, StepInputs, batch_choices, choices_apply, make_verifier,
                             process_tree_logits, row_processors)
 from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
+from .batch_static import BatchStaticBackend
 from .budget import DraftingPayoff, PlainRuns, VerifyCost, cached_cost, choose_batch, paying_width, time_forward
 from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter, path_attentions
 from .pipeline import LONGEST_PLAIN_RUN, PATIENCE, PLAIN_RUN, PipelineInputs, pipelines, run_pipelined
@@ -107,14 +108,14 @@ def decode_batch(request: Request):
         node_budget = min(node_budget, max(backend.widths) - 1)
     try:
         # ---- prefill, the first token of every row, the drafter begun on the rows
-        if chunked_prefill(config.prefill, rows, prompt_length) and not isinstance(backend, BatchEagerBackend):
+        if chunked_prefill(config.prefill, rows, prompt_length) and backend.prefills_chunked:
             out = backend.prefill(input_ids, mask, positions, chunked=True)  # the prompts through the captured forward
         else:
             out = backend.prefill(input_ids, mask, positions)
         logits = out.logits[:, -1].to(dtype=torch.float32)
         prefilled = device_busy(device)  # the prefill is queued, not read: the drafter's set-up may run meanwhile
         scores = processors(input_ids, logits.clone()) if processors else logits
-        draft_forward = partial(_draft_forward, backend) if isinstance(backend, BatchEagerBackend) else None
+        draft_forward = partial(_draft_forward, backend) if backend.draft_forwards else None
         context = DraftContext(model, backend.cache, request.adapter, gen, None, draft_forward)
         hidden = None
         if layers:
@@ -313,8 +314,6 @@ def _backend(request: Request, layers: tuple[int, ...], node_budget: int, all_hi
     if not config.compile or request.batch_drafter.drafts_on_target or all_hidden or attentions:
         # A drafter that restricts the target's own forward needs forwards the model runs as it is at the call.
         return BatchEagerBackend(model, layers, all_hidden, attentions)
-    from .batch_static import BatchStaticBackend
-
     buckets = batch_buckets(config.compile_buckets, node_budget)
     if chunked_prefill(config.prefill, *request.input_ids.shape):  # the prompts' chains: a bucket of their width
         buckets = tuple(sorted(set(buckets) | {PREFILL_CHUNK}))

@@ -303,6 +303,9 @@ class BatchStaticBackend:
     """
 
     tree_device = torch.device("cpu")  # the runner stages host trees in one copy
+    # Capabilities (see `backend.BatchEagerBackend`).
+    queues_plain = device_drafts = prefills_chunked = True
+    draft_forwards = False
 
     def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...], owner,
                  runner: BatchStaticRunner | None = None, hidden_layers: tuple[int, ...] = (), fuse: bool = False):

@@ -85,10 +85,7 @@ class PipelineInputs:
 def pipelines(drafter: BatchDrafter, backend, raw_greedy: bool, node_budget: int) -> bool:
     """Whether a batch runs the pipelined step: a drafter with device drafting, the batched static runner, greedy
     verification over raw logits (no processors), and drafts at all."""
-    from .batch_static import BatchStaticBackend
-
-    return (getattr(drafter, "supports_device", False) and isinstance(backend, BatchStaticBackend) and raw_greedy
-            and node_budget > 0)
+    return getattr(drafter, "supports_device", False) and backend.device_drafts and raw_greedy and node_budget > 0
 
 
 def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: list[int],

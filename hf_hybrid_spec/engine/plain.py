@@ -58,9 +58,7 @@ class PlainRun:
 def runs_plain(backend, choosable: bool) -> bool:
     """Whether a batch's plain steps can run here: the batched static runner, and a rule a plain step can apply
     (`choosable`: greedy over raw logits, or a `Choose`)."""
-    from .batch_static import BatchStaticBackend
-
-    return isinstance(backend, BatchStaticBackend) and choosable
+    return backend.queues_plain and choosable
 
 
 def plain_step(backend, roots: list[int], overlap=None, choose: Choose | None = None,
