@@ -5,8 +5,8 @@ on `backend.BatchEagerBackend` or, compiled, `batch_static.BatchStaticBackend` (
 cache), which also runs plain steps (`plain`) and the pipelined step (`pipeline`); the batch step asks a backend
 what it can do through its capability flags (`queues_plain`, `device_drafts`, `prefills_chunked`,
 `draft_forwards`). One request (`loop.decode`) runs on `backend.EagerBackend` or `backend.StaticBackend` (on
-`static.StaticTreeRunner`). What they return and record: `outputs`. Putting the single request on the batch step
-is open work (issue 58 of the tracker)."""
+`static.StaticTreeRunner`), its own loop until a request runs as a batch of one. What they return and record:
+`outputs`."""
 
 from .backend import BatchEagerBackend, EagerBackend, StaticBackend, TreeBackend, VerifyOutputs
 from .batch import decode_batch
