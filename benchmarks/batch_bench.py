@@ -4,7 +4,8 @@
     python benchmarks/batch_bench.py --model random:qwen3_5-2b --drafters acceptance:0.6 acceptance:0.8 ...
 
 For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code prompts for a checkpoint, random tokens for
-`random:` models), then
+`random:` models), or with `--prompt-source sympy` windows of an installed package's source files (which the fixtures
+never saw) of `--prompt-tokens` to `--prompt-tokens-max` tokens, left-padded as a tokenizer pads a batch, then
 
 1. stock `generate(cache_implementation="static")` (transformers compiles its forward; warmed up first, so no compile
    is timed) and stock eager `generate`: the baselines, and the greedy reference;
@@ -30,9 +31,10 @@ For each batch size B: B prompts of exactly `--prompt-tokens` tokens (code promp
 
 `--preset min-new` runs every call greedy with one logits processor: the model's eos on, and `min_new_tokens` (every
 call's is `max_new_tokens`) removing it at each step; `--preset penalty` adds `repetition_penalty=1.1`, a processor
-that reads each position's ids. `--preset sampling` runs every call, stock's and ours, with the
-sampling Qwen3.5's generation config asks for (temperature 0.7, top-p 0.95, top-k 20); there is no gate then (a sample is not stock's sample: the suite tests the
-distribution), and the `acceptance:P` methods, which follow the greedy continuation, are refused.
+that reads each position's ids. `--preset sampling` runs every call, stock's and ours, with the sampling Qwen3.5's
+generation config asks for (temperature 0.7, top-p 0.95, top-k 20); there is no gate then (a sample is not stock's
+sample: the suite tests the distribution), and the `acceptance:P` methods, which follow the greedy continuation, are
+refused.
 
 A table (aggregate committed tokens/s, per-row ms/token, mean accepted length, the share of plain steps the budget
 chose, the speedup over stock static), a PNG of tokens/s against B, and a JSON line last.
@@ -69,8 +71,48 @@ PRESETS = {"greedy": {}, "min-new": dict(eos_token_id="model"),
            "sampling": dict(do_sample=True, temperature=0.7, top_p=0.95, top_k=20)}
 
 
-def batch_of(prompts: list[torch.Tensor], rows: int) -> torch.Tensor:
-    return torch.cat([prompts[i % len(prompts)] for i in range(rows)], dim=0)
+def batch_of(prompts: list[torch.Tensor], rows: int, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `rows` prompts (cycled), left-padded to the longest as `tokenizer(..., padding=True)` with left
+    padding gives them: (input_ids [rows, L], attention_mask [rows, L])."""
+    chosen = [prompts[i % len(prompts)] for i in range(rows)]
+    width = max(p.shape[1] for p in chosen)
+    ids = torch.full((rows, width), pad_token_id, dtype=torch.long, device=chosen[0].device)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(chosen):
+        ids[b, width - p.shape[1] :] = p[0]
+        mask[b, width - p.shape[1] :] = 1
+    return ids, mask
+
+
+def source_prompts(tokenizer, module: str, n: int, shortest: int, longest: int, device, seed: int = 0) -> list:
+    """`n` windows of the Python source of the installed package `module` (e.g. sympy or networkx, which the
+    fixtures never saw): [1, L_i] each, L_i drawn between `shortest` and `longest` tokens (seeded), each from another
+    file (files in a seeded order), starting at a seeded line of it."""
+    import importlib.util
+    import pathlib
+    import random
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"--prompt-source {module}: no installed package of that name")
+    files = sorted(pathlib.Path(next(iter(spec.submodule_search_locations))).rglob("*.py"))
+    rng = random.Random(seed)
+    rng.shuffle(files)
+    out = []
+    for path in files:
+        if len(out) == n:
+            break
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        if len(lines) < 40:
+            continue
+        length = rng.randint(shortest, longest)
+        start = rng.randrange(0, max(1, len(lines) - 40))
+        ids = tokenizer("".join(lines[start : start + 4 * length]), return_tensors="pt").input_ids
+        if ids.shape[1] >= length:
+            out.append(ids[:, :length].to(device))
+    if len(out) < n:
+        raise SystemExit(f"--prompt-source {module}: only {len(out)} source windows of {shortest}-{longest} tokens")
+    return out
 
 
 def first_differences(sequences: torch.Tensor, reference: torch.Tensor, prompt_length: int) -> str:
@@ -197,7 +239,13 @@ def run(argv: list[str] | None = None) -> dict:
                                                       "fixture's committed one, or a random one for tiny:/random:)")
     parser.add_argument("--mtp", default=None, help="MTP checkpoint shard (mtp.safetensors) for the mtp methods "
                                                     "(default: the fixture's committed one, or a random head)")
-    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--prompt-tokens", type=int, default=256,
+                        help="tokens per prompt (with --prompt-tokens-max: the shortest)")
+    parser.add_argument("--prompt-tokens-max", type=int, default=None,
+                        help="with --prompt-source: prompts of varied lengths up to this many tokens, left-padded")
+    parser.add_argument("--prompt-source", default=None,
+                        help="an installed package whose .py files give the prompts (e.g. sympy, networkx: the "
+                             "fixtures never saw them); default: the built-in code prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -235,7 +283,13 @@ def run(argv: list[str] | None = None) -> dict:
     if args.model.startswith("random:"):
         decisive_head(model)  # greedy choices that bf16 rounding cannot flip (see `testing.decisive_head`)
     vocab = model.config.get_text_config().vocab_size
-    prompts = encode_prompts(tokenizer, max(args.batch_sizes), args.device, vocab, args.prompt_tokens)
+    if args.prompt_source:
+        if tokenizer is None:
+            parser.error("--prompt-source needs a checkpoint with a tokenizer")
+        prompts = source_prompts(tokenizer, args.prompt_source, max(args.batch_sizes), args.prompt_tokens,
+                                 args.prompt_tokens_max or args.prompt_tokens, args.device, args.seed)
+    else:
+        prompts = encode_prompts(tokenizer, max(args.batch_sizes), args.device, vocab, args.prompt_tokens)
     eagle = load_eagle(args.eagle, model, args.model) if any(n.startswith("eagle") for n in args.drafters) else None
     mtp = load_mtp(args.mtp, model, args.model) if any(n.startswith("mtp") for n in args.drafters) else None
     gen = dict(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens, do_sample=False,
@@ -247,8 +301,10 @@ def run(argv: list[str] | None = None) -> dict:
             parser.error(f"--preset {args.preset} needs the model's eos token: {args.model} has none")
     quiet_gc()
     rows_out, gate_failures = [], []
+    base_gen = gen
     for rows in tqdm(args.batch_sizes, desc="batch sizes"):
-        ids = batch_of(prompts, rows)
+        ids, mask = batch_of(prompts, rows, base_gen["pad_token_id"])
+        gen = dict(base_gen, attention_mask=mask)
         tokens = rows * args.max_new_tokens
         entry = {"batch": rows}
         model.generate(ids, **gen)  # warm-up: kernels compile and autotune for this batch size on first use
@@ -345,6 +401,7 @@ def run(argv: list[str] | None = None) -> dict:
     if costs:
         print("verify cost models (width: ms): " + "; ".join(f"{k} {v}" for k, v in costs.items()))
     result = {"model": args.model, "dtype": args.dtype, "preset": args.preset, "prompt_tokens": args.prompt_tokens,
+              "prompt_tokens_max": args.prompt_tokens_max, "prompt_source": args.prompt_source,
               "max_new_tokens": args.max_new_tokens, "device": torch.cuda.get_device_name() if
               args.device.startswith("cuda") else "cpu", "rows": rows_out, "mismatches": gate_failures,
               "cost_models": costs}

@@ -2,6 +2,7 @@
 
 import bench
 import pytest
+import torch
 
 
 @pytest.mark.slow
@@ -160,3 +161,27 @@ def test_serve_host_bench_runs_the_engine_without_the_model_and_exits_zero():
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["tokens"] == 4 * 12 and result["steps"] > 0 and result["host_ms_per_step"] > 0
+
+
+def test_batch_bench_runs_left_padded_source_prompts_behind_a_passing_gate():
+    """`batch_bench.py --prompt-source sympy` on the fixture: windows of an installed package's source files of varied
+    lengths (seeded, the same every run), left-padded as a tokenizer pads a batch; every row identical to stock greedy
+    in fp32 with the model's eos on and `min_new_tokens` (`--preset min-new`)."""
+    import batch_bench
+    from helpers import load_fixture
+
+    from hf_hybrid_spec.testing import fixture_path
+
+    model, tokenizer = load_fixture("qwen3_5-small")
+    first = batch_bench.source_prompts(tokenizer, "sympy", 3, 40, 70, "cpu")
+    again = batch_bench.source_prompts(tokenizer, "sympy", 3, 40, 70, "cpu")
+    lengths = [p.shape[1] for p in first]
+    assert all(40 <= n <= 70 for n in lengths) and len(set(lengths)) > 1
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    ids, mask = batch_bench.batch_of(first, 3, 0)
+    assert ids.shape == (3, max(lengths)) and mask.sum(-1).tolist() == lengths and mask[:, -1].all()
+    result = batch_bench.run(["--model", str(fixture_path("qwen3_5-small")), "--device", "cpu", "--dtype", "float32",
+                              "--batch-sizes", "3", "--drafters", "suffix", "--prompt-source", "sympy",
+                              "--prompt-tokens", "40", "--prompt-tokens-max", "70", "--max-new-tokens", "8",
+                              "--preset", "min-new", "--no-stock-static"])
+    assert result["mismatches"] == [] and result["rows"][0]["suffix.identical_rows"] == 1.0
