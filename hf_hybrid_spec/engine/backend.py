@@ -1,13 +1,15 @@
 """Where a request's trees are verified: the eager backend (a dynamic cache, every kernel launched from Python) and the
-static one (a static cache, each tree-size bucket's forward and commit captured as CUDA graphs), behind one
-interface the loop calls:
+static one (a static cache, each tree-size bucket's forward and commit captured as CUDA graphs), and their batch
+forms, behind one protocol:
 
     out = backend.prefill(input_ids, attention_mask, positions, ...)   # the prompt, as stock generate runs it
-    verified = backend.forward(tree, length)                           # one forward over a verify tree
-    hidden = backend.commit(result, length)                            # keep the accepted path; drafters' hidden states
+    verified = backend.forward(tree)                                   # one forward over every row's verify tree
+    hidden = backend.commit(paths)                                     # each row keeps its path; drafters' states
     backend.abort() / backend.release()                                # drop a pending tree / end the request
 
-Trees are [B, N] (root first in each row) and a commit keeps one root->leaf path per row; today's loop runs B = 1.
+Trees are [B, N] (root first in each row: the last token each row chose, not yet in the cache) and a commit keeps one
+root->leaf path per row. Each backend counts what its rows have committed; the single-request backends
+(`EagerBackend`, `StaticBackend`) run B = 1.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..cache import CommittedState, HybridTreeCache, import_committed, zero_stat
 from ..cache.layers import buffers_missing
 from ..drafters import BatchHidden, HistoryHidden, TargetHidden
 from ..forward import forward_tokens, forward_tree
-from ..tree import VerifyResult, VerifyTree
+from ..tree import VerifyTree
 from .outputs import target_hidden
 from .static import StaticTreeRunner, release_runner, static_runner
 
@@ -91,6 +93,7 @@ class TreeBackend(ABC):
         self.output_hidden_states = output_hidden_states
         self.offsets = offsets
         self.prompt_length = 0
+        self.valid = 0  # tokens committed to the cache: the next tree's root sits at this position
 
     @property
     def max_nodes(self) -> int | None:
@@ -111,7 +114,7 @@ class TreeBackend(ABC):
         """The prompt's forward, exactly as stock generate runs it: the model's outputs (last position's logits).
         With `past` (the committed state of the prompt's first `past.length` tokens, a continued call), the cache
         starts from it and only the rest of the prompt runs, as stock generate runs a prompt after a filled cache."""
-        self.prompt_length = input_ids.shape[1]
+        self.prompt_length = self.valid = input_ids.shape[1]
         start = 0
         if past is not None:
             import_committed(self.cache, past)
@@ -122,12 +125,13 @@ class TreeBackend(ABC):
                               output_attentions=output_attentions, **prompt_inputs)
 
     @abstractmethod
-    def forward(self, tree: VerifyTree, length: int) -> VerifyOutputs:
-        """Run `tree` (its root the last of `length` committed tokens); the cache stays in tree mode."""
+    def forward(self, tree: VerifyTree) -> VerifyOutputs:
+        """Run `tree` [1, N] (its root the token after the `valid` committed ones); the cache stays in tree mode."""
 
     @abstractmethod
-    def commit(self, result: VerifyResult, length: int) -> TargetHidden | None:
-        """Keep `result.path` of the pending tree; returns the drafter's hidden states of the path's tokens."""
+    def commit(self, paths: list[list[int]]) -> TargetHidden | None:
+        """Keep `paths[0]` (root first) of the pending tree; returns the drafter's hidden states of the path's
+        tokens."""
 
     def abort(self) -> None:
         """Drop the pending tree (nothing committed changes)."""
@@ -152,8 +156,8 @@ class EagerBackend(TreeBackend):
         self._mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.device)
         return super().prefill(input_ids, attention_mask, positions, output_attentions, past, **prompt_inputs)
 
-    def forward(self, tree: VerifyTree, length: int) -> VerifyOutputs:
-        mask = self._mask
+    def forward(self, tree: VerifyTree) -> VerifyOutputs:
+        mask, length = self._mask, self.valid + 1
         if mask.shape[1] < length:  # generated tokens are never padding
             mask = self._mask = torch.cat(
                 [mask, torch.ones(mask.shape[0], length - mask.shape[1], dtype=mask.dtype, device=mask.device)], 1)
@@ -167,13 +171,15 @@ class EagerBackend(TreeBackend):
         return VerifyOutputs(logits=out.logits, hidden_states=getattr(out, "hidden_states", None),
                              attentions=getattr(out, "attentions", None))
 
-    def commit(self, result: VerifyResult, length: int) -> TargetHidden | None:
+    def commit(self, paths: list[list[int]]) -> TargetHidden | None:
+        (path,) = paths
         out, self._last = self._last, None
         hidden = None
         if self.hidden_layers:  # the path's rows only (no index copy for drafters that read none)
-            index = torch.tensor(result.path).to(out.logits.device, non_blocking=True)
+            index = torch.tensor(path).to(out.logits.device, non_blocking=True)
             hidden = target_hidden(out, self.hidden_layers, index)
-        self.cache.commit(torch.tensor([result.leaf]).to(self.model.device, non_blocking=True), path=result.path)
+        self.cache.commit(torch.tensor([path[-1]]).to(self.model.device, non_blocking=True), path=path)
+        self.valid += len(path)
         return hidden
 
     def abort(self) -> None:
@@ -244,7 +250,7 @@ class StaticBackend(TreeBackend):
         no buffers yet gets them from a one-token forward first, then starts from an empty state."""
         runner, cache = self.runner, self.cache
         prompt = input_ids.shape[1]
-        self.prompt_length = self._valid_prompt = prompt
+        self.prompt_length = self._valid_prompt = self.valid = prompt
         if buffers_missing(cache):
             zero = torch.zeros(1, 1, dtype=torch.long, device=self.model.device)
             forward_tokens(self.model, zero, cache, position_ids=zero, attention_mask=torch.ones_like(zero),
@@ -270,17 +276,18 @@ class StaticBackend(TreeBackend):
             hidden = dict(zip(self.hidden_layers, runner.committed_hidden(0, prompt)))
         return PrefillOutputs(logits=logits, hidden_states=hidden)
 
-    def forward(self, tree: VerifyTree, length: int) -> VerifyOutputs:
-        out = self.runner.forward(tree, length - 1, self._valid_prompt + length - 1 - self.prompt_length)
+    def forward(self, tree: VerifyTree) -> VerifyOutputs:
+        out = self.runner.forward(tree, self.valid, self._valid_prompt + self.valid - self.prompt_length)
         return VerifyOutputs(logits=out.logits, hidden_states=out.hidden_states)
 
-    def commit(self, result: VerifyResult, length: int) -> TargetHidden | None:
-        self.runner.commit(result.path)  # one graph replay on CUDA
+    def commit(self, paths: list[list[int]]) -> TargetHidden | None:
+        (path,) = paths
+        self.runner.commit(path)  # one graph replay on CUDA
+        start, self.valid = self.valid, self.valid + len(path)
         if not self.hidden_layers:
             return None
         # Sliced from the runner's history when the drafter first reads it.
-        return HistoryHidden(self.hidden_layers, self.runner.committed_hidden, length - 1,
-                             length - 1 + len(result.path))
+        return HistoryHidden(self.hidden_layers, self.runner.committed_hidden, start, self.valid)
 
     def abort(self) -> None:
         self.runner.abort()

@@ -6,7 +6,7 @@
         draft = drafter.propose(committed, budget)           # a token tree hanging off the root (last token)
         verified = backend.forward(root + draft)             # one forward; recurrent layers solve the tree in closed form
         result = verifier.verify(tree, scores)               # greedy / lossless sampling / an opt-in lossy rule
-        hidden = backend.commit(result)                      # keep the accepted path's KV, rebuild its recurrent state
+        hidden = backend.commit([result.path])               # keep the accepted path's KV, rebuild its recurrent state
         recorder.append(result.tokens); drafter.accept(...)  # stopping criteria, streamer, outputs; the drafter learns
 
 `decode` runs one request (`Request`); `speculative_generate` (the API) builds the request from what transformers'
@@ -118,7 +118,7 @@ def decode(request: Request):
             draft = propose(drafter, ids, budget, verifier)
             t1 = time.perf_counter()
             tree = _verify_tree(draft, ids, rec, backend, device)
-            verified = backend.forward(tree, length)
+            verified = backend.forward(tree)
             try:
                 drafter.overlap()  # (the host's idle time while a GPU runs the forward)
                 if raw_greedy:
@@ -135,7 +135,7 @@ def decode(request: Request):
             except BaseException:
                 backend.abort()
                 raise
-            path_hidden = backend.commit(result, length)
+            path_hidden = backend.commit([result.path])
             t2 = time.perf_counter()
 
             stats.target_forwards += 1

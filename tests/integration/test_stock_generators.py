@@ -76,13 +76,20 @@ def test_stock_prompt_lookup_drifts_where_enable_stays_exact():
     """examples/stock_prompt_lookup.py on a tiny Qwen3.5: after enable() the stock kwargs are plain greedy on every
     prompt, on every transformers we support. Stock 5.25 runs prompt lookup on Qwen3.5 without rolling back the
     recurrent state (transformers issue #49036), and its output drifts; earlier versions refuse it."""
+    import importlib.util
     import sys
     from pathlib import Path
 
     import transformers
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-    from stock_prompt_lookup import compare
+    # The example by its path: examples/ on sys.path would shadow tests/drafters with examples/drafters.py for every
+    # test after this one.
+    path = Path(__file__).resolve().parents[2] / "examples" / "stock_prompt_lookup.py"
+    spec = importlib.util.spec_from_file_location("stock_prompt_lookup", path)
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example  # its dataclasses look their module up there
+    spec.loader.exec_module(example)
+    compare = example.compare
 
     gen = torch.Generator().manual_seed(0)
     prompts = [(torch.randint(3, 96, (6,), generator=gen).tolist() * 8)[:50] for _ in range(6)]
