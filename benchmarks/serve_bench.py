@@ -22,6 +22,9 @@ the moment call i returns, its prompt the token ids of call i's prompt, call i's
 With `--fault-every N` each CB method also runs as `<method>+faults`: every N-th request sent fails in its own
 stopping criterion; its error comes back (`faults` counts them) and the client sends the call again. `unanswered`
 counts requests without an answer when a run ends (lost ones, unless the `--max-seconds` bound cut the run).
+With `--sampling-share P` the calls of that share of the sessions (chosen with `--seed`) sample as Qwen3.5's
+generation config asks (temperature 0.7, top-p 0.95, top-k 20), stock's and ours; the others stay greedy (the gate
+checks greedy replies).
 
 First a correctness gate (each CB method's greedy replies against plain `generate` on the same prompts: exact in fp32;
 bf16 reports the share of identical replies), an untimed pass over the sessions (autotuning and compiles of every
@@ -91,10 +94,23 @@ def arrivals(count: int, rate: float, seed: int) -> list[float]:
     return out
 
 
-def _gen(tokenizer, max_new: int) -> GenerationConfig:
+# The sampling Qwen3.5's generation config asks for: the settings of the sampled sessions (`--sampling-share`).
+SAMPLING = dict(do_sample=True, temperature=0.7, top_p=0.95, top_k=20)
+
+
+def _gen(tokenizer, max_new: int, sampling: bool = False) -> GenerationConfig:
     eos = tokenizer.eos_token_id if tokenizer is not None else None
-    return GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos,
-                            pad_token_id=(tokenizer.pad_token_id if tokenizer is not None else None) or eos or 0)
+    settings = SAMPLING if sampling else dict(do_sample=False)
+    return GenerationConfig(max_new_tokens=max_new, eos_token_id=eos,
+                            pad_token_id=(tokenizer.pad_token_id if tokenizer is not None else None) or eos or 0,
+                            **settings)
+
+
+def sampled_sessions(sessions: int, share: float, seed: int) -> frozenset[int]:
+    """The sessions whose calls sample (`SAMPLING`): round(share * sessions) of them, chosen with `seed`."""
+    import random
+
+    return frozenset(random.Random(seed).sample(range(sessions), round(share * sessions)))
 
 
 class InjectedFault(RuntimeError):
@@ -119,10 +135,12 @@ class RunCounts:
 
 
 def run_cb(manager: ContinuousBatchingManager, pieces, times: list[float], max_new: int, deadline: float,
-           bar, fault_every: int = 0, counts: RunCounts | None = None) -> list[Call]:
+           bar, fault_every: int = 0, counts: RunCounts | None = None, sampled: frozenset[int] = frozenset(),
+           sampling: GenerationConfig | None = None) -> list[Call]:
     """Drive `manager` with the sessions arriving at `times`; each call's follow-up sent when it returns. With
     `fault_every` N, every N-th request sent carries a stopping criterion that raises: its error must come back, and
-    the call is sent again (its time to first token counts from the first send)."""
+    the call is sent again (its time to first token counts from the first send). The calls of the `sampled` sessions
+    carry the `sampling` generation config (the others the manager's)."""
     counts = counts if counts is not None else RunCounts()
     start = time.perf_counter()
     due = sorted((t, s) for s, t in enumerate(times))
@@ -136,6 +154,7 @@ def run_cb(manager: ContinuousBatchingManager, pieces, times: list[float], max_n
         sent_count += 1
         fault = fault_every > 0 and sent_count % fault_every == 0
         rid = manager.add_request(prompts[s], max_new_tokens=max_new, record_timestamps=True,
+                                  generation_config=sampling if s in sampled else None,
                                   stopping_criteria=[_FailingCriterion()] if fault else None)
         inflight[rid] = (s, call, sent)
 
@@ -189,12 +208,13 @@ class _Stamps:
         pass
 
 
-def run_stock(model, tokenizer, pieces, times: list[float], max_new: int, deadline: float, bar) -> list[Call]:
+def run_stock(model, tokenizer, pieces, times: list[float], max_new: int, deadline: float, bar,
+              sampled: frozenset[int] = frozenset()) -> list[Call]:
     """Stock static generate serving one request at a time in the order they were sent."""
     start = time.perf_counter()
     queue = [(start + t, s, 0, list(pieces[s][0])) for s, t in enumerate(times)]
     heapq.heapify(queue)
-    gen = _gen(tokenizer, max_new)
+    gen, sampling = _gen(tokenizer, max_new), _gen(tokenizer, max_new, sampling=True)
     calls = []
     while queue and time.perf_counter() - start < deadline:
         sent, s, call, prompt = heapq.heappop(queue)
@@ -203,8 +223,8 @@ def run_stock(model, tokenizer, pieces, times: list[float], max_new: int, deadli
             time.sleep(wait)
         stamps = _Stamps()
         ids = torch.tensor([prompt], device=model.device)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen,
-                             cache_implementation="static", streamer=stamps)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), cache_implementation="static", streamer=stamps,
+                             generation_config=sampling if s in sampled else gen)
         new = out[0, len(prompt):].tolist()
         calls.append(Call(s, call, sent, stamps.times[0], stamps.times[-1], len(new), len(prompt)))
         bar.update(1)
@@ -366,6 +386,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sampling-share", type=float, default=0.0,
+                        help="share of the sessions whose calls sample as Qwen3.5's generation config asks "
+                             "(temperature 0.7, top-p 0.95, top-k 20; chosen with --seed); the rest greedy")
     parser.add_argument("--no-warm-pass", action="store_true", help="skip the untimed pass over the sessions")
     parser.add_argument("--out", default=None, help="folder for the PNG and the JSON")
     parser.add_argument("--dry-run", action="store_true", help="2 sessions, one rate, small bounds (a smoke test)")
@@ -390,6 +413,10 @@ def main(argv: list[str] | None = None) -> dict:
     sessions = suite.select(split=None if args.split == "any" else args.split, interleave=True)[: args.sessions]
     pieces = session_pieces(tokenizer, sessions)
     gen = _gen(tokenizer, args.max_new_tokens)
+    if not 0.0 <= args.sampling_share <= 1.0:
+        parser.error(f"--sampling-share is a share between 0 and 1, got {args.sampling_share}")
+    sampled = sampled_sessions(len(pieces), args.sampling_share, args.seed)
+    sampling = _gen(tokenizer, args.max_new_tokens, sampling=True)
     quiet_gc()
     shares = gate(model, tokenizer, pieces, args, gen)
     logger.warning("gate: identical greedy replies %s", shares)
@@ -418,7 +445,8 @@ def main(argv: list[str] | None = None) -> dict:
                 for n in sorted({warm.shape[1], warm.shape[1] // 2 + 1, warm.shape[1] // 4 + 1, 7, 3}):
                     model.generate(warm[:, :n], attention_mask=torch.ones_like(warm[:, :n]), generation_config=gen,
                                    cache_implementation="static", streamer=_Stamps())
-                calls = run_stock(model, tokenizer, pieces, times, args.max_new_tokens, args.max_seconds, bar)
+                calls = run_stock(model, tokenizer, pieces, times, args.max_new_tokens, args.max_seconds, bar,
+                                  sampled)
             else:
                 manager = make_manager(model, method, mode, args, gen)
                 profiler = profile_thread(manager) if method in args.profile else None
@@ -431,7 +459,7 @@ def main(argv: list[str] | None = None) -> dict:
                     if profiler is not None:
                         profiler.armed.set()
                     calls = run_cb(manager, pieces, times, args.max_new_tokens, args.max_seconds, bar, fault_every,
-                                   counts)
+                                   counts, sampled, sampling)
                     after = manager.engine.stats
                     engine = {f.name: round(getattr(after, f.name) - getattr(before, f.name), 4)
                               for f in dataclasses.fields(after)}
@@ -458,6 +486,7 @@ def main(argv: list[str] | None = None) -> dict:
                            e["draft_seconds"], e["verify_seconds"], e["record_seconds"])
     result = {"bench": "serve", "model": args.model, "dtype": args.dtype, "device": str(model.device),
               "sessions": len(pieces), "calls": total_calls, "max_new_tokens": args.max_new_tokens,
+              "sampled_sessions": len(sampled),
               "max_slots": args.max_slots, "prefill": args.prefill, "gate": shares, "rows": rows,
               "suffix_trie": "native" if native_available() else "python"}
     if args.out:

@@ -99,14 +99,16 @@ def test_serve_bench_dry_run_runs_every_method_behind_its_gate(tmp_path, capsys)
 
 def test_serve_bench_fault_runs_answer_every_injected_fault_and_lose_nothing(tmp_path):
     """`--fault-every 2`: every second request fails in its own stopping criterion; each fault comes back as an error
-    and its call is sent again, so the faulty run completes every call, identical in tokens to the clean one."""
+    and its call is sent again, so the faulty run completes every call, identical in tokens to the clean one. One of
+    the two sessions samples (`--sampling-share 0.5`): requests of both kinds in the same steps."""
     import serve_bench
     from helpers import tiny_target_with_tokenizer
 
     tiny_target_with_tokenizer(tmp_path / "target")
     result = serve_bench.main(["--model", str(tmp_path / "target"), "--dtype", "float32", "--device", "cpu",
                                "--dry-run", "--max-total-tokens", "2048", "--max-slots", "4", "--rates", "64",
-                               "--methods", "cb+spec", "--fault-every", "2", "--no-warm-pass"])
+                               "--methods", "cb+spec", "--fault-every", "2", "--no-warm-pass", "--sampling-share", "0.5"])
+    assert result["sampled_sessions"] == 1
     rows = {r["method"]: r for r in result["rows"]}
     assert set(rows) == {"cb+spec", "cb+spec+faults"}
     clean, faulty = rows["cb+spec"], rows["cb+spec+faults"]
