@@ -107,7 +107,8 @@ def test_serve_bench_fault_runs_answer_every_injected_fault_and_lose_nothing(tmp
     tiny_target_with_tokenizer(tmp_path / "target")
     result = serve_bench.main(["--model", str(tmp_path / "target"), "--dtype", "float32", "--device", "cpu",
                                "--dry-run", "--max-total-tokens", "2048", "--max-slots", "4", "--rates", "64",
-                               "--methods", "cb+spec", "--fault-every", "2", "--no-warm-pass", "--sampling-share", "0.5"])
+                               "--methods", "cb+spec", "--fault-every", "2", "--no-warm-pass",
+                               "--sampling-share", "0.5"])
     assert result["sampled_sessions"] == 1
     rows = {r["method"]: r for r in result["rows"]}
     assert set(rows) == {"cb+spec", "cb+spec+faults"}
