@@ -108,13 +108,15 @@ class NodeContexts:
     def presence(self, rows: list[int], n: int, ignore: int, vocab: int, device: torch.device) -> torch.Tensor:
         """[len(rows) * n, vocab] bool: whether each token is in the context of node j of row r (rows' nodes in
         row-major order), the first `ignore` ids of each row left out (`prompt_ignore_length`)."""
-        ids = pad_sequence([self.row_ids[r][0].to(device) for r in rows], batch_first=True, padding_value=vocab)
-        ids = ids.clamp(max=vocab)  # ids past the scores' vocabulary cannot be scored: a dropped column, as stock's
+        # Padded where the rows are (a serving engine's ids live on the host: one copy that does not wait for the
+        # device's queue, as a pageable copy would).
+        ids = pad_sequence([self.row_ids[r][0] for r in rows], batch_first=True, padding_value=vocab)
+        ids = to_device(ids.clamp(max=vocab), device)  # ids past the scores' vocabulary: a dropped column, as stock's
         if ignore:
             ids[:, :ignore] = vocab
         m = len(rows)
         seen = torch.zeros(m, vocab + 1, dtype=torch.bool, device=device).scatter_(1, ids, True)
-        at = torch.tensor(rows if self.index is None else [self.index[r] for r in rows], device=device)
+        at = to_device(torch.tensor(rows if self.index is None else [self.index[r] for r in rows]), device)
         tokens = self.tree.tokens.to(device)[at, :n].clamp(max=vocab)
         ancestors = self.tree.ancestors.to(device)[at, :n, :n].clone()
         ancestors[..., 0] = False  # the root is the ids' last token already

@@ -88,7 +88,7 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device` without waiting for the device's queue (pinned, non-blocking) where it is CUDA: a
     blocking copy would wait for the work queued before it (the plain steps queue the next step before reading
     this one)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or host.device.type != "cpu":
         return host.to(device)
     return host.contiguous().pin_memory().to(device, non_blocking=True)
 
