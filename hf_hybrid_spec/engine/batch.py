@@ -40,8 +40,8 @@ from ..drafters import BatchHidden, DraftBudget, DraftContext, PerRowDrafters, R
 from ..kernels.tree import ancestor_mask
 from ..staging import device_busy
 from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
-from ..verification import (FirstToken, NodeContexts, StepInputs, batch_choices, choices_apply, make_verifier,
-                            process_tree_logits, row_processors)
+from ..verification import (FirstToken, NodeContexts, RootContexts, StepInputs, batch_choices, choices_apply,
+                            make_verifier, process_tree_logits, row_processors)
 from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
 from .batch_static import BatchStaticBackend
 from .budget import DraftingPayoff, PlainRuns, VerifyCost, cached_cost, choose_batch, paying_width, time_forward
@@ -143,7 +143,7 @@ def decode_batch(request: Request):
         per_row = [row_processors(processors, b) for b in range(rows)]
         # Plain steps choose by the argmax (greedy over raw logits) or by the rule's choice at each row's position
         # (sampling, or greedy, with context-free processors); otherwise a batch verifies every step.
-        choose = None if raw_greedy else _plain_choice(verifier, per_row, pads, kept)
+        choose = None if raw_greedy else _plain_choice(verifier, per_row, pads, kept, rec)
         choosable = raw_greedy or choose is not None
         cost = _cost_model(config, backend, model, rows)
         if cost is not None:  # the widest tree that could pay even if every draft node were accepted
@@ -267,19 +267,23 @@ def decode_batch(request: Request):
                                         attentions=attentions, spec_stats=stats, **{CACHE_FIELD: None})
 
 
-def _plain_choice(verifier, per_row: list, pads: list[int], kept) -> Choose | None:
+def _plain_choice(verifier, per_row: list, pads: list[int], kept, rec: BatchRecorder) -> Choose | None:
     """A plain step's rule for a batch that is not greedy over raw logits, where its choice at a position needs that
-    position's scores and place alone (`verification.batch_choices`: the exact rule with context-free or positional
-    processors, such as `min_new_tokens`; no scores kept for the output): each row's token drawn (or taken) as a
-    verify step would at the row's position. None otherwise: every step verifies."""
-    if kept is not None or not choices_apply(verifier, per_row):
+    position's scores, place and ids alone (`verification.batch_choices`: the exact rule with the processors it
+    knows, such as `min_new_tokens` or a repetition penalty; no scores kept for the output): each row's token drawn
+    (or taken) as a verify step would at the row's position. None otherwise: every step verifies."""
+    if kept is not None or not choices_apply(verifier, per_row, contexts=True):
         return None
     rows, depth = torch.arange(len(per_row)), torch.zeros(len(per_row), 1, dtype=torch.long)
     padding = torch.tensor(pads)
 
-    def choose(logits: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    def choose(logits: torch.Tensor, lengths: list[int], roots: torch.Tensor) -> torch.Tensor:
         unpadded = torch.tensor([n - pad for n, pad in zip(lengths, pads)])
-        return batch_choices(verifier, per_row, logits[:, None], unpadded, depth, rows, False, padding)[:, 0]
+        # The ids a repetition penalty reads: what the host has recorded, and each row's root (the step in flight's
+        # token, not read yet).
+        contexts = RootContexts(rec.buffer, list(rec.lengths), roots)
+        return batch_choices(verifier, per_row, logits[:, None], unpadded, depth, rows, False, padding,
+                             contexts)[:, 0]
 
     return choose
 

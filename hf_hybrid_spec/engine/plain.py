@@ -13,8 +13,8 @@ one step is
 about a dozen launches around the captured forward. The host knows every row's new length without reading it (one
 token per running row) and the roots stay on the device, so each step is queued before the previous one is read,
 and the host's bookkeeping runs while the device computes. The token is the argmax of the target's own logits, as
-stock greedy takes it, or what a `Choose` rule makes of them (sampling with context-free processors:
-`verification.batch_choices` at each row's position, the same draw a verify step would make there).
+stock greedy takes it, or what a `Choose` rule makes of them (sampling, processors: `verification.batch_choices` at
+each row's position, the same choice a verify step would make there).
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from .rows import BatchRecorder
 
 __all__ = ["Choose", "PlainRun", "plain_step", "plain_steps", "runs_plain"]
 
-Choose = Callable[[torch.Tensor, list[int]], torch.Tensor]
+Choose = Callable[[torch.Tensor, list[int], torch.Tensor], torch.Tensor]
 """A plain step's rule other than the argmax: (logits [R, V] of every runner row, each row's length before the
-step's token, padding included) -> the chosen token of each row [R], on the device, unread."""
+step's token, padding included, and the step's roots [R] on the device: the last token of each row, which the host
+may not have read yet) -> the chosen token of each row [R], on the device, unread."""
 
 
 @dataclass
@@ -161,13 +162,13 @@ def _queue(backend, roots: torch.Tensor, parent: torch.Tensor, leaves: torch.Ten
            kept: PlainRun | None = None, column: int = 0, choose: Choose | None = None,
            lengths: list[int] | None = None) -> torch.Tensor:
     """Queue one plain step on the device: the width-1 forward of `roots` [R] (`parent` [R, 1] all -1), its argmax
-    (or `choose(logits, lengths)`), and the commit of each row whose leaf (`leaves` [R]) is 0 (-1: nothing); the host's lengths advance by one for
-    the runner rows `slots` (those with leaf 0) without reading anything. With `kept` (a bounded run) and a runner
-    that keeps hidden states, the forward's states go to column `column` of `kept.hidden`. Returns the argmax [R], not
-    yet read."""
+    (or `choose(logits, lengths, roots)`), and the commit of each row whose leaf (`leaves` [R]) is 0 (-1: nothing);
+    the host's lengths advance by one for the runner rows `slots` (those with leaf 0) without reading anything. With
+    `kept` (a bounded run) and a runner that keeps hidden states, the forward's states go to column `column` of
+    `kept.hidden`. Returns the argmax [R], not yet read."""
     try:
         logits = backend.forward_device(roots.unsqueeze(1), parent)
-        best = logits[:, 0].argmax(dim=-1) if choose is None else choose(logits[:, 0], lengths)
+        best = logits[:, 0].argmax(dim=-1) if choose is None else choose(logits[:, 0], lengths, roots)
         if kept is not None and backend.runner.hidden_layers:
             states = backend.runner.hidden()
             if not kept.hidden:  # allocated at the first step, when the states' sizes are known

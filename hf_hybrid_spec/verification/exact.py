@@ -41,7 +41,7 @@ from .noise import draw_seed, keyed_choice, to_device
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
            "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE", "POSITIONAL", "IDS_READING",
-           "NodeContexts", "greedy_device", "DeviceAcceptance", "from_config"]
+           "NodeContexts", "RootContexts", "greedy_device", "DeviceAcceptance", "from_config"]
 
 
 class ExactVerifier(Verifier):
@@ -127,6 +127,30 @@ class NodeContexts:
         return seen[..., :vocab].reshape(m * n, vocab)
 
 
+@dataclass
+class RootContexts:
+    """`NodeContexts` for a plain step's one node per row (the root): each row's recorded ids in a [B, width] buffer
+    (the first `recorded[b]` of row b; padding included) and the step's roots [B] on the device, which may not be
+    recorded yet (a plain step queued before the one before it is read)."""
+
+    buffer: torch.Tensor
+    recorded: list[int]
+    roots: torch.Tensor
+
+    def presence(self, rows: list[int], n: int, ignore: int, vocab: int, device: torch.device) -> torch.Tensor:
+        """[len(rows), vocab] bool: whether each token is among row r's ids or is its root (`n` is 1)."""
+        width = self.buffer.shape[1]
+        kept = torch.tensor([[ignore, recorded] for recorded in (self.recorded[r] for r in rows)])
+        at = to_device(torch.tensor(rows), device)
+        bounds = to_device(kept, device)
+        position = torch.arange(width, device=device)[None, :]
+        inside = (position >= bounds[:, :1]) & (position < bounds[:, 1:])
+        ids = torch.where(inside, self.buffer.to(device)[at].clamp(max=vocab), vocab)
+        seen = torch.zeros(len(rows), vocab + 1, dtype=torch.bool, device=device).scatter_(1, ids, True)
+        seen.scatter_(1, self.roots.to(device)[at].clamp(max=vocab)[:, None], True)
+        return seen[:, :vocab]
+
+
 def choices_apply(verifiers, processors: list, sampled_drafts=False, contexts: bool = False) -> bool:
     """Whether `batch_choices` makes these rows' choices (its arguments of the same names): each row's rule the exact
     one, its processors context-free or positional (or, with `contexts`, ids-reading), and a sampling row's draft not
@@ -186,7 +210,8 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
             distribution.
         pads: [R] int64 each row's left padding (None: none), which stock's positional processors count in the
             length of the ids they see.
-        contexts: the rows' ids and trees (`NodeContexts`), for ids-reading processors (None: they are declined).
+        contexts: the rows' ids and trees (`NodeContexts`, or `RootContexts` for one node per row), for ids-reading
+            processors (None: they are declined).
 
     Returns:
         [R, N] int64 on the logits' device: the argmax (greedy rows) or the keyed draw (sampling rows) of each node's

@@ -413,3 +413,43 @@ def test_a_batch_with_a_repetition_penalty_chooses_at_once_and_matches_plain_gen
     monkeypatch.setattr(batch_module, "choices_apply", lambda *a, **k: False)
     torch.manual_seed(2)
     assert torch.equal(at_once, model.generate(ids, **sample))
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_plain_steps_apply_a_repetition_penalty_to_what_the_rows_hold(family, monkeypatch):
+    """Plain steps with a repetition penalty (`verification.RootContexts`: the recorded ids and the root in flight,
+    queued before the step before is read): greedy is token for token plain generate over a left-padded batch, with
+    a prompt_ignore_length too; sampling gives the drafting steps' and the eager path's tokens after the same seed."""
+    import hf_hybrid_spec.engine.plain as plain_module
+    from hf_hybrid_spec.tree import empty_draft
+
+    class Silent(Drafter):
+        def propose(self, input_ids, budget):
+            return empty_draft(1)
+
+    model = tiny_model(family, vocab_size=V)
+    ids = torch.tensor([[1, 1, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3], [1, 7, 2, 5, 3, 7, 2]])
+    queued = []
+    real = plain_module._queue
+    monkeypatch.setattr(plain_module, "_queue", lambda *a, **k: queued.append(1) or real(*a, **k))
+    silent = dict(drafter=[Silent() for _ in range(3)], assistant_config=H.AssistantConfig(compile=True))
+    gen = dict(attention_mask=(ids != 1).long(), pad_token_id=1, max_new_tokens=14, eos_token_id=None,
+               repetition_penalty=1.4)
+    expected = model.generate(ids, **gen)
+    assert not torch.equal(expected, model.generate(ids, **dict(gen, repetition_penalty=1.0)))
+    got = model.generate(ids, custom_generate=H.speculative_generate, **silent, **gen)
+    assert len(queued) >= 13 and torch.equal(got, expected)
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    ignoring = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.4, prompt_ignore_length=4)])
+    plain_gen = dict(gen, repetition_penalty=None)
+    expected = model.generate(ids, logits_processor=ignoring, **plain_gen)
+    got = model.generate(ids, custom_generate=H.speculative_generate, logits_processor=ignoring,
+                         **dict(silent, drafter=[Silent() for _ in range(3)]), **plain_gen)
+    assert torch.equal(got, expected)
+    kw = dict(gen, do_sample=True, top_k=6, custom_generate=H.speculative_generate)
+    torch.manual_seed(7)
+    plain = model.generate(ids, **dict(silent, drafter=[Silent() for _ in range(3)]), **kw)
+    torch.manual_seed(7)
+    eager = model.generate(ids, assistant_config=H.AssistantConfig(compile=False), **kw)
+    assert torch.equal(plain, eager)
