@@ -55,6 +55,7 @@ from ..forward import forward_tokens
 from ..models import get_adapter
 from ..tree import DraftBatch, DraftTree, VerifyResult, VerifyTree, empty_draft
 from ..verification import FirstToken, NodeContexts, batch_choices, make_verifier, row_processors
+from .penalties import OccurrencePenaltyLogitsProcessor
 from .prefix import PrefixHit, PrefixStore
 
 logger = logging.get_logger(__name__)
@@ -705,7 +706,8 @@ class ServingEngine:
         stopping.extend(request.stopping_criteria)
         drafter = make_drafter(self.config, self.model, self.draft_model) if self.serving.speculation else _NoDrafts()
         verifier = make_verifier(self.config, bool(gen.do_sample), drafter)
-        active = _Active(request, output, gen, drafter, verifier, _processors(gen), stopping, limit, self.device)
+        active = _Active(request, output, gen, drafter, verifier, _processors(gen, len(request.input_ids)), stopping,
+                         limit, self.device)
         if request.record_timestamps:
             output.timestamps = []
         output.status = RequestStatus.PREFILLING
@@ -838,12 +840,17 @@ def _snapshot(output: SpecGenerationOutput) -> SpecGenerationOutput:
                                timestamps=None if output.timestamps is None else list(output.timestamps))
 
 
-def _processors(gen: GenerationConfig) -> LogitsProcessorList:
+def _processors(gen: GenerationConfig, prompt_length: int) -> LogitsProcessorList:
     """The processors stock generate builds for the settings a serving request carries (repetition penalty; with
-    sampling, temperature, top-k, top-p, min-p), in stock's order."""
+    sampling, temperature, top-k, top-p, min-p), in stock's order, and OpenAI's presence / frequency penalties (the
+    generation config's `presence_penalty` / `frequency_penalty`, over the tokens after the prompt's
+    `prompt_length`) before the sampling warpers, as vLLM applies them."""
     processors = LogitsProcessorList()
     if gen.repetition_penalty is not None and gen.repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(penalty=gen.repetition_penalty))
+    presence, frequency = getattr(gen, "presence_penalty", None) or 0.0, getattr(gen, "frequency_penalty", None) or 0.0
+    if presence or frequency:
+        processors.append(OccurrencePenaltyLogitsProcessor(presence, frequency, prompt_length))
     if gen.do_sample:
         if gen.temperature is not None and gen.temperature != 1.0:
             processors.append(TemperatureLogitsWarper(gen.temperature))

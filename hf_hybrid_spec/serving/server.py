@@ -13,12 +13,12 @@ calls transformers' own manager, which refuses hybrid models), so this is a thin
 
 Per request: `max_tokens` / `max_completion_tokens` (omitted: 16 for completions, as OpenAI's; chat runs to eos or the
 context's end), `temperature` (0: greedy, exact), `top_p`, `stop` (up to 4 non-empty strings, cut from the text as
-OpenAI does), `stream` with `stream_options.include_usage`. Bodies are typed (pydantic): a value of the wrong type or
-out of range is a 400 naming the field, never coerced; `n` > 1, `logprobs`, tools, `seed` and non-zero
-`presence_penalty` / `frequency_penalty` are refused by name. Errors have OpenAI's shape (`{"error": {"message",
-"type", "param", "code"}}`); an unknown model is a 404, a body over `--max-body-mb` a 413, a missing or wrong key a 401
-under `--api-key`. Nothing waits on a thread: outputs reach the event loop from the engine's thread
-(`add_request(on_output=...)`), and tokenizing runs off the loop. `/health`, `/metrics` (Prometheus text: running,
+OpenAI does), `stream` with `stream_options.include_usage`, `presence_penalty` / `frequency_penalty` (OpenAI's and
+vLLM's: over the generated tokens). Bodies are typed (pydantic): a value of the wrong type or out of range is a 400
+naming the field, never coerced; `n` > 1, `logprobs`, tools and `seed` are refused by name. Errors have OpenAI's shape
+(`{"error": {"message", "type", "param", "code"}}`); an unknown model is a 404, a body over `--max-body-mb` a 413, a
+missing or wrong key a 401 under `--api-key`. Nothing waits on a thread: outputs reach the event loop from the
+engine's thread (`add_request(on_output=...)`), and tokenizing runs off the loop. `/health`, `/metrics` (Prometheus text: running,
 waiting, finished, failed, tokens, steps, mean accepted length) and `/v1/models/{id}` as vLLM's and SGLang's servers.
 """
 
@@ -182,9 +182,6 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
             raise RequestError(f"not supported by this server: {', '.join(bad)}", bad[0])
         if (body.n or 1) != 1:
             raise RequestError("n > 1 is not supported", "n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(body, name) not in (None, 0, 0.0):
-                raise RequestError(f"{name} is not supported by this server (0 or omitted only)", name)
         if body.model not in (None, model_name):
             raise RequestError(f"model {body.model!r} is not served here (this server serves {model_name!r})",
                                "model", 404)
@@ -195,6 +192,8 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
         gen = GenerationConfig(do_sample=sample, temperature=temperature if sample else 1.0,
                                top_p=top_p if sample else 1.0, top_k=0 if sample else None, eos_token_id=eos,
                                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
+        # Read by the engine (`serving.engine._processors`): OpenAI's penalties over the generated tokens.
+        gen.presence_penalty, gen.frequency_penalty = body.presence_penalty or 0.0, body.frequency_penalty or 0.0
         stop = [] if body.stop is None else ([body.stop] if isinstance(body.stop, str) else list(body.stop))
         return int(new), gen, stop
 

@@ -619,3 +619,35 @@ def test_requests_with_different_sampling_settings_choose_together_as_one_by_one
     assert any(c is not None for c in chosen)  # the penalized requests chose in one pass too
     monkeypatch.setattr(engine_module, "batch_choices", lambda *a, **k: None)
     assert serve(dict(repetition_penalty=1.3)) == penalized
+
+
+def test_presence_and_frequency_penalties_count_the_generated_tokens_exactly():
+    """OpenAI's presence / frequency penalties (`serving.penalties`): the processor subtracts them by the counts of the
+    generated tokens only; requests carrying them (beside one without) get plain generate's tokens under the same
+    processor, with speculation's trees verified node by node."""
+    from hf_hybrid_spec.serving.penalties import OccurrencePenaltyLogitsProcessor
+
+    scores = torch.zeros(2, 6)
+    ids = torch.tensor([[4, 4, 1, 1, 1, 2], [4, 0, 0, 5, 3, 3]])
+    out = OccurrencePenaltyLogitsProcessor(0.5, 0.25, prompt_length=2)(ids, scores)
+    expected = torch.zeros(2, 6)
+    expected[0, 1] -= 0.5 + 3 * 0.25
+    expected[0, 2] -= 0.5 + 0.25
+    expected[1, 0] -= 0.5 + 0.25  # the first 0 is in the prompt
+    expected[1, 5] -= 0.5 + 0.25
+    expected[1, 3] -= 0.5 + 2 * 0.25
+    assert torch.equal(out, expected)
+
+    model = tiny_model("qwen3_5_text", vocab_size=V, seed=3)
+    inputs = [[2, 5, 3, 2, 5, 3, 2, 5], [4, 6, 4, 6, 4], [3, 2, 5, 3, 2, 5]]
+    penalties = [(1.5, 0.0), (0.0, 0.8), (0.0, 0.0)]
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=3,
+                           max_total_tokens=48), greedy_config())
+    for i, (ids, (presence, frequency)) in enumerate(zip(inputs, penalties)):
+        gen = greedy_config(presence_penalty=presence, frequency_penalty=frequency)
+        engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=16, generation_config=gen))
+    out = drain(engine)
+    for i, (ids, (presence, frequency)) in enumerate(zip(inputs, penalties)):
+        procs = LogitsProcessorList([OccurrencePenaltyLogitsProcessor(presence, frequency, len(ids))])
+        assert out[f"r{i}"].generated_tokens == plain(model, ids, 16, logits_processor=procs), i
+    assert out["r0"].generated_tokens != plain(model, inputs[0], 16)  # the penalty changed the reply

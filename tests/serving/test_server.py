@@ -127,6 +127,25 @@ def plain_text(model, tokenizer, ids, max_new_tokens):
 PROMPTS = ["def parse(path):\n    with open(path) as f:\n", "import json\n\nclass Encoder:\n"]
 
 
+def test_presence_and_frequency_penalties_are_applied_to_the_generated_tokens(served):
+    """`presence_penalty` / `frequency_penalty` as OpenAI's API takes them: the reply is plain generate's under the
+    same penalties over the generated tokens (`serving.penalties`)."""
+    from transformers import LogitsProcessorList
+
+    from hf_hybrid_spec.serving.penalties import OccurrencePenaltyLogitsProcessor
+
+    client, model, tokenizer, _ = served
+    ids = tokenizer(PROMPTS[0]).input_ids
+    procs = LogitsProcessorList([OccurrencePenaltyLogitsProcessor(1.2, 0.6, len(ids))])
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=20, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                         logits_processor=procs)
+    expected = tokenizer.decode(out[0, len(ids):].tolist(), skip_special_tokens=True)
+    reply = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=20, temperature=0,
+                                      presence_penalty=1.2, frequency_penalty=0.6)
+    assert reply.choices[0].text == expected
+
+
 def test_completions_match_generate(served):
     client, model, tokenizer, _ = served
     for prompt in PROMPTS:
@@ -220,7 +239,7 @@ def test_a_client_that_leaves_a_stream_frees_its_slot(served):
     ("temperature", 3.0, "temperature"), ("n", "two", "n"), ("stop", 5, "stop"), ("stop", ["\n", 3], "stop"),
     ("stop", {"a": 1}, "stop"), ("stop", [""], "non-empty"), ("stop", "", "non-empty"),
     ("prompt", [True, False], "prompt"),
-    ("presence_penalty", 0.5, "presence_penalty"), ("frequency_penalty", 1.0, "frequency_penalty"),
+    ("presence_penalty", 2.5, "presence_penalty"), ("frequency_penalty", "high", "frequency_penalty"),
     ("stream", "yes", "stream"), ("top_p", 0, "top_p"),
 ])
 def test_a_bad_value_gets_a_400_naming_its_field(served, field, value, words):

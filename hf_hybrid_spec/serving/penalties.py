@@ -1,0 +1,36 @@
+"""OpenAI's `presence_penalty` and `frequency_penalty` as a logits processor (transformers has none).
+
+The semantics are OpenAI's and vLLM's: for every token j, `score[j] -= frequency * c[j] + presence * (c[j] > 0)`,
+where c[j] counts j among the tokens generated so far (the prompt does not count). As a processor it reads the ids it
+is given, so tree verification applies it to every node with that node's context (`verification.process_tree_logits`)
+and speculation stays exact.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessor
+
+__all__ = ["OccurrencePenaltyLogitsProcessor"]
+
+
+class OccurrencePenaltyLogitsProcessor(LogitsProcessor):
+    """Args:
+        presence: subtracted from the score of every token generated at least once (OpenAI's range: -2 to 2).
+        frequency: subtracted once per time a token was generated.
+        prompt_length: the ids before this position are the prompt (not counted).
+    """
+
+    def __init__(self, presence: float, frequency: float, prompt_length: int):
+        if prompt_length < 0:
+            raise ValueError(f"prompt_length must be >= 0, got {prompt_length}")
+        self.presence, self.frequency, self.prompt_length = float(presence), float(frequency), int(prompt_length)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """input_ids [B, L] (the prompt first), scores [B, V] -> the penalized scores [B, V]."""
+        vocab = scores.shape[-1]
+        generated = input_ids[:, self.prompt_length :].to(scores.device).clamp(max=vocab)  # past the vocab: dropped
+        counts = torch.zeros(scores.shape[0], vocab + 1, dtype=scores.dtype, device=scores.device)
+        counts.scatter_add_(1, generated, torch.ones(generated.shape, dtype=scores.dtype, device=scores.device))
+        counts = counts[:, :vocab]
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
