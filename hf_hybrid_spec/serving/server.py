@@ -18,8 +18,9 @@ vLLM's: over the generated tokens). Bodies are typed (pydantic): a value of the 
 naming the field, never coerced; `n` > 1, `logprobs`, tools and `seed` are refused by name. Errors have OpenAI's shape
 (`{"error": {"message", "type", "param", "code"}}`); an unknown model is a 404, a body over `--max-body-mb` a 413, a
 missing or wrong key a 401 under `--api-key`. Nothing waits on a thread: outputs reach the event loop from the
-engine's thread (`add_request(on_output=...)`), and tokenizing runs off the loop. `/health`, `/metrics` (Prometheus text: running,
-waiting, finished, failed, tokens, steps, mean accepted length) and `/v1/models/{id}` as vLLM's and SGLang's servers.
+engine's thread (`add_request(on_output=...)`), and tokenizing runs off the loop. `/health`, `/metrics` (Prometheus
+text: running, waiting, finished, failed, tokens, steps, mean accepted length) and `/v1/models/{id}` as vLLM's and
+SGLang's servers.
 """
 
 from __future__ import annotations
