@@ -41,7 +41,7 @@ from .noise import draw_seed, keyed_choice, to_device
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
            "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE", "POSITIONAL", "IDS_READING",
-           "NodeContexts", "RootContexts", "greedy_device", "DeviceAcceptance", "from_config"]
+           "TOKEN_BIAS", "NodeContexts", "RootContexts", "greedy_device", "DeviceAcceptance", "from_config"]
 
 
 class ExactVerifier(Verifier):
@@ -88,6 +88,17 @@ POSITIONAL = (_lp.MinLengthLogitsProcessor, _lp.MinNewTokensLengthLogitsProcesso
 # (each row's ids and its tree's paths): the repetition penalty (a token in the context has its score divided by the
 # penalty, or multiplied where it is negative).
 IDS_READING = (RepetitionPenaltyLogitsProcessor,)
+# `sequence_bias` and `bad_words_ids` whose sequences are all one token long bias (or remove) those tokens wherever
+# they come, whatever the ids before: context-free then (longer sequences match the ids' end: row by row).
+TOKEN_BIAS = (_lp.SequenceBiasLogitsProcessor, _lp.NoBadWordsLogitsProcessor)
+
+
+def _context_free(processor) -> bool:
+    """Whether `processor`'s output at a node depends on that node's scores alone (`CONTEXT_FREE`, or a
+    `TOKEN_BIAS` whose sequences are single tokens)."""
+    if type(processor) in CONTEXT_FREE:
+        return True
+    return type(processor) in TOKEN_BIAS and all(len(ids) == 1 for ids in processor.sequence_bias)
 
 
 @dataclass
@@ -160,8 +171,8 @@ def choices_apply(verifiers, processors: list, sampled_drafts=False, contexts: b
     for rule, drafted in zip(rules, sampled):
         if type(rule) is not ExactVerifier or (rule.do_sample and drafted):
             return False
-    known = CONTEXT_FREE + POSITIONAL + (IDS_READING if contexts else ())
-    return all(not procs or all(type(p) in known for p in procs) for procs in processors)
+    known = POSITIONAL + (IDS_READING if contexts else ())
+    return all(not procs or all(type(p) in known or _context_free(p) for p in procs) for procs in processors)
 
 
 def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor, contexts: NodeContexts | None,
@@ -169,7 +180,7 @@ def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor, contexts
     """One processor over many nodes' scores [M, V] (rows `rows`, `n` nodes each), as stock generate applies it at
     each node: `ids_length` [M] (host int64) the length of the ids stock's processor would see there (padding
     included); `contexts` those ids (for an ids-reading processor)."""
-    if type(processor) in CONTEXT_FREE:
+    if _context_free(processor):
         return processor(torch.empty((scores.shape[0], 0), dtype=torch.long, device=scores.device), scores)
     if type(processor) in IDS_READING:
         ignore = processor.prompt_ignore_length if isinstance(getattr(processor, "prompt_ignore_length", None),

@@ -453,3 +453,33 @@ def test_plain_steps_apply_a_repetition_penalty_to_what_the_rows_hold(family, mo
     torch.manual_seed(7)
     eager = model.generate(ids, assistant_config=H.AssistantConfig(compile=False), **kw)
     assert torch.equal(plain, eager)
+
+
+def test_single_token_bad_words_and_biases_choose_at_once_and_longer_ones_row_by_row(monkeypatch):
+    """`bad_words_ids` / `sequence_bias` whose sequences are single tokens are context-free (`TOKEN_BIAS`): a padded
+    batch chooses every node at once and matches plain generate; a two-token bad word reads the ids, so the batch
+    goes row by row, and still matches."""
+    import hf_hybrid_spec.engine.batch as batch_module
+    from hf_hybrid_spec.verification import batch_choices
+
+    model = tiny_model("falcon_h1", vocab_size=V)
+    ids = torch.tensor([[1, 1, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3], [1, 7, 2, 5, 3, 7, 2]])
+    mask = (ids != 1).long()
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          pad_token_id=1)
+    common = int(free[:, 7:].flatten().mode().values)  # a token the rows pick often
+    chosen = []
+    monkeypatch.setattr(batch_module, "batch_choices",
+                        lambda *a: chosen.append(batch_choices(*a)) or chosen[-1])
+    for extra in (dict(bad_words_ids=[[common]]), dict(sequence_bias={(common,): -3.0}),
+                  dict(bad_words_ids=[[common, int(free[0, 8])]])):
+        kw = dict(attention_mask=mask, pad_token_id=1, max_new_tokens=12, do_sample=False, eos_token_id=None, **extra)
+        expected = model.generate(ids, **kw)
+        assert not torch.equal(expected, free)
+        chosen.clear()
+        for compile_ in (False, True):
+            got = model.generate(ids, custom_generate=H.speculative_generate,
+                                 assistant_config=H.AssistantConfig(compile=compile_), **kw)
+            assert torch.equal(got, expected), extra
+        two_tokens = len(next(iter(extra.get("bad_words_ids", [[0]])))) > 1
+        assert any(c is not None for c in chosen) != two_tokens, extra
