@@ -108,8 +108,6 @@ def _gen(tokenizer, max_new: int, sampling: bool = False) -> GenerationConfig:
 
 def sampled_sessions(sessions: int, share: float, seed: int) -> frozenset[int]:
     """The sessions whose calls sample (`SAMPLING`): round(share * sessions) of them, chosen with `seed`."""
-    import random
-
     return frozenset(random.Random(seed).sample(range(sessions), round(share * sessions)))
 
 

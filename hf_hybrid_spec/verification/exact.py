@@ -128,8 +128,9 @@ class NodeContexts:
         m = len(rows)
         seen = torch.zeros(m, vocab + 1, dtype=torch.bool, device=device).scatter_(1, ids, True)
         at = to_device(torch.tensor(rows if self.index is None else [self.index[r] for r in rows]), device)
-        tokens = self.tree.tokens.to(device)[at, :n].clamp(max=vocab)
-        ancestors = self.tree.ancestors.to(device)[at, :n, :n].clone()
+        # A static runner's trees are laid out on the host: copied as the ids are.
+        tokens = to_device(self.tree.tokens, device)[at, :n].clamp(max=vocab)
+        ancestors = to_device(self.tree.ancestors, device)[at, :n, :n].clone()
         ancestors[..., 0] = False  # the root is the ids' last token already
         # Node j's path tokens into its row of the mask; every other pair writes the dropped column (all writes are
         # True, so duplicate tokens cannot race).
