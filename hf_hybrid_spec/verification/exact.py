@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -91,6 +92,9 @@ IDS_READING = (RepetitionPenaltyLogitsProcessor,)
 # `sequence_bias` and `bad_words_ids` whose sequences are all one token long bias (or remove) those tokens wherever
 # they come, whatever the ids before: context-free then (longer sequences match the ids' end: row by row).
 TOKEN_BIAS = (_lp.SequenceBiasLogitsProcessor, _lp.NoBadWordsLogitsProcessor)
+# Each TOKEN_BIAS processor's verdict, worked out once (a bad-words list can hold thousands of sequences; the check
+# runs every step).
+_SINGLE_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _context_free(processor) -> bool:
@@ -98,7 +102,12 @@ def _context_free(processor) -> bool:
     `TOKEN_BIAS` whose sequences are single tokens)."""
     if type(processor) in CONTEXT_FREE:
         return True
-    return type(processor) in TOKEN_BIAS and all(len(ids) == 1 for ids in processor.sequence_bias)
+    if type(processor) not in TOKEN_BIAS:
+        return False
+    single = _SINGLE_TOKENS.get(processor)
+    if single is None:
+        single = _SINGLE_TOKENS[processor] = all(len(ids) == 1 for ids in processor.sequence_bias)
+    return single
 
 
 @dataclass
