@@ -105,6 +105,11 @@ def keyed_uniforms(seed: int | torch.Tensor, row: int | torch.Tensor, positions:
     position's; on the host where `positions` is)."""
     if positions.device.type == "cpu":
         return _host_uniforms(seed, row, positions)
+    return _tensor_uniforms(seed, row, positions)
+
+
+def _tensor_uniforms(seed, row, positions: torch.Tensor) -> torch.Tensor:
+    """`keyed_uniforms` as int64 tensor ops where the positions are (a device's; any device gives the same bits)."""
     key = _fmix32((seed & _M32) ^ _fmix32(((seed >> 32) & _M32) ^ _fmix32((row + _GOLDEN) & _M32)))
     first = _fmix32(key ^ _fmix32((positions + _GOLDEN) & _M32))
     second = _fmix32(first ^ _fmix32((key + 0x5BD1E995) & _M32))
@@ -137,7 +142,7 @@ def keyed_choice(scores: torch.Tensor, seed: int | torch.Tensor, row: int | torc
             row = row.to(device=scores.device, dtype=torch.int64)
         if isinstance(seed, torch.Tensor):
             seed = seed.to(device=scores.device, dtype=torch.int64)
-        u = keyed_uniforms(seed, row, positions.to(dtype=torch.int64)) * cdf[:, -1]
+        u = _tensor_uniforms(seed, row, positions.to(dtype=torch.int64)) * cdf[:, -1]
     # The first token whose cumulative probability exceeds u: never one of probability 0 (its cdf equals the one
     # before it).
     return torch.searchsorted(cdf, u.unsqueeze(1), right=True).squeeze(1).clamp(max=scores.shape[-1] - 1)

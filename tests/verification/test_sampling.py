@@ -44,12 +44,7 @@ def test_keyed_uniforms_are_the_same_bits_on_the_host_and_as_tensors():
     runs) of the keyed uniforms agree bit for bit, and keyed_choice draws the same tokens from either."""
     from hf_hybrid_spec.verification import noise
 
-    def tensor_form(seed, row, positions):
-        mix, m32, golden = noise._fmix32, noise._M32, noise._GOLDEN
-        key = mix((seed & m32) ^ mix(((seed >> 32) & m32) ^ mix((row + golden) & m32)))
-        first = mix(key ^ mix((positions + golden) & m32))
-        second = mix(first ^ mix((key + 0x5BD1E995) & m32))
-        return (((first >> 6) * (1 << 27) + (second >> 5)).to(torch.float64) + 0.5) / float(1 << 53)
+    tensor_form = noise._tensor_uniforms  # what a device runs (here on the CPU's tensors)
 
     gen = torch.Generator().manual_seed(3)
     seeds = torch.randint(0, 1 << 62, (6, 1), generator=gen)
