@@ -160,12 +160,10 @@ class RootContexts:
 
     def presence(self, rows: list[int], n: int, ignore: int, vocab: int, device: torch.device) -> torch.Tensor:
         """[len(rows), vocab] bool: whether each token is among row r's ids or is its root (`n` is 1)."""
-        width = self.buffer.shape[1]
-        kept = torch.tensor([[ignore, recorded] for recorded in (self.recorded[r] for r in rows)])
         at = to_device(torch.tensor(rows), device)
-        bounds = to_device(kept, device)
-        position = torch.arange(width, device=device)[None, :]
-        inside = (position >= bounds[:, :1]) & (position < bounds[:, 1:])
+        recorded = to_device(torch.tensor([self.recorded[r] for r in rows]), device)
+        position = torch.arange(self.buffer.shape[1], device=device)[None, :]
+        inside = (position >= ignore) & (position < recorded[:, None])
         ids = torch.where(inside, self.buffer.to(device)[at].clamp(max=vocab), vocab)
         seen = torch.zeros(len(rows), vocab + 1, dtype=torch.bool, device=device).scatter_(1, ids, True)
         seen.scatter_(1, self.roots.to(device)[at].clamp(max=vocab)[:, None], True)
