@@ -271,6 +271,8 @@ def run(argv: list[str] | None = None) -> dict:
     sampling = PRESETS[args.preset].get("do_sample", False)
     if sampling and any(name.startswith("acceptance:") for name in args.drafters):
         parser.error("the acceptance:P methods follow the greedy continuation: not with --preset sampling")
+    if args.prompt_tokens_max is not None and (not args.prompt_source or args.prompt_tokens_max < args.prompt_tokens):
+        parser.error("--prompt-tokens-max needs --prompt-source and at least --prompt-tokens")
     if args.log_budget:
         import logging
 
