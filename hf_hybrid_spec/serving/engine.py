@@ -43,7 +43,7 @@ from transformers.utils import logging
 
 from ..cache import HybridTreeCache, export_committed, import_committed
 from ..config import AssistantConfig
-from ..drafters import DraftBudget, DraftContext, Drafter, make_drafter
+from ..drafters import DraftBudget, DraftContext, Drafter, RowTokens, make_drafter
 from ..engine.batch import apply_budget, batch_buckets, batch_tree, greedy_rows, measure_verify_cost, verify_rows
 from ..engine.batch_static import BatchStaticBackend, BatchStaticRunner
 from ..engine.budget import cached_cost
@@ -584,12 +584,15 @@ class ServingEngine:
         try:
             n = min(logits.shape[1], 1 + taken.tokens.shape[1])
             index = torch.tensor(decoding, device=logits.device)
+            lengths = [actives[row].length for row in decoding]
+            # The requests' ids as views made only if a repetition penalty reads them.
+            ids = RowTokens(lambda i: actives[decoding[i]].ids(), lengths)
             choices = batch_choices(
                 [actives[row].verifier for row in decoding], [actives[row].row_processors for row in decoding],
-                logits[index, :n], torch.tensor([actives[row].length for row in decoding]),
+                logits[index, :n], torch.tensor(lengths),
                 torch.cat([taken.depth.new_zeros(len(decoding), 1), taken.depth], dim=1)[:, :n],
                 torch.zeros(len(decoding), dtype=torch.long), [drafts[row].probs is not None for row in decoding],
-                contexts=NodeContexts([actives[row].ids() for row in decoding], tree, decoding))
+                contexts=NodeContexts(ids, tree, decoding))
         except BaseException as error:
             _raise_engine_exit(error)
             choices = None
