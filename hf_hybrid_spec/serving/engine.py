@@ -131,11 +131,13 @@ class ServingRequest:
 
 @dataclass
 class SpecGenerationOutput(GenerationOutput):
-    """transformers' continuous-batching result with the request's speculation statistics (`spec_stats`) and how
-    many prompt tokens came from the prefix store (`reused_prefix_tokens`)."""
+    """transformers' continuous-batching result with the request's speculation statistics (`spec_stats`), how
+    many prompt tokens came from the prefix store (`reused_prefix_tokens`) and, in a cluster, the replica that
+    served it (`replica`, set by `serving.cluster`)."""
 
     spec_stats: SpecStats | None = None
     reused_prefix_tokens: int = 0
+    replica: str | None = None
 
 
 @dataclass

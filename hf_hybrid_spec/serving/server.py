@@ -2,7 +2,7 @@
 streaming over server-sent events) and `/v1/models`, on FastAPI and uvicorn (the `[serve]` extra).
 
     hf-hybrid-spec-serve --model Qwen/Qwen3.5-0.8B --assistant-config '{"drafter": "suffix"}' --port 8000
-    # or: python -m hf_hybrid_spec.serving.server --model ... --help
+    # or: python -m hf_hybrid_spec.serving.cli --model ... --help   (the command line: `serving.cli`)
 
     from openai import OpenAI
     client = OpenAI(base_url="http://localhost:8000/v1", api_key="unused")
@@ -32,14 +32,14 @@ import uuid
 
 from transformers import GenerationConfig
 from transformers.generation.continuous_batching.requests import RequestStatus
-from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.utils import logging
 
+from .clients import EngineClient, LocalEngine
 from .manager import ContinuousBatchingManager
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["create_app", "main"]
+__all__ = ["create_app", "load_served"]
 
 # Fields of OpenAI requests the server does not implement: a request that sets them gets a 400 naming them.
 _UNSUPPORTED = ("logprobs", "top_logprobs", "tools", "tool_choice", "functions", "seed", "response_format", "suffix",
@@ -88,6 +88,11 @@ def _request_models():
         stream_options: StreamOptions | None = None
         presence_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] | None = None
         frequency_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] | None = None
+        # vLLM's extension: the prompt's and the completion's token ids in the answer (each chunk's when streaming).
+        return_token_ids: StrictBool = False
+        # OpenAI's end-user id and SGLang's session id: either keys an agent's session (a cluster's routing).
+        user: StrictStr | None = None
+        session_id: StrictStr | None = None
 
         @field_validator("stop")
         @classmethod
@@ -117,11 +122,13 @@ def _request_models():
     return Completion, Chat
 
 
-def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, request_timeout: float = 600.0,
-               api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
-    """The FastAPI app serving `manager` (started by the app's lifespan, stopped at shutdown) with `tokenizer`'s
-    text and chat template, under the model id `model_name`. `api_key`: the Bearer token every /v1 request must
-    carry (None: open). Request bodies over `max_body_bytes` get a 413."""
+def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, model_name: str,
+               request_timeout: float = 600.0, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+    """The FastAPI app serving `engine` (a `clients.EngineClient`, or a manager in this process: `LocalEngine`;
+    started by the app's lifespan, stopped at shutdown) with `tokenizer`'s text and chat template, under the model
+    id `model_name`. `api_key`: the Bearer token every /v1 request must carry (None: open). Request bodies over
+    `max_body_bytes` get a 413."""
     from contextlib import asynccontextmanager
 
     from fastapi import Depends, FastAPI, Header
@@ -130,22 +137,22 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
     from starlette.exceptions import HTTPException
 
     Completion, Chat = _request_models()
+    if isinstance(engine, ContinuousBatchingManager):
+        engine = LocalEngine(engine, tokenizer)
 
     @asynccontextmanager
     async def lifespan(app):
-        manager.start()
+        engine.start()
         try:
             yield
         finally:
-            manager.stop(timeout=30)
+            engine.stop()
 
     app = FastAPI(title="hf_hybrid_spec", lifespan=lifespan)
     app.add_middleware(_BodyLimit, limit=max_body_bytes)
-    eos = manager.engine.generation_config.eos_token_id
-    if eos is None:
-        eos = tokenizer.eos_token_id
+    eos = engine.eos_token_id
     eos_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
-    max_total = manager.engine.serving.max_total_tokens
+    max_total = engine.max_total_tokens
     served = {"requests": 0}
 
     def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
@@ -201,11 +208,11 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
     def submit(ids: list[int], body, default_new: int | None) -> tuple[str, list[str], asyncio.Queue]:
         """Queue the request; its outputs arrive on the returned asyncio queue (no thread waits for them)."""
         new, gen, stop = settings(body, len(ids), default_new)
-        criteria = [StopStringCriteria(tokenizer=tokenizer, stop_strings=stop)] if stop else []
         loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
-        rid = manager.add_request(ids, max_new_tokens=new, generation_config=gen, stopping_criteria=criteria,
-                                  streaming=body.stream,
-                                  on_output=lambda output: loop.call_soon_threadsafe(outputs.put_nowait, output))
+        # An agent's session: a cluster routes its calls to the replica that holds its prefix.
+        session = body.session_id or body.user or None
+        rid = engine.submit(ids, new, gen, stop, body.stream,
+                            lambda output: loop.call_soon_threadsafe(outputs.put_nowait, output), session)
         served["requests"] += 1
         return rid, stop, outputs
 
@@ -223,21 +230,47 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
         try:
             output = await asyncio.wait_for(outputs.get(), request_timeout)
         except TimeoutError:
-            manager.cancel_request(rid)
+            engine.cancel(rid)
             raise RequestError(f"request {rid} timed out after {request_timeout} s", status=504) from None
         if output.status == RequestStatus.FAILED:
             raise RequestError(output.error or "the request failed")
         return output
 
     def usage(output) -> dict:
+        """OpenAI's usage, with the prompt tokens taken from the prefix store as its `cached_tokens`."""
         prompt, completion = len(output.prompt_ids), len(output.generated_tokens)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": int(getattr(output, "reused_prefix_tokens", 0))}}
 
-    async def stream_text(rid: str, stop: list[str], outputs: asyncio.Queue, chunk, include_usage: bool):
+    def extras(answer: dict, output, token_ids: list[int] | None, prompt_ids: bool) -> dict:
+        """`answer` with the replica that served it (`system_fingerprint`, in a cluster) and, with vLLM's
+        `return_token_ids`, its choice's `token_ids` (and `prompt_token_ids` where `prompt_ids`)."""
+        replica = getattr(output, "replica", None)
+        if replica is not None:
+            answer["system_fingerprint"] = replica
+        if token_ids is not None and answer["choices"]:
+            answer["choices"][0]["token_ids"] = list(token_ids)
+            if prompt_ids:
+                answer["choices"][0]["prompt_token_ids"] = list(output.prompt_ids)
+        return answer
+
+    async def stream_text(rid: str, stop: list[str], outputs: asyncio.Queue, chunk, include_usage: bool,
+                          token_ids: bool = False):
         """SSE events of a streaming request: each new piece of text (decoded from every token so far, so a
-        multi-token character arrives whole), then the finish reason, the usage when asked, then [DONE]. A client
-        that goes away cancels its request (the slot is freed)."""
+        multi-token character arrives whole), then the finish reason, the usage when asked, then [DONE]. With
+        `token_ids` each chunk carries the tokens generated since the last one (the first also the prompt's). A
+        client that goes away cancels its request (the slot is freed)."""
         sent, stopped, output, finished = "", False, None, False
+        ids_sent = -1  # tokens whose ids went out (-1: not even the prompt's)
+
+        def event(text: str, reason: str | None) -> str:
+            nonlocal ids_sent
+            ids, first = None, False
+            if token_ids and output is not None:
+                ids, first = output.generated_tokens[max(ids_sent, 0):], ids_sent < 0
+                ids_sent = len(output.generated_tokens)
+            return f"data: {json.dumps(extras(chunk(text, reason), output, ids, first))}\n\n"
+
         try:
             while True:
                 try:
@@ -258,38 +291,29 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
                     if text.endswith("\ufffd") and not done:
                         safe = min(safe, len(text) - 1)
                     if safe > len(sent):
-                        yield f"data: {json.dumps(chunk(text[len(sent) : safe], None))}\n\n"
+                        yield event(text[len(sent) : safe], None)
                         sent = text[:safe]
                 if output.is_finished():
                     finished = True
                     break
-            yield f"data: {json.dumps(chunk('', finish_reason(output, stopped) if output else 'stop'))}\n\n"
+            yield event("", finish_reason(output, stopped) if output else "stop")
             if include_usage and output is not None:
                 yield f"data: {json.dumps({**chunk('', None), 'choices': [], 'usage': usage(output)})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             if not finished:
-                manager.cancel_request(rid)
+                engine.cancel(rid)
 
     @app.get("/health")
     async def health():
-        if not manager.is_running():
-            return error(503, "the engine is not running" + (f": {manager.error!r}" if manager.error else ""),
-                         kind="server_error")
+        problem = engine.health()
+        if problem is not None:
+            return error(503, problem, kind="server_error")
         return {"status": "ok"}
 
     @app.get("/metrics")
     async def metrics():
-        engine = manager.engine
-        stats = engine.stats
-        rows = [("requests_running", "gauge", engine.running),
-                ("requests_waiting", "gauge", getattr(engine, "waiting", 0)),
-                ("requests_received_total", "counter", served["requests"]),
-                ("requests_finished_total", "counter", stats.finished),
-                ("requests_failed_total", "counter", stats.failed),
-                ("generated_tokens_total", "counter", stats.new_tokens),
-                ("verify_steps_total", "counter", stats.steps),
-                ("mean_accepted_length", "gauge", round(stats.new_tokens / stats.steps, 4) if stats.steps else 0.0)]
+        rows = [("requests_received_total", "counter", served["requests"]), *engine.metrics()]
         text = "".join(f"# TYPE hf_hybrid_spec_{name} {kind}\nhf_hybrid_spec_{name} {value}\n"
                        for name, kind, value in rows)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
@@ -324,11 +348,13 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
 
         if body.stream:
             include = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_text(rid, stop, outputs, chunk, include), media_type="text/event-stream")
+            return StreamingResponse(stream_text(rid, stop, outputs, chunk, include, body.return_token_ids),
+                                     media_type="text/event-stream")
         output = await result(rid, outputs)
         text, stopped = cut(await asyncio.to_thread(tokenizer.decode, output.generated_tokens,
                                                     skip_special_tokens=True), stop)
-        out = chunk(text, finish_reason(output, stopped))
+        out = extras(chunk(text, finish_reason(output, stopped)), output,
+                     output.generated_tokens if body.return_token_ids else None, True)
         return {**out, "usage": usage(output)}
 
     async def chat(body: Chat):
@@ -353,13 +379,16 @@ def create_app(manager: ContinuousBatchingManager, tokenizer, model_name: str, r
                         "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
 
             include = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_text(rid, stop, outputs, chunk, include), media_type="text/event-stream")
+            return StreamingResponse(stream_text(rid, stop, outputs, chunk, include, body.return_token_ids),
+                                     media_type="text/event-stream")
         output = await result(rid, outputs)
         text, stopped = cut(await asyncio.to_thread(tokenizer.decode, output.generated_tokens,
                                                     skip_special_tokens=True), stop)
-        return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": finish_reason(output, stopped)}], "usage": usage(output)}
+        answer = extras({"id": cid, "object": "chat.completion", "created": created, "model": model_name,
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                      "finish_reason": finish_reason(output, stopped)}]}, output,
+                        output.generated_tokens if body.return_token_ids else None, True)
+        return {**answer, "usage": usage(output)}
 
     # The bodies' types are local classes, and annotations are strings in this module: FastAPI reads them from here.
     completions.__annotations__["body"], chat.__annotations__["body"] = Completion, Chat
@@ -441,71 +470,35 @@ class _BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`hf-hybrid-spec-serve`: load a model and serve it (see the module docstring)."""
-    from ..cli import argument_parser, resolve_device
-    from .engine import ServingConfig
-
-    parser = argument_parser("OpenAI-compatible server with speculative continuous batching for hybrid models "
-                             "(hf_hybrid_spec)")
-    parser.add_argument("--model", required=True, help="a Hub id or a local checkpoint")
-    parser.add_argument("--assistant-config", default=None,
-                        help="an AssistantConfig: a JSON object, or a folder / Hub id with assistant_config.json")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-slots", type=int, default=ServingConfig.max_slots, help="requests decoded at once")
-    parser.add_argument("--max-total-tokens", type=int, default=ServingConfig.max_total_tokens,
-                        help="the longest request (prompt and new tokens)")
-    parser.add_argument("--prefix-cache-mb", type=int, default=ServingConfig.prefix_cache_bytes >> 20,
-                        help="the bound on prefix-reuse states (0: off)")
-    parser.add_argument("--lanes", type=int, default=ServingConfig.lanes,
-                        help="engines the slots are split between, stepped in turn (ServingConfig.lanes)")
-    parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
-    parser.add_argument("--device", default="auto", help="'auto': cuda where a GPU is seen, else cpu")
-    parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
-    parser.add_argument("--draft-model", default=None,
-                        help="the draft model of drafter 'model', 'eagle' or 'hvd': a causal LM (same tokenizer) or "
-                             "an EAGLE-3 drafter folder / Hub id")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests")
-    parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
-                        help="the largest request body taken (larger: 413)")
-    args = parser.parse_args(argv)
-
+def load_served(model: str, assistant_config: str | dict | None = None, dtype: str = "auto", device: str = "auto",
+                draft_model: str | None = None):
+    """What a server (or a cluster's replica) serves, loaded: (model, tokenizer, draft model or None, the
+    `AssistantConfig` or None). `assistant_config`: a JSON object (text or dict), or a folder / Hub id with
+    assistant_config.json; `draft_model`: a causal LM or an EAGLE-3 drafter folder / Hub id."""
     import torch
-    import uvicorn
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from ..cli import resolve_device
     from ..config import AssistantConfig
     from ..generate import _resolve_config
 
-    args.device = resolve_device(args.device)
-    try:  # what the command line names is checked before the server starts: a clear error, not a traceback
-        config = None
-        if args.assistant_config is not None:
-            text = args.assistant_config.strip()
-            config = AssistantConfig.from_dict(json.loads(text)) if text.startswith("{") else _resolve_config(text,
-                                                                                                               None)
-        dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-        draft = None
-        if args.draft_model is not None:
-            if AutoConfig.from_pretrained(args.draft_model).model_type == "hf_hybrid_spec_eagle3":
-                from ..eagle import EagleDrafter
+    device = resolve_device(device)
+    config = None
+    if isinstance(assistant_config, dict):
+        config = AssistantConfig.from_dict(assistant_config)
+    elif assistant_config is not None:
+        text = assistant_config.strip()
+        config = AssistantConfig.from_dict(json.loads(text)) if text.startswith("{") else _resolve_config(text, None)
+    dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    target = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    draft = None
+    if draft_model is not None:
+        if AutoConfig.from_pretrained(draft_model).model_type == "hf_hybrid_spec_eagle3":
+            from ..eagle import EagleDrafter
 
-                draft = EagleDrafter.from_pretrained(args.draft_model)
-            else:
-                draft = AutoModelForCausalLM.from_pretrained(args.draft_model, dtype=dtype)
-            draft = draft.to(args.device).eval()
-        serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens,
-                                prefix_cache_bytes=args.prefix_cache_mb << 20, lanes=args.lanes)
-        manager = ContinuousBatchingManager(model, config, serving, draft_model=draft)
-    except (OSError, ValueError, NotImplementedError, TypeError, json.JSONDecodeError) as err:
-        parser.error(f"{type(err).__name__}: {err}")
-    app = create_app(manager, tokenizer, args.served_model_name or args.model, api_key=args.api_key,
-                     max_body_bytes=int(args.max_body_mb * 2**20))
-    uvicorn.run(app, host=args.host, port=args.port)
-
-
-if __name__ == "__main__":
-    main()
+            draft = EagleDrafter.from_pretrained(draft_model)
+        else:
+            draft = AutoModelForCausalLM.from_pretrained(draft_model, dtype=dtype)
+        draft = draft.to(device).eval()
+    return target, tokenizer, draft, config

@@ -54,7 +54,7 @@ def test_recipe_help_cites_files_that_exist():
 
 
 def test_server_help_and_version():
-    from hf_hybrid_spec.serving.server import main
+    from hf_hybrid_spec.serving.cli import main
 
     with pytest.raises(SystemExit) as exit:
         main(["--help"])

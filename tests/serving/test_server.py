@@ -210,7 +210,7 @@ def test_bad_requests_get_a_400_naming_the_problem(served):
 
 
 def test_cli_help():
-    out = subprocess.run([sys.executable, "-m", "hf_hybrid_spec.serving.server", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "hf_hybrid_spec.serving.cli", "--help"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and "--assistant-config" in out.stdout and "--max-slots" in out.stdout
 
@@ -328,7 +328,7 @@ def test_a_short_request_among_long_ones_is_not_queued_behind_them(target):
 
 
 def test_cli_refuses_a_bad_model_or_config_with_a_message(tmp_path, capsys):
-    from hf_hybrid_spec.serving.server import main
+    from hf_hybrid_spec.serving.cli import main
 
     tiny_target_with_tokenizer(tmp_path / "target")
     for argv, words in ((["--model", str(tmp_path / "missing")], "missing"),
