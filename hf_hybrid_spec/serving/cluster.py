@@ -68,7 +68,6 @@ class AffinityRouter(FIFOMixin, RequestRouter):
 
     def initialize_state(self, block: int = 16, max_keys: int = 1 << 18, **kwargs):
         self.affinity = PrefixAffinity(block, max_keys)
-        self.routed = {"affine": 0, "other": 0}
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -84,8 +83,6 @@ class AffinityRouter(FIFOMixin, RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
         payload = _payload(pending_request)
         if payload is not None:
-            before, _ = self.affinity.lookup(payload["ids"], payload.get("session"))
-            self.routed["affine" if before == replica_id.unique_id else "other"] += 1
             self.affinity.record(payload["ids"], replica_id.unique_id, payload.get("session"))
 
     def on_replica_actor_died(self, replica_id: ReplicaID):

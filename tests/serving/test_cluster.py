@@ -127,8 +127,8 @@ def test_follow_ups_land_on_the_replica_holding_their_prefix(cluster):
 
 def test_a_replica_killed_mid_load_loses_no_request(cluster):
     """Twelve requests in flight (long enough to be caught there), then one replica's actor is killed: every request
-    is answered with plain generate's tokens (those it held sent once more, to the other replica), and the cluster
-    keeps serving."""
+    is answered with plain generate's tokens (those it held sent once more, to the other replica), the cluster keeps
+    serving, and Ray Serve starts a replica in place of the dead one."""
     client, url, model = cluster
     NEW = 256
     prompts = [[(13 * i + j) % 280 + 4 for j in range(20 + 3 * i)] for i in range(12)]
@@ -161,7 +161,13 @@ def test_a_replica_killed_mid_load_loses_no_request(cluster):
     # the survivor (and then the replacement) serves what comes next
     for ids in PROMPTS[:2]:
         assert complete(client, ids, 8).choices[0].token_ids == plain(model, ids, 8)
-    status, body = 0, ""
     with urllib.request.urlopen(url + "/health", timeout=30) as answer:
-        status, body = answer.status, json.loads(answer.read())
-    assert status == 200 and body == {"status": "ok"}
+        assert answer.status == 200 and json.loads(answer.read()) == {"status": "ok"}
+    # Ray Serve replaces the dead replica
+    deadline, alive = time.time() + 120, []
+    while time.time() < deadline:
+        alive = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "EngineReplica" in a["name"]]
+        if len(alive) == 2 and names[0] not in alive:
+            break
+        time.sleep(0.5)
+    assert len(alive) == 2 and names[0] not in alive, alive
