@@ -61,10 +61,12 @@ def _payload(pending: PendingRequest | None) -> dict | None:
     return pending.args[0]
 
 
-class AffinityRouter(FIFOMixin, RequestRouter):
+class AffinityRouter(RequestRouter):
     """Ray Serve request router: a request goes to the replica that holds its prefix or session
     (`affinity.PrefixAffinity`) while it has room, else to the least loaded one (Ray Serve takes the first rank
-    with a replica under its `max_ongoing_requests`, the least loaded within a rank)."""
+    with a replica under its `max_ongoing_requests`, the least loaded within a rank). Not FIFO (`FIFOMixin`): a
+    replica found for one request goes to that request, never to an older one queued beside it, whose prefix may be
+    elsewhere."""
 
     def initialize_state(self, block: int = 16, max_keys: int = 1 << 18, **kwargs):
         self.affinity = PrefixAffinity(block, max_keys)
