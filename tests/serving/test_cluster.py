@@ -16,9 +16,11 @@ from helpers import tiny_target_with_tokenizer
 
 
 # ---------------------------------------------------------------------- two replicas on a local Ray instance
-ray = pytest.importorskip("ray")
-pytest.importorskip("ray.serve")
+ray = pytest.importorskip("ray", reason="the [cluster] extra (ray[serve]) is not installed")
+pytest.importorskip("ray.serve", reason="the [cluster] extra (ray[serve]) is not installed")
 openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow  # a local Ray instance and two replicas: about a minute
 
 
 @pytest.fixture(scope="module")
