@@ -340,3 +340,25 @@ def test_cli_refuses_a_bad_model_or_config_with_a_message(tmp_path, capsys):
         assert exit.value.code == 2
         err = capsys.readouterr().err
         assert "error:" in err and words in err and "Traceback" not in err
+
+
+def test_token_ids_and_cached_tokens(served):
+    """vLLM's `return_token_ids`: the reply's token ids (plain generate's) and the prompt's, streamed chunk by chunk
+    too; a follow-up that extends the call token for token reports the prompt tokens taken from the prefix store
+    (`usage.prompt_tokens_details.cached_tokens`); `user` is taken (a cluster's session key)."""
+    client, model, tokenizer, _ = served
+    ids = tokenizer(PROMPTS[1]).input_ids
+    _, expected = plain_text(model, tokenizer, ids, 12)
+    reply = client.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=0, user="agent-1",
+                                      extra_body={"return_token_ids": True})
+    assert reply.choices[0].token_ids == expected and reply.choices[0].prompt_token_ids == ids
+    assert reply.usage.prompt_tokens_details.cached_tokens == 0
+    stream = client.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=0, stream=True,
+                                       extra_body={"return_token_ids": True})
+    chunks = [c.choices[0] for c in stream if c.choices]
+    assert [t for c in chunks for t in (c.token_ids or [])] == expected
+    assert chunks[0].prompt_token_ids == ids and all(getattr(c, "prompt_token_ids", None) is None for c in chunks[1:])
+    follow = ids + expected + tokenizer("\n    return").input_ids
+    again = client.completions.create(model="tiny", prompt=follow, max_tokens=4, temperature=0, user="agent-1")
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+    assert not hasattr(again.choices[0], "token_ids") or again.choices[0].token_ids is None
