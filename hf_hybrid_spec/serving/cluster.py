@@ -41,6 +41,7 @@ from transformers.generation.continuous_batching.requests import RequestStatus
 from .affinity import PrefixAffinity
 from .clients import LocalEngine, OnOutput
 from .engine import ServingConfig, SpecGenerationOutput
+from .manager import ContinuousBatchingManager
 from .server import DEFAULT_MAX_BODY_BYTES, create_app, load_served
 
 logger = logging.getLogger(__name__)
@@ -137,8 +138,6 @@ class EngineReplica:
             torch.set_num_threads(spec.threads)
         model, tokenizer, draft, config = load_served(spec.model, spec.assistant_config, spec.dtype, spec.device,
                                                       spec.draft_model)
-        from .manager import ContinuousBatchingManager
-
         self.client = LocalEngine(ContinuousBatchingManager(model, config, spec.serving, draft_model=draft),
                                   tokenizer)
         self.client.start()
@@ -161,9 +160,6 @@ class EngineReplica:
         finally:
             if not finished:
                 self.client.cancel(rid)
-
-    def metrics(self) -> list[tuple[str, str, float]]:
-        return self.client.metrics()
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine stopped is replaced."""
