@@ -25,7 +25,9 @@ pytestmark = pytest.mark.slow  # a local Ray instance and two replicas: about a 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """(client, url, model): two CPU replicas (one core, 4 slots each) of a tiny target, affinity routing."""
+    """(client, url, model): two CPU replicas (one core, 6 slots each) of a tiny target, affinity routing. Six
+    slots: one replica has room for every session of the affinity test at once, so no follow-up finds its replica
+    full (where it would rightly go to the other)."""
     from transformers import AutoModelForCausalLM
 
     from hf_hybrid_spec.serving import ServingConfig
@@ -39,7 +41,7 @@ def cluster(tmp_path_factory):
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         url = serve_cluster(path, {"drafter": "suffix", "global_cache": False},
-                            ServingConfig(max_slots=4, max_total_tokens=512), replicas=2, port=port,
+                            ServingConfig(max_slots=6, max_total_tokens=512), replicas=2, port=port,
                             dtype="float32", device="cpu", replica_cpus=1)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
