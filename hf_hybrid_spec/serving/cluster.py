@@ -148,15 +148,15 @@ class EngineReplica:
         else the last. A caller that goes away cancels the request (its slot is freed)."""
         loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
         rid = self.client.submit(payload["ids"], payload["max_new_tokens"], payload["generation_config"],
-                                 payload["stop"], True, lambda o: loop.call_soon_threadsafe(outputs.put_nowait, o))
+                                 payload["stop"], payload["streaming"],
+                                 lambda o: loop.call_soon_threadsafe(outputs.put_nowait, o))
         finished = False
         try:
             while not finished:
                 output = await outputs.get()
                 finished = output.is_finished()
-                if finished or payload["streaming"]:
-                    output.replica = self.replica
-                    yield output
+                output.replica = self.replica
+                yield output
         finally:
             if not finished:
                 self.client.cancel(rid)
@@ -276,7 +276,7 @@ def build_app(spec: ReplicaSpec, replicas: int = 1, routing: str = "affinity", s
         raise ValueError(f"routing must be one of {sorted(ROUTERS)}, got {routing!r}")
     if replicas < 1 and autoscaling is None:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
-    eos = GenerationConfig.from_model_config(_model_config(spec.model)).eos_token_id
+    eos = _generation_config(spec.model).eos_token_id
     router = ROUTERS[routing]
     options = {"ray_actor_options": {"num_gpus": replica_gpus, "num_cpus": replica_cpus},
                "max_ongoing_requests": max_ongoing_requests or spec.serving.max_slots,
@@ -298,10 +298,15 @@ def build_app(spec: ReplicaSpec, replicas: int = 1, routing: str = "affinity", s
                         api_key, max_body_bytes)
 
 
-def _model_config(model: str):
-    from transformers import AutoConfig
+def _generation_config(model: str) -> GenerationConfig:
+    """The generation config the replicas' engines decode with (`model.generation_config` as transformers loads
+    it: generation_config.json where the checkpoint has one, else made from its config), read without weights."""
+    try:
+        return GenerationConfig.from_pretrained(model)
+    except OSError:
+        from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(model)
+        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(model))
 
 
 def serve_cluster(model_id: str, assistant_config: str | dict | None = None,
