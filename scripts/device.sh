@@ -22,6 +22,11 @@
 #             without and with speculation (and without prefix reuse); SERVE_RATES sessions per second, SERVE_ARGS
 #             more bench flags (e.g. "--prefill chunked"; "--methods stock cb cb-unfused cb+spec cb+spec-unfused" for
 #             the fused verify forward, the default on a GPU, against the unfused runner in one run)
+#   cluster   replicas on Ray Serve (benchmarks/cluster_bench.py, after `bash scripts/device_prepare.sh cluster`): on
+#             the machine's CPUs with replicas of one core each (one replica, two with affinity routing, two in turn),
+#             and on its GPU (hf-hybrid-spec-serve alone against one replica); the fixture's config and tokenizer with
+#             random weights (seed 0: its text is noise, its costs the fixture's). CLUSTER_STAGES="cpu gpu" by
+#             default; CPU_ARGS / GPU_ARGS more bench flags, CPU_SECONDS / GPU_SECONDS the bounds
 #   (batch and serve: WITH_BASE=1 runs the same bench again with the code of .carry/base, after
 #    `bash scripts/device_prepare.sh FIXTURE BASE_REF`: an A/B of two commits within one lease)
 set -uo pipefail
@@ -124,6 +129,27 @@ case "${1:-}" in
           --mtp --compile ${MTP_EVAL_ARGS:-} --dtype bfloat16 --num-prompts 8 --max-new-tokens 128 --allow-mismatch \
           --out "$OUT/mtp_eval"
     fi ;;
+  cluster)
+    [ -f .carry/cluster/ray_site.tar.xz ] || { echo "no .carry/cluster: bash scripts/device_prepare.sh cluster"; exit 2; }
+    mkdir -p /tmp/site && tar -xJf .carry/cluster/ray_site.tar.xz -C /tmp/site
+    export RAY_USAGE_STATS_ENABLED=0
+    nproc; python3 -c "import ray; print('ray', ray.__version__)"
+    python3 - <<'PY'
+import shutil, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(".carry/cluster/fixture")).save_pretrained("/tmp/cluster_model")
+for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(f".carry/cluster/fixture/{name}", "/tmp/cluster_model")
+PY
+    S=" ${CLUSTER_STAGES:-cpu gpu} "
+    [[ "$S" == *" cpu "* ]] && TAILN=8 run "${CPU_SECONDS:-330}" cluster_cpu python3 benchmarks/cluster_bench.py \
+        --model /tmp/cluster_model --device cpu --dtype float32 --replica-cpus 1 --sessions 24 --rates 2 \
+        --max-new-tokens 32 --runs 1 affinity round_robin ${CPU_ARGS:-} --out "$OUT/cluster_cpu"
+    [[ "$S" == *" gpu "* ]] && TAILN=8 run "${GPU_SECONDS:-240}" cluster_gpu python3 benchmarks/cluster_bench.py \
+        --model /tmp/cluster_model --device cuda --dtype bfloat16 --sessions 48 --rates 16 --max-new-tokens 64 \
+        --runs server 1 ${GPU_ARGS:-} --out "$OUT/cluster_gpu"
+    true ;;
   *)
-    echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd|mtp|batch|serve"; exit 2 ;;
+    echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd|mtp|batch|serve|cluster"; exit 2 ;;
 esac

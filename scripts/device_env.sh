@@ -1,6 +1,7 @@
 # Sourced by scripts/device.sh on the GPU machine (from the repository root): wheels, the package importable from
 # the working tree, the fixture unpacked, and `run`, which runs one step under a timeout with its log in $OUT.
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/*.whl
+ls .carry/whl/*.whl > /dev/null 2>&1 && \
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
 export HF_HYBRID_SPEC_FIXTURES=$PWD/.carry/models
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
