@@ -2,8 +2,9 @@
 
 The semantics are OpenAI's and vLLM's: for every token j, `score[j] -= frequency * c[j] + presence * (c[j] > 0)`,
 where c[j] counts j among the tokens generated so far (the prompt does not count). As a processor it reads the ids it
-is given, so tree verification applies it to every node with that node's context (`verification.process_tree_logits`)
-and speculation stays exact.
+is given, so tree verification applies it to every node with that node's context and speculation stays exact; it
+takes every node's context at once (`call_aligned`), so a batch's nodes are penalized in one pass
+(`verification.batch_choices`).
 """
 
 from __future__ import annotations
@@ -32,5 +33,17 @@ class OccurrencePenaltyLogitsProcessor(LogitsProcessor):
         generated = input_ids[:, self.prompt_length :].to(scores.device).clamp(max=vocab)  # past the vocab: dropped
         counts = torch.zeros(scores.shape[0], vocab + 1, dtype=scores.dtype, device=scores.device)
         counts.scatter_add_(1, generated, torch.ones(generated.shape, dtype=scores.dtype, device=scores.device))
+        counts = counts[:, :vocab]
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+    def call_aligned(self, ids: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """`__call__` for many contexts at once: ids [M, W] each context right-aligned (anything before it), lengths
+        [M] their lengths, scores [M, V] -> the penalized scores [M, V], each row as `__call__` gives it."""
+        vocab, width = scores.shape[-1], ids.shape[1]
+        position = torch.arange(width, device=ids.device)[None, :]
+        generated = position >= (width - lengths + self.prompt_length)[:, None]
+        tokens = torch.where(generated, ids.clamp(min=0, max=vocab), vocab).to(scores.device)
+        counts = torch.zeros(scores.shape[0], vocab + 1, dtype=scores.dtype, device=scores.device)
+        counts.scatter_add_(1, tokens, generated.to(scores.device, scores.dtype))
         counts = counts[:, :vocab]
         return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)

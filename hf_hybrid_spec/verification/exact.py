@@ -20,7 +20,9 @@ is an exact sample of the target distribution.
 
 The user's logits processors see, for every node, the input ids that plain generation would have had at
 that point (committed tokens plus the node's root path), so repetition penalties, min-length rules and
-the like behave as they do without speculation.
+the like behave as they do without speculation. `batch_choices` applies them to every node of every row at once:
+the processors it knows as tensor ops over the nodes' contexts, any other processor called once per context length
+with the nodes of that length stacked (each with exactly the ids stock would pass it).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 from transformers.generation import logits_process as _lp
+from transformers.utils import logging
 
 from ..tree import VerifyResult, VerifyTree
 from .base import FirstToken, StepInputs, Verifier
@@ -42,7 +45,10 @@ from .noise import draw_seed, keyed_choice, to_device
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
            "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE", "POSITIONAL", "IDS_READING",
-           "TOKEN_BIAS", "NodeContexts", "RootContexts", "greedy_device", "DeviceAcceptance", "from_config"]
+           "TOKEN_BIAS", "ALIGNED", "FILL", "NodeContexts", "RootContexts", "greedy_device", "DeviceAcceptance",
+           "from_config"]
+
+logger = logging.get_logger(__name__)
 
 
 class ExactVerifier(Verifier):
@@ -92,6 +98,14 @@ IDS_READING = (RepetitionPenaltyLogitsProcessor,)
 # `sequence_bias` and `bad_words_ids` whose sequences are all one token long bias (or remove) those tokens wherever
 # they come, whatever the ids before: context-free then (longer sequences match the ids' end: row by row).
 TOKEN_BIAS = (_lp.SequenceBiasLogitsProcessor, _lp.NoBadWordsLogitsProcessor)
+# Processors that read the ids before a node and give stock's output at every node when handed all the nodes'
+# contexts in one call, right-aligned in an [M, W] tensor with FILL before each (no token equals FILL): they match
+# windows or suffixes of real tokens only (`no_repeat_ngram_size`; `bad_words_ids` / `sequence_bias` with longer
+# sequences, where every context holds at least the longest sequence: transformers' versions differ on shorter ones).
+# A processor of ours may say the same with a method `call_aligned(ids [M, W], lengths [M], scores [M, V])` (the
+# server's presence / frequency penalty, which counts from a position).
+ALIGNED = (_lp.NoRepeatNGramLogitsProcessor,) + TOKEN_BIAS
+FILL = -1
 # Each TOKEN_BIAS processor's verdict, worked out once (a bad-words list can hold thousands of sequences; the check
 # runs every step).
 _SINGLE_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -147,6 +161,28 @@ class NodeContexts:
         seen = seen[:, None, :].repeat(1, n, 1).scatter_(2, path, True)
         return seen[..., :vocab].reshape(m * n, vocab)
 
+    def aligned(self, rows: list[int], n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every node's context in one tensor: ([len(rows) * n, W] int64, each node's context right-aligned with
+        FILL before it (rows' nodes in row-major order), [len(rows) * n] int64 its length), on `device`."""
+        m = len(rows)
+        ids = to_device(pad_sequence([self.row_ids[r][0] for r in rows], batch_first=True, padding_value=FILL), device)
+        length = ids.shape[1]
+        held = to_device(torch.tensor([self.row_ids[r].shape[1] for r in rows]), device)
+        at = to_device(torch.tensor(rows if self.index is None else [self.index[r] for r in rows]), device)
+        tokens = to_device(self.tree.tokens, device)[at, :n]
+        ancestors = to_device(self.tree.ancestors, device)[at, :n, :n].clone()
+        ancestors[..., 0] = False  # the root is the ids' last token already
+        depth = ancestors.sum(-1)  # [m, n] each node's path below the root (itself included)
+        # Node j's context, left-aligned: its row's ids, then token k of its path at the row's length + depth(k) - 1
+        # (every other pair writes a dropped column).
+        width = length + n - 1
+        context = torch.full((m, n, width + 1), FILL, dtype=torch.long, device=device)
+        context[..., :length] = ids[:, None, :]
+        place = torch.where(ancestors, held[:, None, None] + depth[:, None, :] - 1, width)
+        context.scatter_(2, place, tokens[:, None, :].expand(m, n, n).long())
+        total = (held[:, None] + depth).reshape(-1)
+        return right_align(context[..., :width].reshape(m * n, width), total), total
+
 
 @dataclass
 class RootContexts:
@@ -169,27 +205,67 @@ class RootContexts:
         seen.scatter_(1, self.roots.to(device)[at].clamp(max=vocab)[:, None], True)
         return seen[:, :vocab]
 
+    def aligned(self, rows: list[int], n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`NodeContexts.aligned` for the roots: each row's recorded ids and its root, right-aligned."""
+        at = to_device(torch.tensor(rows), device)
+        recorded = [self.recorded[r] for r in rows]
+        width = max(recorded) + 1
+        held = to_device(torch.tensor(recorded), device)
+        ids = torch.full((len(rows), width + 1), FILL, dtype=torch.long, device=device)
+        ids[:, : width - 1] = self.buffer.to(device)[at, : width - 1]
+        position = torch.arange(width + 1, device=device)[None, :]
+        ids = torch.where(position < held[:, None], ids, FILL)  # what is not recorded yet
+        ids.scatter_(1, held[:, None], self.roots.to(device)[at][:, None].long())
+        return right_align(ids[:, :width], held + 1), held + 1
+
+
+def right_align(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """ids [M, W] with row m's `lengths[m]` tokens first -> the same tokens last, FILL before them."""
+    width = ids.shape[1]
+    source = torch.arange(width, device=ids.device)[None, :] - (width - lengths)[:, None]
+    return torch.where(source >= 0, ids.gather(1, source.clamp(min=0)), FILL)
+
 
 def choices_apply(verifiers, processors: list, sampled_drafts=False, contexts: bool = False) -> bool:
     """Whether `batch_choices` makes these rows' choices (its arguments of the same names): each row's rule the exact
-    one, its processors context-free or positional (or, with `contexts`, ids-reading), and a sampling row's draft not
+    one, its processors context-free or positional (or, with `contexts`, any), and a sampling row's draft not
     sampled from a draft distribution."""
     rules = verifiers if isinstance(verifiers, (list, tuple)) else [verifiers] * len(processors)
     sampled = sampled_drafts if isinstance(sampled_drafts, (list, tuple)) else [sampled_drafts] * len(rules)
     for rule, drafted in zip(rules, sampled):
         if type(rule) is not ExactVerifier or (rule.do_sample and drafted):
             return False
-    known = POSITIONAL + (IDS_READING if contexts else ())
-    return all(not procs or all(type(p) in known or _context_free(p) for p in procs) for procs in processors)
+    if contexts:
+        return True
+    return all(not procs or all(type(p) in POSITIONAL or _context_free(p) for p in procs) for procs in processors)
+
+
+class _Aligned:
+    """The nodes' right-aligned contexts for the processors that read them, worked out once per group of rows."""
+
+    def __init__(self, contexts, n: int, device: torch.device):
+        self.contexts, self.n, self.device, self.made = contexts, n, device, {}
+
+    def __call__(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        key = tuple(rows)
+        if key not in self.made:
+            self.made[key] = self.contexts.aligned(rows, self.n, self.device)
+        return self.made[key]
+
+
+def _longest_sequence(processor) -> int:
+    return max((len(ids) for ids in processor.sequence_bias), default=0)
 
 
 def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor, contexts: NodeContexts | None,
-             rows: list[int], n: int) -> torch.Tensor:
+             rows: list[int], n: int, aligned: _Aligned | None = None) -> torch.Tensor:
     """One processor over many nodes' scores [M, V] (rows `rows`, `n` nodes each), as stock generate applies it at
     each node: `ids_length` [M] (host int64) the length of the ids stock's processor would see there (padding
-    included); `contexts` those ids (for an ids-reading processor)."""
+    included); `contexts` those ids (for an ids-reading processor), `aligned` them right-aligned."""
     if _context_free(processor):
         return processor(torch.empty((scores.shape[0], 0), dtype=torch.long, device=scores.device), scores)
+    if type(processor) not in POSITIONAL + IDS_READING:
+        return _process_contexts(processor, scores, ids_length, aligned(rows))
     if type(processor) in IDS_READING:
         ignore = processor.prompt_ignore_length if isinstance(getattr(processor, "prompt_ignore_length", None),
                                                               int) else 0
@@ -209,13 +285,37 @@ def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor, contexts
     return torch.where(eos, -math.inf, scores)
 
 
+def _process_contexts(processor, scores: torch.Tensor, ids_length: torch.Tensor,
+                      aligned: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """A processor that reads the ids, over many nodes' scores [M, V] given their contexts right-aligned (`aligned`:
+    ids [M, W], lengths [M] on the device; `ids_length` the same lengths on the host): in one call where it takes
+    them so (`ALIGNED`, `call_aligned`), else called once per context length with the nodes of that length and
+    exactly their ids (a processor we do not know: exact for any that treats its rows alike, as stock's batches
+    need)."""
+    ids, lengths = aligned
+    if hasattr(processor, "call_aligned"):
+        return processor.call_aligned(ids, lengths, scores)
+    if type(processor) is _lp.NoRepeatNGramLogitsProcessor or (
+            type(processor) in TOKEN_BIAS and int(ids_length.min()) >= _longest_sequence(processor)):
+        return processor(ids, scores)
+    logger.warning_once(f"{type(processor).__name__}: a logits processor speculation does not batch; it is called once "
+                        "per context length among a step's draft nodes (exact, slower)")
+    out = scores.clone()
+    width = ids.shape[1]
+    for length in torch.unique(ids_length).tolist():
+        at = to_device((ids_length == length).nonzero().flatten(), scores.device)
+        out[at] = processor(ids[at, width - length :], scores[at].clone())
+    return out
+
+
 def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: torch.Tensor, depth: torch.Tensor,
                   rows: torch.Tensor, sampled_drafts, pads: torch.Tensor | None = None,
                   contexts: NodeContexts | None = None) -> torch.Tensor | None:
     """The token each row's rule chooses at every node, for every row at once, where that is the rule: each row's
-    `ExactVerifier` with context-free (`CONTEXT_FREE`), positional (`POSITIONAL`) or, given `contexts`, ids-reading
-    (`IDS_READING`) processors only and, when it samples, a draft without a draft distribution (the keyed rule). None
-    where any row's is not (the caller verifies row by row).
+    `ExactVerifier` with context-free (`CONTEXT_FREE`) or positional (`POSITIONAL`) processors, or any given
+    `contexts` (`IDS_READING` and `ALIGNED` ones as tensor ops over the nodes' contexts, others called once per context
+    length), and, when it samples, a draft without a draft distribution (the keyed rule). None where any row's is not
+    (the caller verifies row by row).
 
     Args:
         verifiers: the rule of every row (a batch of one call), or a list with each row's (a serving engine's
@@ -229,8 +329,8 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
             distribution.
         pads: [R] int64 each row's left padding (None: none), which stock's positional processors count in the
             length of the ids they see.
-        contexts: the rows' ids and trees (`NodeContexts`, or `RootContexts` for one node per row), for ids-reading
-            processors (None: they are declined).
+        contexts: the rows' ids and trees (`NodeContexts`, or `RootContexts` for one node per row), for processors
+            that read the ids (None: they are declined).
 
     Returns:
         [R, N] int64 on the logits' device: the argmax (greedy rows) or the keyed draw (sampling rows) of each node's
@@ -246,12 +346,13 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
     if any(processors):
         # The length of the ids stock's processors would see at each node (host; positional processors read it).
         ids_length = lengths.cpu()[:, None] + depth.cpu() + (0 if pads is None else pads.cpu()[:, None])
+    aligned = None if contexts is None else _Aligned(contexts, n, scores.device)
     for procs, at in ([(processors[0], slice(None))] if shared else [(p, i) for i, p in enumerate(processors)]):
         if procs:
             part = scores[at].reshape(-1, v)
             these = list(range(r)) if shared else [at]
             for processor in procs:
-                part = _process(processor, part, ids_length[at].reshape(-1), contexts, these, n)
+                part = _process(processor, part, ids_length[at].reshape(-1), contexts, these, n, aligned)
             if shared:
                 scores = part.view(r, n, v)
             else:

@@ -1,0 +1,131 @@
+"""Logits processors over every node of every row at once (`verification.batch_choices`): each node's scores are
+what stock's processor gives at that position (its ids: the row's, padding included, then the node's path), for the
+processors we batch as tensor ops and for any other (called once per context length)."""
+
+import pytest
+import torch
+from transformers import (ExponentialDecayLengthPenalty, ForcedEOSTokenLogitsProcessor, LogitsProcessor,
+                          LogitsProcessorList, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
+                          SequenceBiasLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper)
+
+import hf_hybrid_spec as H
+from hf_hybrid_spec.serving.penalties import OccurrencePenaltyLogitsProcessor
+from hf_hybrid_spec.testing import tiny_model
+from hf_hybrid_spec.tree import DraftBatch, DraftTree, VerifyTree
+from hf_hybrid_spec.verification import ExactVerifier, NodeContexts, RootContexts, batch_choices, process_tree_logits
+from hf_hybrid_spec.verification.noise import keyed_choice
+
+V = 12
+
+
+class PenalizeLast(LogitsProcessor):
+    """A processor speculation does not know: reads the ids' last token and the length, writes in place."""
+
+    def __call__(self, input_ids, scores):
+        scores[torch.arange(scores.shape[0]), input_ids[:, -1] % scores.shape[1]] -= 2.0 + input_ids.shape[1] % 3
+        return scores
+
+
+PROCESSORS = {
+    "no_repeat_2": lambda: [NoRepeatNGramLogitsProcessor(2)],
+    "no_repeat_3": lambda: [NoRepeatNGramLogitsProcessor(3), TemperatureLogitsWarper(0.8)],
+    "bad_words": lambda: [NoBadWordsLogitsProcessor([[1, 2], [3, 1, 2], [5]], eos_token_id=None)],
+    "sequence_bias": lambda: [SequenceBiasLogitsProcessor({(1, 2): -4.0, (2, 3, 1): 3.5, (4,): -1.0})],
+    "occurrence": lambda: [OccurrencePenaltyLogitsProcessor(0.7, 0.4, prompt_length=3)],
+    "custom": lambda: [PenalizeLast(), TopKLogitsWarper(5)],
+    "forced_eos": lambda: [ForcedEOSTokenLogitsProcessor(max_length=6, eos_token_id=4)],
+    "decay": lambda: [ExponentialDecayLengthPenalty((2, 1.5), eos_token_id=4, input_ids_seq_length=2)],
+}
+
+
+def random_trees(gen, rows: int, width: int, shortest: int):
+    """Random draft trees over a few tokens (repeats, so n-grams and sequences match), their verify tree [rows,
+    width + 1] and each row's committed ids (lengths from `shortest` up, the root last)."""
+    drafts = []
+    for _ in range(rows):
+        parents = [-1] + [int(torch.randint(-1, j, (1,), generator=gen)) for j in range(width - 1)]
+        drafts.append(DraftTree(tokens=torch.randint(0, 6, (1, width), generator=gen), parents=torch.tensor([parents])))
+    batch = DraftBatch.from_drafts(drafts)
+    roots = torch.randint(0, 6, (rows,), generator=gen)
+    tokens = torch.cat([roots[:, None], batch.tokens], dim=1)
+    parent = torch.cat([torch.full((rows, 1), -1), torch.where(batch.parents >= 0, batch.parents + 1, 0)], dim=1)
+    row_ids = [torch.cat([torch.randint(0, 6, (1, shortest - 1 + 2 * r), generator=gen), roots[r].view(1, 1)], dim=1)
+               for r in range(rows)]
+    depth = torch.cat([torch.zeros(rows, 1, dtype=torch.long), batch.depth], dim=1)
+    return tokens, parent, row_ids, depth
+
+
+@pytest.mark.parametrize("shortest", [1, 5])
+@pytest.mark.parametrize("name", sorted(PROCESSORS))
+def test_every_nodes_scores_are_stocks_given_that_nodes_ids(name, shortest):
+    """Greedy and keyed-sampling choices at every node of three rows of different lengths (contexts shorter than the
+    n-grams and sequences too) are those of the node's scores processed by stock's processors with its ids alone
+    (`process_tree_logits`, node by node)."""
+    gen = torch.Generator().manual_seed(hash(name) % 1000 + shortest)
+    rows, width = 3, 7
+    tokens, parent, row_ids, depth = random_trees(gen, rows, width, shortest)
+    tree = VerifyTree.from_parents(tokens, parent)
+    logits = torch.randn(rows, width + 1, V, generator=gen)
+    procs = LogitsProcessorList(PROCESSORS[name]())
+    lengths = torch.tensor([ids.shape[1] for ids in row_ids])
+    args = (logits, lengths, depth, torch.arange(rows), False, None)
+    assert batch_choices(ExactVerifier(False), [procs] * rows, *args[:-1]) is None  # no contexts: declined
+    greedy = batch_choices(ExactVerifier(False), [procs] * rows, *args, NodeContexts(row_ids, tree))
+    sampler = ExactVerifier(True, seed=11)
+    drawn = batch_choices(sampler, [procs] * rows, *args, NodeContexts(row_ids, tree))
+    differs = False
+    for r in range(rows):
+        one = VerifyTree.from_parents(tokens[r : r + 1], parent[r : r + 1])
+        scores = process_tree_logits(row_ids[r], one, logits[r : r + 1], LogitsProcessorList(PROCESSORS[name]()))
+        assert torch.equal(greedy[r], scores.argmax(-1)), r
+        keys = (torch.tensor([[11]]), torch.tensor([[r]]), lengths[r] + depth[r : r + 1])
+        assert torch.equal(drawn[r], keyed_choice(scores, *keys).view(-1)), r
+        differs |= not torch.equal(scores, logits[r].float())
+    assert differs  # the processors changed something here (or the test would not see a wrong context)
+
+
+@pytest.mark.parametrize("name", ["no_repeat_2", "custom", "occurrence"])
+def test_plain_steps_roots_get_stocks_scores(name):
+    """`RootContexts` (a plain step: each row's recorded ids and its root, not recorded yet) gives what stock's
+    processors give with the row's ids and the root appended."""
+    gen = torch.Generator().manual_seed(3)
+    buffer = torch.randint(0, 6, (3, 16), generator=gen)
+    recorded, roots = [6, 9, 7], torch.randint(0, 6, (3,), generator=gen)
+    logits = torch.randn(3, 1, V, generator=gen)
+    procs = LogitsProcessorList(PROCESSORS[name]())
+    lengths = torch.tensor(recorded) + 1
+    chosen = batch_choices(ExactVerifier(False), [procs] * 3, logits, lengths, torch.zeros(3, 1, dtype=torch.long),
+                           torch.arange(3), False, None, RootContexts(buffer, recorded, roots))
+    for r in range(3):
+        ids = torch.cat([buffer[r, : recorded[r]], roots[r : r + 1]])[None]
+        expected = LogitsProcessorList(PROCESSORS[name]())(ids, logits[r].clone()).argmax(-1)
+        assert torch.equal(chosen[r], expected), r
+
+
+@pytest.mark.parametrize("name", ["no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "logits_processor"])
+def test_a_padded_batch_with_processors_that_read_the_ids_chooses_at_once_and_is_plain_generate(name, monkeypatch):
+    """Greedy over a left-padded batch with processors that read the ids (n-grams, multi-token bad words and
+    biases, a processor of the caller's own): every row's nodes chosen in one pass, token for token plain generate,
+    on the eager and the static path."""
+    import hf_hybrid_spec.engine.batch as batch_module
+
+    model = tiny_model("qwen3_5_text", vocab_size=V)
+    ids = torch.tensor([[1, 1, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3], [1, 7, 2, 5, 3, 7, 2]])
+    free = dict(attention_mask=(ids != 1).long(), pad_token_id=1, max_new_tokens=12, do_sample=False,
+                eos_token_id=None)
+    plain = model.generate(ids, **free)[:, 7:].tolist()
+    # Sequences the rows generate without the processor, so that it changes them.
+    extra = {"no_repeat_ngram_size": 2, "bad_words_ids": [plain[0][1:3], plain[1][2:5]],
+             "sequence_bias": {tuple(plain[0][1:3]): -3.0, tuple(plain[2][3:6]): -2.5},
+             "logits_processor": LogitsProcessorList([PenalizeLast()])}[name]
+    kw = dict(free, **{name: extra})
+    expected = model.generate(ids, **kw)
+    assert expected[:, 7:].tolist() != plain  # the processor matters here
+    chosen = []
+    real = batch_module.batch_choices
+    monkeypatch.setattr(batch_module, "batch_choices", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    for compile_ in (False, True):
+        got = model.generate(ids, custom_generate=H.speculative_generate,
+                             assistant_config=H.AssistantConfig(compile=compile_), **kw)
+        assert torch.equal(got, expected), compile_
+    assert chosen and all(c is not None for c in chosen)
