@@ -26,7 +26,8 @@ from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext
 from ..staging import device_busy
 from ..tree import VerifyResult, build_verify_tree
-from ..verification import FirstToken, StepInputs, Verifier, make_verifier, process_tree_logits, row_processors
+from ..verification import (FirstToken, NodeContexts, StepInputs, Verifier, batch_choices, choices_apply, greedy_walk,
+                            make_verifier, process_tree_logits, row_processors)
 from .backend import PREFILL_CHUNK, EagerBackend, StaticBackend, TreeBackend, chunked_prefill
 from .outputs import (
     CACHE_FIELD,
@@ -106,6 +107,9 @@ def decode(request: Request):
         processors = row_processors(processors, 0)  # the tree's nodes are the batch now (one row of ids each)
         # Greedy over the raw logits picks the same path when nothing processes them (an fp32 copy of [N, V] spared).
         raw_greedy = verifier.raw_greedy and not processors and rec.scores is None and rec.logits is None
+        # Otherwise every node's choice in one pass where the rule allows it (`verification.batch_choices`: the
+        # processors over all nodes at once), unless the call keeps each step's scores.
+        at_once = rec.scores is None and rec.logits is None
         stats.setup_seconds = time.perf_counter() - start
 
         # ---- draft, verify, accept, commit, record
@@ -123,10 +127,13 @@ def decode(request: Request):
                 drafter.overlap()  # (the host's idle time while a GPU runs the forward)
                 if raw_greedy:
                     raw, scores = verified.logits, verified.logits[0]
+                    result = verifier.verify(tree, scores, StepInputs(length, verified.hidden_states))
+                elif at_once and choices_apply(verifier, [processors], draft.probs is not None, contexts=True):
+                    result = _choose_at_once(verifier, processors, ids, tree, verified.logits, device)
                 else:
                     raw = verified.logits.to(dtype=torch.float32, device=device)
                     scores = process_tree_logits(ids, tree, raw, processors)
-                result = verifier.verify(tree, scores, StepInputs(length, verified.hidden_states))
+                    result = verifier.verify(tree, scores, StepInputs(length, verified.hidden_states))
                 step_attentions, step_states = None, None
                 if want_attentions or want_states:
                     step_attentions, step_states = path_outputs(verified, result, length - 1, want_attentions,
@@ -248,6 +255,22 @@ def _node_budget(config: AssistantConfig, backend: TreeBackend, stats: SpecStats
     if backend.max_nodes is not None:
         budget = min(budget, backend.max_nodes - 1)
     return budget
+
+
+def _choose_at_once(verifier: Verifier, processors, ids: torch.Tensor, tree, logits: torch.Tensor,
+                    device) -> VerifyResult:
+    """The rule's result from every node's choice made in one pass (`verification.batch_choices`, a batch of one),
+    then the walk from the root along the chosen tokens: the rule's own `verify`, token for token."""
+    children = tree.children(0)
+    depth = [0] * len(children)
+    for node, kids in enumerate(children):  # index order is topological: a parent before its children
+        for child in kids:
+            depth[child] = depth[node] + 1
+    choices = batch_choices(verifier, [processors], logits[:, : len(children)], torch.tensor([ids.shape[1]]),
+                            torch.tensor([depth]), torch.zeros(1, dtype=torch.long), False, None,
+                            NodeContexts([ids], tree))
+    path, new_tokens = greedy_walk(tree.token_list(0), children, choices[0].tolist())
+    return VerifyResult.from_host(path, new_tokens, device)
 
 
 def _verify_tree(draft, ids: torch.Tensor, rec: Recorder, backend: TreeBackend, device):
