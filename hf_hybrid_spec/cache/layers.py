@@ -11,7 +11,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionLayer
 
 __all__ = ["StaticCursor", "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer", "buffers_missing", "kv_length",
-           "kv_crop", "kv_commit", "is_linear", "has_kv", "scatter_slots", "gather_slots"]
+           "kv_crop", "kv_keep", "is_linear", "has_kv", "scatter_slots", "gather_slots"]
 
 
 class StaticCursor:
@@ -71,6 +71,17 @@ class StaticKVMixin:
         self.values[:, :, self.length : self.length + t] = value_states
         self.length += t
         return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+
+    def keep(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the keys and values of slots `src` to slots `dst` in place (the buffers' addresses, which captured
+        graphs hold, never change): [n] each for every row alike, or [B, n] each row its own. The reads are copies
+        made first, so overlapping source and destination slots are safe."""
+        if src.ndim == 2:
+            scatter_slots(self.keys, dst, gather_slots(self.keys, src))
+            scatter_slots(self.values, dst, gather_slots(self.values, src))
+        else:
+            self.keys.index_copy_(2, dst, self.keys.index_select(2, src))
+            self.values.index_copy_(2, dst, self.values.index_select(2, src))
 
     def get_seq_length(self) -> int:
         return self.length
@@ -139,19 +150,16 @@ def kv_crop(layer, length: int) -> None:
         layer.values = layer.values[..., :length, :]
 
 
-def kv_commit(layer, prefix: int, path: torch.Tensor) -> None:
-    """Keep the prefix and the tree nodes `path` (indices into the tree, [k] on the layer's device)."""
-    src = prefix + path
+def kv_keep(layer, src: torch.Tensor, dst: torch.Tensor | None) -> None:
+    """Keep the key slots `src` of an attention layer: a static layer copies them to `dst` in place
+    (`StaticKVMixin.keep`); a dynamic one becomes them ([B, S] each row's slots in order: the rows' tokens
+    right-aligned, `dst` unused)."""
+    src = src.to(layer.keys.device)
     if isinstance(layer, StaticKVMixin):
-        dst = torch.arange(prefix, prefix + path.numel(), device=path.device)
-        # index_select copies first, so overlapping source and destination ranges are safe.
-        layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
-        layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
-        layer.length = prefix + path.numel()
+        layer.keep(src, dst.to(layer.keys.device))
         return
-    idx = torch.cat([torch.arange(prefix, device=path.device), src])
-    layer.keys = layer.keys.index_select(-2, idx)
-    layer.values = layer.values.index_select(-2, idx)
+    layer.keys = gather_slots(layer.keys, src)
+    layer.values = gather_slots(layer.values, src)
 
 
 def is_linear(layer) -> bool:

@@ -1,7 +1,7 @@
 """HybridTreeCache: a transformers `DynamicCache` that verifies a whole draft tree in one forward.
 
 Outside tree mode it is exactly the `DynamicCache` transformers builds for the model's config (prefill and
-any ordinary forward go through the model's own code). In tree mode (`begin_tree` .. `commit`):
+any ordinary forward go through the model's own code). In tree mode (`begin_tree` .. `commit`, `end_tree`):
 
 - attention layers append the N tree nodes after the committed prefix through the stock `update`; the
   tree attention mask (built by the generate loop) keeps each node on its own root path. `commit` keeps the
@@ -35,17 +35,15 @@ from .layers import (
     StaticKVLayer,
     StaticKVMixin,
     StaticLinearKVLayer,
-    gather_slots,
     has_kv,
     is_linear,
-    kv_commit,
+    kv_keep,
     kv_crop,
     kv_length,
-    scatter_slots,
 )
 from .state import CacheSnapshot, PendingRecurrent, TreeState
 
-__all__ = ["HybridTreeCache"]
+__all__ = ["HybridTreeCache", "commit_paths", "right_aligned_index"]
 
 
 @dataclass
@@ -62,9 +60,9 @@ class HybridTreeCache(DynamicCache):
         static_length: if given, attention layers use preallocated buffers of this many tokens (prompt,
             generated tokens and one tree), for CUDA-graph capture; see `cursor`.
 
-    Tree lifecycle, for the eager path: `begin_tree` -> the model's forward (adapters `stash` their factors) ->
-    `commit(leaf, path)` or `abort()`. The static path splits the commit in two so that the part on the device can be
-    captured in a graph: `commit_on_device(...)` (fixed shapes, no host read) then `end_tree(committed_length)`.
+    Tree lifecycle: `begin_tree` -> the model's forward (adapters `stash` their factors) -> `commit(...)` (the part on
+    the device: fixed shapes, no host read, so a static runner captures it in a graph) then
+    `end_tree(committed_length)`, or `abort()`. `commit_paths` commits a dynamic cache from the accepted paths.
     """
 
     def __init__(self, config, static_length: int | None = None):
@@ -165,82 +163,30 @@ class HybridTreeCache(DynamicCache):
             raise RuntimeError(f"layer {layer_idx} has no committed state yet; prefill before verifying a tree")
         return layer.conv_states[state_idx], layer.recurrent_states[state_idx]
 
-    def commit(self, leaf: torch.Tensor, path: list[int] | None = None) -> None:
-        """Keep the root->leaf path of the pending tree and leave tree mode.
+    def commit(self, leaf: torch.Tensor, on_path: torch.Tensor, src: torch.Tensor,
+               dst: torch.Tensor | None = None) -> None:
+        """Keep each row's accepted path of the pending tree: each attention layer keeps its key slots `src` (each
+        layer as its kind does, `layers.kv_keep`), each recurrent layer rebuilds its state along `on_path`. Fixed
+        shapes and no host read (what a static runner captures in a CUDA graph); `end_tree` leaves tree mode after
+        (`commit_paths` does both from the paths on the host, for a dynamic cache).
 
-        leaf: [B] int64, the last accepted node per row (>= 0: the root itself is always committed).
-        path: optional, row 0's accepted nodes root first (node 0) down to `leaf`, as the verifier found them;
-            given, the commit reads nothing back from the device (no parent walk on the host).
+        Args:
+            leaf: [B] each row's last accepted node (the root is always accepted); -1 commits nothing: recurrent
+                states stay bit-identical, and a static layer's copies only write slots past the committed length
+                (a capture's warm-up relies on that).
+            on_path: [B, N] bool, each row's accepted nodes.
+            src: a dynamic cache's [B, S] slots of each row's committed tokens then its path, in order (the rows
+                end right-aligned in S slots, the slots before a row's tokens filler its mask hides); a static
+                cache's slots of the path's nodes in order ([n] for every row alike, or [B, n]), then filler.
+            dst: a static cache's slots those go to (after each row's committed tokens; the filler's copies land
+                past the committed length).
         """
         if self._book is None:
             raise RuntimeError("commit called outside tree mode")
-        book = self._book
-        parent = book.tree.parent
-        leaf = leaf.to(device=parent.device, dtype=torch.long)
-        if parent.shape[0] != 1:
-            raise NotImplementedError("committing trees with batch size > 1 is not supported yet")
-        if path is None:
-            if int(leaf.min()) < 0:
-                raise ValueError("leaf must be >= 0: the root of a verify tree is always accepted")
-            path = self._path(parent[0], int(leaf[0]))
-        else:
-            if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])):
-                raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
-            path = torch.tensor(path, dtype=torch.long, device=parent.device)
-        on_path = torch.zeros(parent.shape, dtype=torch.bool, device=parent.device)
-        on_path[0, path] = True
-        try:
-            for idx, layer in enumerate(self.layers):
-                if kv_length(layer) is not None:
-                    kv_commit(layer, book.tree.prefix_length, path.to(layer.keys.device))
-                self._commit_recurrent(idx, layer, leaf, on_path)
-        finally:
-            self._book = None
-
-    def commit_rows(self, paths: list[list[int]], valid: list[int]) -> int:
-        """Batched commit of a dynamic (eager) cache whose rows sit at different committed lengths: keep row b's
-        root->leaf `paths[b]` and leave tree mode. Returns the new number of key slots.
-
-        Layout (what the batched backend keeps): the attention layers hold S = `prefix_length` slots per row, row b's
-        `valid[b]` committed tokens in the last of them (the slots before are left padding or filler, masked); the
-        tree's N nodes follow. After the commit, row b's `valid[b] + len(paths[b])` tokens are again the last of
-        S' = max_b(valid[b] + len(paths[b])) slots: one gather per layer right-aligns every row, so rows that accept
-        fewer tokens leave no holes behind and S' never exceeds the longest row.
-
-        Args:
-            paths: per row, the accepted nodes root first (node 0) down to the leaf.
-            valid: per row, the committed tokens among the S slots before the tree.
-        """
-        if self._book is None:
-            raise RuntimeError("commit_rows called outside tree mode")
-        book = self._book
-        parent = book.tree.parent
-        b, n = parent.shape
-        if len(paths) != b or len(valid) != b:
-            raise ValueError(f"commit_rows needs one path and one valid count per row ({b}), got {len(paths)} and "
-                             f"{len(valid)}")
-        for path in paths:
-            if not path or path[0] != 0 or path[-1] >= n or any(y <= x for x, y in zip(path, path[1:])):
-                raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
-        prefix = book.tree.prefix_length
-        index = right_aligned_index(paths, valid, prefix)
-        on_path = torch.zeros(b, n, dtype=torch.bool)
-        for row, path in enumerate(paths):
-            on_path[row, path] = True
-        on_path = on_path.to(parent.device, non_blocking=True)
-        leaf = torch.tensor([path[-1] for path in paths], dtype=torch.long).to(parent.device, non_blocking=True)
-        try:
-            for idx, layer in enumerate(self.layers):
-                if kv_length(layer) is not None:
-                    if isinstance(layer, StaticKVMixin):
-                        raise NotImplementedError("commit_rows is for dynamic caches (the eager batched path)")
-                    where = index.to(layer.keys.device, non_blocking=True)
-                    layer.keys = gather_slots(layer.keys, where)
-                    layer.values = gather_slots(layer.values, where)
-                self._commit_recurrent(idx, layer, leaf, on_path)
-        finally:
-            self._book = None
-        return index.shape[1]
+        for idx, layer in enumerate(self.layers):
+            if kv_length(layer) is not None:
+                kv_keep(layer, src, dst)
+            self._commit_recurrent(idx, layer, leaf, on_path)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep batch rows `rows` ([R] int64, in the order given) of every layer, outside tree mode: the rows of a
@@ -258,34 +204,9 @@ class HybridTreeCache(DynamicCache):
                         if t is not None:
                             states[s] = t.index_select(0, rows.to(t.device))
 
-    def commit_on_device(self, leaf: torch.Tensor, on_path: torch.Tensor, src: torch.Tensor,
-                         dst: torch.Tensor) -> None:
-        """The device part of a commit, with fixed shapes and no host read (what a CUDA graph captures), for a cache
-        built with `static_length`: each attention layer's key / value slots `src` [n] (or [B, n], per row) are copied
-        to `dst` (the
-        accepted path's nodes in order, then filler whose copies land past the committed length), and each recurrent
-        layer's state is rebuilt along `on_path` [B, N]. The cache stays in tree mode: `end_tree` leaves it.
-
-        leaf: [B] accepted node per row; -1 commits nothing (recurrent states stay bit-identical, the copies only
-        write slots past the committed prefix): a capture's warm-up relies on that.
-        """
-        if self._book is None:
-            raise RuntimeError("commit_on_device called outside tree mode")
-        for idx, layer in enumerate(self.layers):
-            if isinstance(layer, StaticKVMixin) and layer.is_initialized:
-                s, d = src.to(layer.keys.device), dst.to(layer.keys.device)
-                # The reads are copies made first, so overlapping source and destination slots are safe.
-                if s.ndim == 2:  # [B, n]: each row's own slots (the batched runner)
-                    scatter_slots(layer.keys, d, gather_slots(layer.keys, s))
-                    scatter_slots(layer.values, d, gather_slots(layer.values, s))
-                else:
-                    layer.keys.index_copy_(2, d, layer.keys.index_select(2, s))
-                    layer.values.index_copy_(2, d, layer.values.index_select(2, s))
-            self._commit_recurrent(idx, layer, leaf, on_path)
-
     def end_tree(self, committed_length: int | None = None) -> None:
-        """Leave tree mode after `commit_on_device`: the static attention layers now hold `committed_length` tokens
-        (None: as before the tree, nothing committed)."""
+        """Leave tree mode after `commit`: the static attention layers now hold `committed_length` tokens (None: as
+        before the tree, nothing committed; a dynamic cache's layers hold what `commit` kept)."""
         if self._book is None:
             return
         length = self._book.tree.prefix_length if committed_length is None else committed_length
@@ -342,16 +263,6 @@ class HybridTreeCache(DynamicCache):
                 return True
         return False
 
-    @staticmethod
-    def _path(parent_row: torch.Tensor, leaf: int) -> torch.Tensor:
-        nodes = []
-        par = parent_row.tolist()
-        cur = leaf
-        while cur >= 0:
-            nodes.append(cur)
-            cur = par[cur]
-        return torch.tensor(nodes[::-1], dtype=torch.long, device=parent_row.device)
-
     def _commit_recurrent(self, layer_idx: int, layer, leaf: torch.Tensor, on_path: torch.Tensor) -> None:
         """Rebuild layer `layer_idx`'s conv window and recurrent state along the accepted path, in place (compiled
         graphs that captured the buffers' addresses stay valid). The tree op's output commits its own kind."""
@@ -384,3 +295,43 @@ def right_aligned_index(paths: list[list[int]], valid: list[int], prefix: int) -
     index = torch.where(t < counts, prefix - counts + t, from_tree)
     return torch.where(t < 0, 0, index)
 
+
+def commit_paths(cache: HybridTreeCache, paths: list[list[int]], valid: list[int]) -> int:
+    """Commit a dynamic cache's pending tree from each row's accepted path and leave tree mode. Returns the number of
+    key slots S' the attention layers hold after.
+
+    Layout (what the eager backends keep): the attention layers hold S = `prefix_length` slots per row, row b's
+    `valid[b]` committed tokens in the last of them (the slots before are left padding or filler, masked); the tree's
+    N nodes follow. After the commit, row b's `valid[b] + len(paths[b])` tokens are again the last of
+    S' = max_b(valid[b] + len(paths[b])) slots: one gather per layer right-aligns every row, so rows that accept fewer
+    tokens leave no holes behind and S' never exceeds the longest row. One row with `valid` = S keeps its slots in
+    place and appends its path.
+
+    Args:
+        paths: per row, the accepted nodes root first (node 0) down to the leaf, as the verifier found them.
+        valid: per row, the committed tokens among the S slots before the tree.
+    """
+    tree = cache.tree
+    if tree is None:
+        raise RuntimeError("commit_paths called outside tree mode")
+    if cache.is_static:
+        raise NotImplementedError("commit_paths is for dynamic caches; a static runner commits on the device")
+    b, n = tree.parent.shape
+    if len(paths) != b or len(valid) != b:
+        raise ValueError(f"commit_paths needs one path and one valid count per row ({b}), got {len(paths)} and "
+                         f"{len(valid)}")
+    for path in paths:
+        if not path or path[0] != 0 or path[-1] >= n or any(y <= x for x, y in zip(path, path[1:])):
+            raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
+    index = right_aligned_index(paths, valid, tree.prefix_length)
+    on_path = torch.zeros(b, n, dtype=torch.bool)
+    for row, path in enumerate(paths):
+        on_path[row, path] = True
+    device = tree.parent.device
+    leaf = torch.tensor([path[-1] for path in paths], dtype=torch.long)
+    try:
+        cache.commit(leaf.to(device, non_blocking=True), on_path.to(device, non_blocking=True),
+                     index.to(device, non_blocking=True))
+    finally:
+        cache.end_tree()
+    return index.shape[1]

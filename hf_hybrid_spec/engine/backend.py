@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..cache import CommittedState, HybridTreeCache, import_committed, zero_states
+from ..cache import CommittedState, HybridTreeCache, commit_paths, import_committed, zero_states
 from ..cache.layers import buffers_missing
 from ..drafters import BatchHidden, HistoryHidden, TargetHidden
 from ..forward import forward_tokens, forward_tree
@@ -178,7 +178,7 @@ class EagerBackend(TreeBackend):
         if self.hidden_layers:  # the path's rows only (no index copy for drafters that read none)
             index = torch.tensor(path).to(out.logits.device, non_blocking=True)
             hidden = target_hidden(out, self.hidden_layers, index)
-        self.cache.commit(torch.tensor([path[-1]]).to(self.model.device, non_blocking=True), path=path)
+        commit_paths(self.cache, [path], [self.valid])
         self.valid += len(path)
         return hidden
 
@@ -302,7 +302,7 @@ class BatchEagerBackend:
     Row b's committed tokens (its prompt without left padding, then what it generated, the root excepted) are the last
     `valid[b]` of the cache's `slots` key slots; the slots before them are masked (`key_valid`). Each step every row's
     tree (padded to the batch's widest with leaves nobody commits) runs in one forward, at positions counted from
-    `valid`; `commit` keeps each row's own path and right-aligns the rows again (`HybridTreeCache.commit_rows`).
+    `valid`; `commit` keeps each row's own path and right-aligns the rows again (`cache.commit_paths`).
     Finished rows leave the batch (`select_rows`).
 
     Args:
@@ -360,7 +360,7 @@ class BatchEagerBackend:
             states = tuple(out.hidden_states[i] for i in self.hidden_layers)
             n = states[0].shape[1]
             hidden = gather_paths(states, paths, [row * n for row in range(len(paths))], self.hidden_layers)
-        self.slots = self.cache.commit_rows(paths, self.valid)
+        self.slots = commit_paths(self.cache, paths, self.valid)
         self.valid = [v + len(p) for v, p in zip(self.valid, paths)]
         keep = torch.tensor(self.valid, dtype=torch.long)[:, None]
         self._key_valid = (torch.arange(self.slots)[None] >= self.slots - keep).to(self.model.device,

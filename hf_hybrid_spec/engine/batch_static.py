@@ -276,7 +276,7 @@ class BatchStaticRunner(Leased):
         # past the row's new committed length.
         at_depth = on_path[:, None, :] & (bucket.depth[:, None, :] == nodes.view(1, n, 1))  # [R, depth, node]
         order = at_depth.to(torch.int32).argmax(-1)
-        self.cache.commit_on_device(leaf, on_path, bucket.lengths[:, None] + order, bucket.write_pos)
+        self.cache.commit(leaf, on_path, bucket.lengths[:, None] + order, bucket.write_pos)
 
     def _forward_and_leave(self, bucket: _Bucket):
         try:

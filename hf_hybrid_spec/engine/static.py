@@ -324,7 +324,7 @@ class StaticTreeRunner(Leased):
         at_depth = on_path & (bucket.depth.view(1, n) == nodes.view(n, 1))  # [n (depth), n (node)]
         order = at_depth.to(torch.int32).argmax(-1)
         dst = bucket.write_pos
-        self.cache.commit_on_device(leaf, on_path, bucket.scalars[0] + order, dst)
+        self.cache.commit(leaf, on_path, bucket.scalars[0] + order, dst)
         if self.history is not None:
             # The path's hidden states by depth, at the positions its keys and values went to (rows past the leaf
             # land beyond the committed length, as there).

@@ -6,6 +6,7 @@ from hf_hybrid_spec.kernels import use_backend
 from transformers import DynamicCache
 
 from hf_hybrid_spec import HybridTreeCache, get_adapter
+from hf_hybrid_spec.cache import commit_paths
 from hf_hybrid_spec.forward import forward_tokens, forward_tree
 from hf_hybrid_spec.testing import TINY_FAMILIES, tiny_model
 from hf_hybrid_spec.tree import DraftTree, build_verify_tree
@@ -51,7 +52,7 @@ def test_tree_logits_and_commit_match_sequential(family, backend):
             torch.testing.assert_close(logits[path], ref, rtol=1e-4, atol=1e-4)
         leaf = leaves[len(leaves) // 2]
         path = tree.ancestors[0, leaf].nonzero().flatten()
-        cache.commit(torch.tensor([leaf]))
+        commit_paths(cache, [path.tolist()], [8])
         # After the commit the cache continues exactly like a stock cache fed the same tokens.
         seq = torch.cat([prompt[:, :-1], tree.tokens[:, path]], dim=1)
         ref_cache = DynamicCache(config=model.config)
@@ -112,14 +113,14 @@ def test_begin_tree_requires_prefill_and_matching_prefix():
 
 
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
-def test_commit_with_the_verifiers_path_equals_the_parent_walk(family):
+def test_a_path_that_does_not_go_down_from_the_root_is_refused_and_the_commit_after_it_is_exact(family):
     model = tiny_model(family)
     get_adapter(model)
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(2, 96, (1, 8), generator=gen)
     draft = random_tree(10, 4, 96, gen)
     snaps = []
-    for use_path in (False, True):
+    for refused_first in (False, True):
         with torch.no_grad():
             cache = HybridTreeCache(model.config)
             forward_tokens(model, prompt[:, :-1], cache, position_ids=torch.arange(7)[None])
@@ -127,12 +128,11 @@ def test_commit_with_the_verifiers_path_equals_the_parent_walk(family):
             forward_tree(model, tree, cache, prefix_length=7, root_position=torch.tensor([7]))
             leaf = tree.num_nodes - 1
             path = tree.ancestors[0, leaf].nonzero().flatten().tolist()
-            if use_path:
-                with pytest.raises(ValueError, match="path must start at the root"):
-                    cache.commit(torch.tensor([leaf]), path=path[1:])
-                cache.commit(torch.tensor([leaf]), path=path)
-            else:
-                cache.commit(torch.tensor([leaf]))
+            if refused_first:
+                for bad in (path[1:], path[::-1], [0, tree.num_nodes]):
+                    with pytest.raises(ValueError, match="path must start at the root"):
+                        commit_paths(cache, [bad], [7])
+            commit_paths(cache, [path], [7])
             snaps.append(cache.snapshot())
     assert snaps[0].kv_lengths == snaps[1].kv_lengths
     for key, t in snaps[0].recurrent_states.items():

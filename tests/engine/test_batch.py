@@ -7,6 +7,7 @@ import torch
 from helpers import RandomTreeDrafter, drafter_kwargs, load_fixture
 from transformers import (
     GenerationConfig,
+    LogitsProcessor,
     LogitsProcessorList,
     MaxLengthCriteria,
     StoppingCriteria,
@@ -63,6 +64,55 @@ def test_batch_greedy_matches_stock_for_every_family(family, compile_):
     stats = out.spec_stats
     assert len(stats.rows) == 3 and stats.target_forwards < 14
     assert sum(len(r.accepted_lengths) for r in stats.rows) == len(stats.accepted_lengths)
+
+
+class _ShiftFromLast(LogitsProcessor):
+    """A processor speculation does not know: lowers the score of the token after the ids' last one."""
+
+    def __call__(self, input_ids, scores):
+        return scores.scatter_add(1, (input_ids[:, -1:] + 1) % scores.shape[1], torch.full_like(scores[:, :1], -3.0))
+
+
+def processor_mix(model, ids, mask) -> dict:
+    """Generate kwargs with every kind of processor, built from what the rows generate without them (so each one
+    changes something): the model's eos held back by min_new_tokens, a repetition penalty, n-gram blocking, a
+    two-token bad word, a sequence bias, a suppressed token and a processor of the caller's own."""
+    plain = greedy(model, ids, mask, max_new_tokens=14, eos_token_id=None)[:, ids.shape[1] :].tolist()
+    return dict(max_new_tokens=14, eos_token_id=plain[0][3], min_new_tokens=6, repetition_penalty=1.2,
+                no_repeat_ngram_size=3, bad_words_ids=[plain[1][1:3]], sequence_bias={tuple(plain[2][2:4]): -2.0},
+                suppress_tokens=[plain[0][0]], logits_processor=LogitsProcessorList([_ShiftFromLast()]))
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_batch_greedy_with_every_kind_of_processor_matches_stock_for_every_family(family):
+    """Every row's nodes chosen at once with all of `processor_mix`'s processors, on the eager and the static path,
+    with the suffix drafter and random trees that follow each row's reference: token for token stock."""
+    model = tiny_model(family)
+    ids, mask = padded_batch([9, 14, 5], seed=2)
+    kw = processor_mix(model, ids, mask)
+    ref = greedy(model, ids, mask, **kw)
+    assert not torch.equal(ref, greedy(model, ids, mask, max_new_tokens=14, eos_token_id=kw["eos_token_id"]))
+    for compile_ in (False, True):
+        out = greedy(model, ids, mask, custom_generate=H.speculative_generate,
+                     assistant_config=H.AssistantConfig(global_cache=False, compile=compile_), **kw)
+        assert torch.equal(out, ref), compile_
+        drafters = [RandomTreeDrafter(96, reference=r, seed=b) for b, r in enumerate(row_references(ref, mask))]
+        out = greedy(model, ids, mask, custom_generate=H.speculative_generate, drafter=drafters,
+                     assistant_config=H.AssistantConfig(compile=compile_), **kw)
+        assert torch.equal(out, ref), compile_
+
+
+@pytest.mark.parametrize("name", ["ngram", "model", "eagle"])
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_batch_greedy_with_every_kind_of_processor_matches_stock_for_every_drafter(family, name):
+    model = tiny_model(family)
+    ids, mask = padded_batch([6, 11, 3, 8], seed=1)
+    kw = processor_mix(model, ids, mask)
+    ref = greedy(model, ids, mask, **kw)
+    for compile_ in (False, True):
+        out = greedy(model, ids, mask, custom_generate=H.speculative_generate,
+                     **drafter_kwargs(name, model, compile=compile_), **kw)
+        assert torch.equal(out, ref), compile_
 
 
 @pytest.mark.parametrize("compile_", [False, True], ids=["eager", "static"])

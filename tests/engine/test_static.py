@@ -5,6 +5,7 @@ import torch
 from helpers import RandomTreeDrafter, load_fixture
 
 import hf_hybrid_spec as H
+from hf_hybrid_spec.cache import commit_paths
 from hf_hybrid_spec.testing import tiny_model
 
 CUDA = torch.cuda.is_available()
@@ -292,10 +293,10 @@ def test_static_commit_matches_the_dynamic_commit(family):
         runner.abort()  # that commit also overwrote the tree's own slots: run the tree again
         runner.forward(tree, prefix, prefix)
         leaf = int(torch.randint(tree.num_nodes, (1,), generator=torch.Generator().manual_seed(seed)))
-        path = H.HybridTreeCache._path(tree.parent[0], leaf).tolist()
+        path = tree.ancestors[0, leaf].nonzero().flatten().tolist()
         runner.commit(path)
         forward_tree(model, tree, dynamic, prefix_length=prefix, root_position=torch.tensor([prefix]))
-        dynamic.commit(torch.tensor([leaf]), path=path)
+        commit_paths(dynamic, [path], [prefix])
         length = prefix + len(path)
         assert static.get_seq_length() == dynamic.get_seq_length() == length
         for a, b in zip(_committed(dynamic, length), _committed(static, length)):
