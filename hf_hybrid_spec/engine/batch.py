@@ -41,7 +41,7 @@ from ..kernels.tree import ancestor_mask
 from ..staging import device_busy
 from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
 from ..verification import (FirstToken, NodeContexts, RootContexts, StepInputs, batch_choices, choices_apply,
-                            make_verifier, process_tree_logits, row_processors)
+                            device_choice, make_verifier, process_tree_logits, row_processors)
 from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
 from .batch_static import BatchStaticBackend
 from .budget import DraftingPayoff, PlainRuns, VerifyCost, cached_cost, choose_batch, paying_width, time_forward
@@ -145,6 +145,8 @@ def decode_batch(request: Request):
         # (sampling, or greedy, with context-free processors); otherwise a batch verifies every step.
         choose = None if raw_greedy else _plain_choice(verifier, per_row, pads, kept, rec)
         choosable = raw_greedy or choose is not None
+        # The same rule on the device, for the pipelined step (sampling, context-free processors).
+        choice = None if raw_greedy or kept is not None else device_choice(verifier, processors)
         cost = _cost_model(config, backend, model, rows)
         if cost is not None:  # the widest tree that could pay even if every draft node were accepted
             node_budget = min(node_budget, paying_width(cost, rows, config.budget_slack, backend.widths) - 1)
@@ -154,10 +156,11 @@ def decode_batch(request: Request):
             # No draft can pay for its verification at this batch size: plain decode steps (`engine.plain`).
             plain_steps(backend, rec, running, gen.max_length, stats, row_stats, choose=choose)
             running = []
-        elif pipelines(drafter, backend, raw_greedy, node_budget):
+        elif pipelines(drafter, backend, raw_greedy or choice is not None, node_budget):
             # Drafting, verification and the commit on the device, one read per step (`engine.pipeline`).
-            run_pipelined(drafter, backend, rec, running, PipelineInputs(config, gen.max_length, cost, node_budget,
-                                                                         stats, row_stats))
+            run_pipelined(drafter, backend, rec, running, PipelineInputs(
+                config, gen.max_length, cost, node_budget, stats, row_stats, choice, getattr(verifier, "seed", None),
+                choose))
             running = []
 
         # ---- draft, budget, verify, commit, record

@@ -4,10 +4,11 @@ host reads each step's committed tokens once, while the device already drafts th
 The general batch step (`engine.batch`) reads every row's draft back to the host, budgets and lays out the trees
 there, and reads the verify forward's argmax back to walk them: two waits per step, with the device idle while the
 host works. For a drafter that drafts every row at once on the device (`supports_device`: EAGLE's batched expansion)
-with the captured batched runner and greedy verification over raw logits, one step here is
+with the captured batched runner and a rule that chooses on the device (greedy, or sampling by the keyed draw, with
+context-free processors: `verification.DeviceChoice`), one step here is
 
     select_device(drafts, width)         # each row's likeliest nodes within the width, laid out as verify trees
-    forward_device -> greedy_device      # the verify forward, then every row's accepted path (no host read)
+    forward_device -> greedy_device      # the verify forward, every node's choice, every row's accepted path
     commit_device(leaves)                # each row's path kept (KV copies, recurrent states rebuilt)
     drafter.accept_device(...)           # the drafter's steps for the committed tokens, from the path's hidden states
     drafts = drafter.propose_device()    # the next step's trees, queued before the host has read anything
@@ -23,7 +24,8 @@ so a drafting step verifies the width of most expected tokens per second with th
 drafting does not beat plain steps for a few steps in a row, the batch runs a bounded run of plain steps without the
 drafter (`engine.plain`), the drafter catches up on their tokens from the hidden states they kept, and the widest
 trees are verified again (runs double while the probes do not pay). Rows that stop keep their runner row and commit
-nothing. Every committed token is the target's greedy choice (`verification.greedy_device`), as in the general step.
+nothing. Every committed token is the rule's choice at its position (`verification.greedy_device` over the argmax or
+`DeviceChoice`'s draws), as in the general step: the same tokens.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from transformers.utils import logging
 
 from ..config import AssistantConfig
 from ..drafters import BatchDrafter
+from ..verification import DeviceChoice
 from .budget import AcceptanceByWidth, PlainRuns, VerifyCost, choose_width, time_forward
 from .outputs import SpecStats
-from .plain import plain_steps
+from .plain import Choose, plain_steps
 from .rows import BatchRecorder
 from .step_graphs import step_graphs
 
@@ -71,7 +74,9 @@ class PipelineInputs:
     Attributes:
         config: the resolved AssistantConfig. max_length: the generation's. cost: the verify cost model (None: every
             step at the widest tree the budget allows). node_budget: draft nodes per row at most. stats / row_stats:
-            the batch's and each row's statistics, appended to.
+            the batch's and each row's statistics, appended to. choice: the rule's choice at every node on the device
+            (None: greedy over raw logits); seed: a sampling call's; choose: the same rule for plain steps (None: the
+            argmax).
     """
 
     config: AssistantConfig
@@ -80,12 +85,15 @@ class PipelineInputs:
     node_budget: int
     stats: SpecStats
     row_stats: list[SpecStats]
+    choice: DeviceChoice | None = None
+    seed: int | None = None
+    choose: Choose | None = None
 
 
-def pipelines(drafter: BatchDrafter, backend, raw_greedy: bool, node_budget: int) -> bool:
-    """Whether a batch runs the pipelined step: a drafter with device drafting, the batched static runner, greedy
-    verification over raw logits (no processors), and drafts at all."""
-    return getattr(drafter, "supports_device", False) and backend.device_drafts and raw_greedy and node_budget > 0
+def pipelines(drafter: BatchDrafter, backend, on_device: bool, node_budget: int) -> bool:
+    """Whether a batch runs the pipelined step: a drafter with device drafting, the batched static runner, a rule
+    that chooses on the device (`on_device`: greedy over raw logits, or a `DeviceChoice`), and drafts at all."""
+    return getattr(drafter, "supports_device", False) and backend.device_drafts and on_device and node_budget > 0
 
 
 def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: list[int],
@@ -126,6 +134,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     # The step's select and accept passes (`engine.step_graphs`), captured per width on CUDA; each row's root
     # (its last committed token) lives there.
     graphs = step_graphs(runner, drafts, path, limits)
+    graphs.set_choice(inputs.choice, inputs.seed)
     graphs.roots.copy_(torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long))
     totals_host = torch.zeros(len(measured.widths), dtype=torch.long, pin_memory=pinned)  # and the step's totals
     extras = [draft_seconds]  # seconds beyond the verify forward, per drafting step (the timed draft first)
@@ -215,7 +224,7 @@ def _plain_run(drafter: BatchDrafter, backend, rec: BatchRecorder, running: list
     accept pass over the run's tokens and the hidden states of their inputs, `path` columns at a time (the width the
     drafting steps' pass has, so no new pass is captured). Returns the rows that still run."""
     run = plain_steps(backend, rec, running, inputs.max_length, inputs.stats, inputs.row_stats, max_steps=length,
-                      columns=length)
+                      columns=length, choose=inputs.choose)
     if not run.running:
         return []
     t0 = time.perf_counter()

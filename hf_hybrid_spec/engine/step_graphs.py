@@ -1,10 +1,11 @@
 """The pipelined step's small device ops, captured as CUDA graphs next to the runner's forward and commit.
 
 Around its captured verify forward and commit, one pipelined step (`engine.pipeline`) runs some hundred small
-PyTorch ops: the budget's selection of each row's nodes (`budget.select_device`), the greedy acceptance
-(`verification.greedy_device`), the gather of the accepted paths' hidden states, the acceptance by width and the
-packing of what the host reads. Launched one by one they cost the host about a millisecond per step and leave the
-device waiting between them (at B = 64 on the fixtures the step was host-bound; docs/benchmarks.md, "Batches").
+PyTorch ops: the budget's selection of each row's nodes (`budget.select_device`), the acceptance
+(`verification.greedy_device`, over the rule's choices where it samples or processes: `DeviceChoice`), the gather of
+the accepted paths' hidden states, the acceptance by width and the packing of what the host reads. Launched one by one
+they cost the host about a millisecond per step and leave the device waiting between them (at B = 64 on the fixtures
+the step was host-bound; docs/benchmarks.md, "Batches").
 Here they are two graphs per verify width, replayed around the runner's own:
 
     load(drafts)          # the drafter's [R, M] drafts into this object's buffers (four copies)
@@ -29,7 +30,7 @@ import torch
 from ..graphs import GraphPasses
 from ..staging import HostStaging
 from ..tree import DeviceDrafts
-from ..verification import greedy_device
+from ..verification import DeviceChoice, greedy_device
 from .budget import accepted_by_width, select_device
 
 __all__ = ["NO_RANK", "AcceptOutputs", "StepGraphs", "step_graphs"]
@@ -85,6 +86,9 @@ class StepGraphs(GraphPasses):
         self.flags = torch.zeros(2 * rows, dtype=torch.long, device=self.device)  # caps, then running (0/1)
         self.flags_staging = HostStaging(2 * rows, self.device)
         self.roots = torch.zeros(rows, dtype=torch.long, device=self.device)
+        # The rule's choice at every node (None: the argmax) and, for the keyed draw, the call's seed (`set_choice`).
+        self.choice: DeviceChoice | None = None
+        self.seed = torch.zeros(1, dtype=torch.long, device=self.device)
         self._selected: tuple[torch.Tensor, torch.Tensor] | None = None  # the last select's count [R], rank [R, W]
 
     def matches(self, drafts: DeviceDrafts, path: int, limits: torch.Tensor) -> bool:
@@ -106,6 +110,12 @@ class StepGraphs(GraphPasses):
         self.flags_staging.host().copy_(torch.tensor(caps + [int(r) for r in running], dtype=torch.long))
         self.flags_staging.send(self.flags)
 
+    def set_choice(self, choice: DeviceChoice | None, seed: int | None) -> None:
+        """The call's rule (None: greedy over raw logits) and its seed (a sampling call's, else None)."""
+        self.choice = choice
+        if seed is not None:
+            self.seed.fill_(seed)
+
     def select(self, width: int) -> None:
         """Each row's likeliest nodes within `width` into the tree buffers of the bucket that verifies `width`."""
         self._selected = self._run(("select", width), lambda: self._select(width))
@@ -113,7 +123,8 @@ class StepGraphs(GraphPasses):
     def accept(self, width: int) -> AcceptOutputs:
         """After the bucket's forward: every row's accepted path (see `AcceptOutputs`); the bucket's leaves are set
         for the runner's commit."""
-        return self._run(("accept", width), lambda: self._accept(width))
+        key = None if self.choice is None else self.choice.key
+        return self._run(("accept", width, key), lambda: self._accept(width))
 
     # ------------------------------------------------------------------ the bodies (graph-safe, idempotent)
     def _select(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,8 +146,11 @@ class StepGraphs(GraphPasses):
         running = self.flags[rows:].bool()
         n = bucket.n
         valid = torch.arange(n, device=self.device) <= count.unsqueeze(1)
+        best = None
+        if self.choice is not None:  # each node's token's position: its row's root position + 1 + its depth
+            best = self.choice.choose(bucket.out.logits, self.seed, bucket.roots.unsqueeze(1) + 1 + bucket.depth)
         accepted = greedy_device(bucket.tokens, bucket.parent, bucket.anc, bucket.depth, valid, running,
-                                 bucket.out.logits)
+                                 bucket.out.logits, best)
         bucket.leaf.copy_(accepted.leaf)
         order = accepted.order[:, :path]
         hidden = ()

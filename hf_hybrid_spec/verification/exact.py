@@ -46,7 +46,7 @@ from .noise import draw_seed, keyed_choice, to_device
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
            "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE", "POSITIONAL", "IDS_READING",
            "TOKEN_BIAS", "ALIGNED", "FILL", "NodeContexts", "RootContexts", "greedy_device", "DeviceAcceptance",
-           "from_config"]
+           "DeviceChoice", "device_choice", "from_config"]
 
 logger = logging.get_logger(__name__)
 
@@ -481,19 +481,23 @@ class DeviceAcceptance:
 
 
 def greedy_device(tokens: torch.Tensor, parent: torch.Tensor, ancestors: torch.Tensor, depth: torch.Tensor,
-                  valid: torch.Tensor, running: torch.Tensor, logits: torch.Tensor) -> DeviceAcceptance:
+                  valid: torch.Tensor, running: torch.Tensor, logits: torch.Tensor,
+                  best: torch.Tensor | None = None) -> DeviceAcceptance:
     """Greedy verification of R trees at once with fixed shapes and no host read (a CUDA graph can hold it, and the
     commit can follow without waiting for the host). Node j of row r is accepted when its token is the target's argmax
     at its parent and every node above it is accepted; each row keeps its deepest accepted node (the lowest index
     among equally deep ones: siblings with one token commit the same tokens). Exact for any tree, as `greedy_walk`.
+    With `best` (the rule's choice at every node, `DeviceChoice`) in place of the argmax, the walk is that rule's.
 
     Args:
         tokens, parent: [R, N] the verify trees (root first, parent[:, 0] = -1). ancestors: [R, N, N] bool, node j on
             node i's root path (itself included); depth: [R, N]. valid: [R, N] the real nodes. running: [R] bool, the
-            rows that commit. logits: [R, N, V] the verify forward's.
+            rows that commit. logits: [R, N, V] the verify forward's. best: [R, N] the token chosen at each node
+            (None: the logits' argmax).
     """
     rows, n = tokens.shape
-    best = logits.argmax(dim=-1)  # [R, N]
+    if best is None:
+        best = logits.argmax(dim=-1)  # [R, N]
     nodes = torch.arange(n, device=tokens.device)
     match = ((tokens == best.gather(1, parent.clamp(min=0))) & valid & (parent >= 0)) | (nodes == 0)
     accepted = ~(ancestors & ~match.unsqueeze(1)).any(-1)  # every node on the root path matches
@@ -507,6 +511,62 @@ def greedy_device(tokens: torch.Tensor, parent: torch.Tensor, ancestors: torch.T
     new = new.scatter(1, (length - 1).unsqueeze(1), best.gather(1, leaf.unsqueeze(1)))
     return DeviceAcceptance(leaf=torch.where(running, leaf, -1), order=order,
                             length=torch.where(running, length, 0), tokens=new)
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """The exact rule's choice at every node of every row with fixed shapes and no host read (what the pipelined
+    step's captured accept pass holds): the argmax, or the keyed draw (`noise`) with the seed and each node's position
+    on the device, of the scores after context-free processors (`CONTEXT_FREE`, applied to every node at once). Made
+    by `device_choice`.
+
+    Attributes:
+        processors: the call's processors, each context-free, in order.
+        sample: the keyed draw (else the argmax).
+        key: what tells captured passes apart: `sample` and each processor's type and settings (a captured pass holds
+            them as constants).
+    """
+
+    processors: tuple
+    sample: bool
+    key: tuple
+
+    def choose(self, logits: torch.Tensor, seed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """logits [R, N, V]; seed [1] int64 the call's, on the device; positions [R, N] int64 each node's token's
+        position (its row's length without padding, root included, plus its depth) -> [R, N] int64 the choices, as
+        `batch_choices` makes them."""
+        r, n, v = logits.shape
+        scores = logits.reshape(r * n, v).to(torch.float32, copy=True)
+        for processor in self.processors:
+            scores = processor(torch.empty((r * n, 0), dtype=torch.long, device=scores.device), scores)
+        if not self.sample:
+            return scores.argmax(dim=-1).view(r, n)
+        rows = torch.arange(r, device=positions.device).repeat_interleave(n)
+        return keyed_choice(scores, seed.to(positions.device), rows, positions.reshape(-1)).view(r, n)
+
+
+def device_choice(verifier, processors) -> DeviceChoice | None:
+    """The `DeviceChoice` of a call's rule and processors, where there is one: the exact rule (greedy or the keyed
+    draw) with context-free processors only. None otherwise (the general step decides)."""
+    processors = tuple(processors or ())
+    if type(verifier) is not ExactVerifier or not all(_context_free(p) for p in processors):
+        return None
+    return DeviceChoice(processors, verifier.do_sample,
+                        (verifier.do_sample,) + tuple(_settings(p) for p in processors))
+
+
+def _settings(processor) -> tuple:
+    """A processor's type and attributes as a hashable key (tensors by their values)."""
+    def plain(value):
+        if isinstance(value, torch.Tensor):
+            return tuple(value.flatten().tolist())
+        if isinstance(value, (list, tuple)):
+            return tuple(plain(v) for v in value)
+        if isinstance(value, dict):
+            return tuple(sorted((repr(k), plain(v)) for k, v in value.items()))
+        return value if isinstance(value, (int, float, str, bool, type(None))) else repr(value)
+
+    return (type(processor).__name__,) + tuple((k, plain(v)) for k, v in sorted(vars(processor).items()))
 
 
 def verify_sampling(tree: VerifyTree, scores: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:

@@ -647,3 +647,40 @@ def test_the_step_passes_write_the_same_when_run_twice_as_a_capture_warm_up_runs
     backend.abort()
     other = random_trees(3, 5, 3, seed=4)
     assert step_graphs(backend.runner, other, 4, limits) is not graphs  # another shape: buffers of its own
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_the_pipelined_step_samples_what_the_general_step_samples(family, monkeypatch):
+    """Sampling (temperature, top-k, top-p) through the pipelined step: every node's keyed draw made on the device
+    (`verification.DeviceChoice`) is the general step's, so after the same seed the output is the general step's,
+    token for token; drafts that follow that output are accepted deep (the draws agree node by node). Plain runs
+    inside the pipelined step sample the same tokens too."""
+    import hf_hybrid_spec.engine.batch as B
+
+    model = tiny_model(family)
+    ids, mask = padded_batch([9, 14, 5, 11], seed=6)
+    kw = dict(attention_mask=mask, pad_token_id=PAD, max_new_tokens=18, eos_token_id=None, do_sample=True,
+              temperature=0.8, top_k=20, top_p=0.9, custom_generate=H.speculative_generate,
+              return_dict_in_generate=True)
+    config = H.AssistantConfig(compile=True, max_draft_tokens=10, max_depth=4)
+    real = B.pipelines
+    monkeypatch.setattr(B, "pipelines", lambda *a: False)
+    torch.manual_seed(5)
+    ref = model.generate(ids, assistant_config=config, **kw).sequences
+    monkeypatch.setattr(B, "pipelines", real)
+    ran = []
+    original = B.run_pipelined
+    monkeypatch.setattr(B, "run_pipelined", lambda *a, **k: ran.append(1) or original(*a, **k))
+    torch.manual_seed(5)
+    out = model.generate(ids, drafter=ReferenceDrafter(row_references(ref, mask), seed=1), assistant_config=config,
+                         **kw)
+    assert ran and torch.equal(out.sequences, ref)
+    assert out.spec_stats.mean_accepted_length > 1.5 and max(out.spec_stats.accepted_lengths) >= 4
+    # Drafts that never hold, under a cost model where drafting must pay: the batch runs plain steps, which draw
+    # the same tokens.
+    steep = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.8, 3.6, 7.2, 14.4])
+    monkeypatch.setattr(B, "_cost_model", lambda *args: steep)
+    wrong = [(row + 1) % VOCAB for row in row_references(ref, mask)]
+    torch.manual_seed(5)
+    out = model.generate(ids, drafter=ReferenceDrafter(wrong, seed=6), assistant_config=config, **kw)
+    assert torch.equal(out.sequences, ref) and out.spec_stats.plain_steps > 0
