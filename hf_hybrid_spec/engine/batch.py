@@ -160,7 +160,7 @@ def decode_batch(request: Request):
             # Drafting, verification and the commit on the device, one read per step (`engine.pipeline`).
             run_pipelined(drafter, backend, rec, running, PipelineInputs(
                 config, gen.max_length, cost, node_budget, stats, row_stats, choice, getattr(verifier, "seed", None),
-                choose))
+                choose, pads))
             running = []
 
         # ---- draft, budget, verify, commit, record

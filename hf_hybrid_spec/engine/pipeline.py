@@ -76,7 +76,7 @@ class PipelineInputs:
             step at the widest tree the budget allows). node_budget: draft nodes per row at most. stats / row_stats:
             the batch's and each row's statistics, appended to. choice: the rule's choice at every node on the device
             (None: greedy over raw logits); seed: a sampling call's; choose: the same rule for plain steps (None: the
-            argmax).
+            argmax); pads: each row's left padding (None: none).
     """
 
     config: AssistantConfig
@@ -88,6 +88,7 @@ class PipelineInputs:
     choice: DeviceChoice | None = None
     seed: int | None = None
     choose: Choose | None = None
+    pads: list[int] | None = None
 
 
 def pipelines(drafter: BatchDrafter, backend, on_device: bool, node_budget: int) -> bool:
@@ -134,7 +135,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     # The step's select and accept passes (`engine.step_graphs`), captured per width on CUDA; each row's root
     # (its last committed token) lives there.
     graphs = step_graphs(runner, drafts, path, limits)
-    graphs.set_choice(inputs.choice, inputs.seed)
+    graphs.set_choice(inputs.choice, inputs.seed, inputs.pads or [0] * rows)
     graphs.roots.copy_(torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long))
     totals_host = torch.zeros(len(measured.widths), dtype=torch.long, pin_memory=pinned)  # and the step's totals
     extras = [draft_seconds]  # seconds beyond the verify forward, per drafting step (the timed draft first)

@@ -86,9 +86,11 @@ class StepGraphs(GraphPasses):
         self.flags = torch.zeros(2 * rows, dtype=torch.long, device=self.device)  # caps, then running (0/1)
         self.flags_staging = HostStaging(2 * rows, self.device)
         self.roots = torch.zeros(rows, dtype=torch.long, device=self.device)
-        # The rule's choice at every node (None: the argmax) and, for the keyed draw, the call's seed (`set_choice`).
+        # The rule's choice at every node (None: the argmax), the call's seed (the keyed draw's) and each row's left
+        # padding, which stock's positional processors count (`set_choice`).
         self.choice: DeviceChoice | None = None
         self.seed = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.pads = torch.zeros(rows, 1, dtype=torch.long, device=self.device)
         self._selected: tuple[torch.Tensor, torch.Tensor] | None = None  # the last select's count [R], rank [R, W]
 
     def matches(self, drafts: DeviceDrafts, path: int, limits: torch.Tensor) -> bool:
@@ -110,11 +112,13 @@ class StepGraphs(GraphPasses):
         self.flags_staging.host().copy_(torch.tensor(caps + [int(r) for r in running], dtype=torch.long))
         self.flags_staging.send(self.flags)
 
-    def set_choice(self, choice: DeviceChoice | None, seed: int | None) -> None:
-        """The call's rule (None: greedy over raw logits) and its seed (a sampling call's, else None)."""
+    def set_choice(self, choice: DeviceChoice | None, seed: int | None, pads: list[int]) -> None:
+        """The call's rule (None: greedy over raw logits), its seed (a sampling call's, else None) and each runner
+        row's left padding."""
         self.choice = choice
         if seed is not None:
             self.seed.fill_(seed)
+        self.pads.copy_(torch.tensor(pads, dtype=torch.long).view(-1, 1))
 
     def select(self, width: int) -> None:
         """Each row's likeliest nodes within `width` into the tree buffers of the bucket that verifies `width`."""
@@ -147,8 +151,11 @@ class StepGraphs(GraphPasses):
         n = bucket.n
         valid = torch.arange(n, device=self.device) <= count.unsqueeze(1)
         best = None
-        if self.choice is not None:  # each node's token's position: its row's root position + 1 + its depth
-            best = self.choice.choose(bucket.out.logits, self.seed, bucket.roots.unsqueeze(1) + 1 + bucket.depth)
+        if self.choice is not None:
+            # Each node's token's position (its row's root position + 1 + its depth) and the length of the ids stock
+            # sees there (that, padding included).
+            positions = bucket.roots.unsqueeze(1) + 1 + bucket.depth
+            best = self.choice.choose(bucket.out.logits, self.seed, positions, positions + self.pads)
         accepted = greedy_device(bucket.tokens, bucket.parent, bucket.anc, bucket.depth, valid, running,
                                  bucket.out.logits, best)
         bucket.leaf.copy_(accepted.leaf)

@@ -272,17 +272,10 @@ def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor, contexts
         seen = contexts.presence(rows, n, ignore, scores.shape[-1], scores.device)
         penalty = processor.penalty
         return torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
-    if type(processor) is _lp.MinLengthLogitsProcessor:
-        active = ids_length < processor.min_length
-    else:  # MinNewTokensLengthLogitsProcessor
-        active = ids_length - processor.prompt_length_to_skip < processor.min_new_tokens
-    if not bool(active.any()):
+    active = _before_bound(processor, ids_length)
+    if not bool(active.any()):  # (past the bound, a step launches nothing for it)
         return scores
-    vocab = torch.arange(scores.shape[-1], device=scores.device)
-    eos = torch.isin(vocab, processor.eos_token_id.to(scores.device))[None, :]
-    if not bool(active.all()):
-        eos = eos & to_device(active, scores.device)[:, None]
-    return torch.where(eos, -math.inf, scores)
+    return _without_eos(processor, scores, None if bool(active.all()) else to_device(active, scores.device))
 
 
 def _process_contexts(processor, scores: torch.Tensor, ids_length: torch.Tensor,
@@ -517,11 +510,11 @@ def greedy_device(tokens: torch.Tensor, parent: torch.Tensor, ancestors: torch.T
 class DeviceChoice:
     """The exact rule's choice at every node of every row with fixed shapes and no host read (what the pipelined
     step's captured accept pass holds): the argmax, or the keyed draw (`noise`) with the seed and each node's position
-    on the device, of the scores after context-free processors (`CONTEXT_FREE`, applied to every node at once). Made
-    by `device_choice`.
+    on the device, of the scores after context-free (`CONTEXT_FREE`) and positional (`POSITIONAL`: from each node's
+    ids length on the device) processors, applied to every node at once. Made by `device_choice`.
 
     Attributes:
-        processors: the call's processors, each context-free, in order.
+        processors: the call's processors, each context-free or positional, in order.
         sample: the keyed draw (else the argmax).
         key: what tells captured passes apart: `sample` and each processor's type and settings (a captured pass holds
             them as constants).
@@ -531,14 +524,19 @@ class DeviceChoice:
     sample: bool
     key: tuple
 
-    def choose(self, logits: torch.Tensor, seed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def choose(self, logits: torch.Tensor, seed: torch.Tensor, positions: torch.Tensor,
+               ids_length: torch.Tensor) -> torch.Tensor:
         """logits [R, N, V]; seed [1] int64 the call's, on the device; positions [R, N] int64 each node's token's
-        position (its row's length without padding, root included, plus its depth) -> [R, N] int64 the choices, as
+        position (its row's length without padding, root included, plus its depth); ids_length [R, N] int64 the
+        length of the ids stock's processors see there (padding included) -> [R, N] int64 the choices, as
         `batch_choices` makes them."""
         r, n, v = logits.shape
         scores = logits.reshape(r * n, v).to(torch.float32, copy=True)
         for processor in self.processors:
-            scores = processor(torch.empty((r * n, 0), dtype=torch.long, device=scores.device), scores)
+            if type(processor) in POSITIONAL:
+                scores = _positional(processor, scores, ids_length.reshape(-1))
+            else:
+                scores = processor(torch.empty((r * n, 0), dtype=torch.long, device=scores.device), scores)
         if not self.sample:
             return scores.argmax(dim=-1).view(r, n)
         rows = torch.arange(r, device=positions.device).repeat_interleave(n)
@@ -547,12 +545,32 @@ class DeviceChoice:
 
 def device_choice(verifier, processors) -> DeviceChoice | None:
     """The `DeviceChoice` of a call's rule and processors, where there is one: the exact rule (greedy or the keyed
-    draw) with context-free processors only. None otherwise (the general step decides)."""
+    draw) with context-free and positional processors only. None otherwise (the general step decides)."""
     processors = tuple(processors or ())
-    if type(verifier) is not ExactVerifier or not all(_context_free(p) for p in processors):
+    if type(verifier) is not ExactVerifier or not all(_context_free(p) or type(p) in POSITIONAL for p in processors):
         return None
     return DeviceChoice(processors, verifier.do_sample,
                         (verifier.do_sample,) + tuple(_settings(p) for p in processors))
+
+
+def _positional(processor, scores: torch.Tensor, ids_length: torch.Tensor) -> torch.Tensor:
+    """A `POSITIONAL` processor with fixed shapes and no host read: the eos tokens removed at every node whose ids
+    length (`ids_length` [M] on the device) is before its bound."""
+    return _without_eos(processor, scores, _before_bound(processor, ids_length).to(scores.device))
+
+
+def _before_bound(processor, ids_length: torch.Tensor) -> torch.Tensor:
+    """[M] bool: where a `POSITIONAL` processor removes the eos tokens (ids of `ids_length` before its bound)."""
+    if type(processor) is _lp.MinLengthLogitsProcessor:
+        return ids_length < processor.min_length
+    return ids_length - processor.prompt_length_to_skip < processor.min_new_tokens  # MinNewTokensLength...
+
+
+def _without_eos(processor, scores: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+    """scores [M, V] with the processor's eos tokens at -inf in the rows `active` [M] (None: every row)."""
+    vocab = torch.arange(scores.shape[-1], device=scores.device)
+    eos = torch.isin(vocab, processor.eos_token_id.to(scores.device))[None, :]
+    return torch.where(eos if active is None else eos & active[:, None], -math.inf, scores)
 
 
 def _settings(processor) -> tuple:

@@ -684,3 +684,22 @@ def test_the_pipelined_step_samples_what_the_general_step_samples(family, monkey
     torch.manual_seed(5)
     out = model.generate(ids, drafter=ReferenceDrafter(wrong, seed=6), assistant_config=config, **kw)
     assert torch.equal(out.sequences, ref) and out.spec_stats.plain_steps > 0
+
+
+def test_the_pipelined_step_holds_the_eos_back_as_min_new_tokens_asks(monkeypatch):
+    """Greedy with the model's eos held back by `min_new_tokens` (a positional processor, applied on the device from
+    each node's ids length): through the pipelined step, token for token stock."""
+    import hf_hybrid_spec.engine.batch as B
+
+    model = tiny_model("qwen3_5_text")
+    ids, mask = padded_batch([7, 12, 4], seed=2)
+    plain = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=None)
+    eos = int(plain[0, ids.shape[1] + 2])
+    kw = dict(max_new_tokens=16, eos_token_id=eos, min_new_tokens=9)
+    ref = greedy(model, ids, mask, **kw)
+    assert not torch.equal(ref, greedy(model, ids, mask, max_new_tokens=16, eos_token_id=eos))
+    real = B.device_choice
+    made = []
+    monkeypatch.setattr(B, "device_choice", lambda *a: made.append(real(*a)) or made[-1])
+    out = generate_with(model, ids, mask, ReferenceDrafter(row_references(ref, mask), seed=2), **kw)
+    assert torch.equal(out.sequences, ref) and made and made[0] is not None
