@@ -26,7 +26,9 @@
 #             the machine's CPUs with replicas of one core each (one replica, two with affinity routing, two in turn),
 #             and on its GPU (hf-hybrid-spec-serve alone against one replica); the fixture's config and tokenizer with
 #             random weights (seed 0: its text is noise, its costs the fixture's). CLUSTER_STAGES="cpu gpu" by
-#             default; CPU_ARGS / GPU_ARGS more bench flags, CPU_SECONDS / GPU_SECONDS the bounds
+#             default, but each stage fills a device call: run CLUSTER_STAGES=cpu and =gpu as two calls (on one core a
+#             replica's run of 24 sessions took ~3.5 min, so the CPU stage runs 16 sessions of 24 new tokens);
+#             CPU_ARGS / GPU_ARGS more bench flags, CPU_SECONDS / GPU_SECONDS the bounds
 #   (batch and serve: WITH_BASE=1 runs the same bench again with the code of .carry/base, after
 #    `bash scripts/device_prepare.sh FIXTURE BASE_REF`: an A/B of two commits within one lease)
 set -uo pipefail
@@ -143,10 +145,10 @@ for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"
     shutil.copy(f".carry/cluster/fixture/{name}", "/tmp/cluster_model")
 PY
     S=" ${CLUSTER_STAGES:-cpu gpu} "
-    [[ "$S" == *" cpu "* ]] && TAILN=8 run "${CPU_SECONDS:-330}" cluster_cpu python3 benchmarks/cluster_bench.py \
-        --model /tmp/cluster_model --device cpu --dtype float32 --replica-cpus 1 --sessions 24 --rates 2 \
-        --max-new-tokens 32 --runs 1 affinity round_robin ${CPU_ARGS:-} --out "$OUT/cluster_cpu"
-    [[ "$S" == *" gpu "* ]] && TAILN=8 run "${GPU_SECONDS:-240}" cluster_gpu python3 benchmarks/cluster_bench.py \
+    [[ "$S" == *" cpu "* ]] && TAILN=8 run "${CPU_SECONDS:-540}" cluster_cpu python3 benchmarks/cluster_bench.py \
+        --model /tmp/cluster_model --device cpu --dtype float32 --replica-cpus 1 --sessions 16 --rates 2 \
+        --max-new-tokens 24 --runs 1 affinity round_robin ${CPU_ARGS:-} --out "$OUT/cluster_cpu"
+    [[ "$S" == *" gpu "* ]] && TAILN=8 run "${GPU_SECONDS:-540}" cluster_gpu python3 benchmarks/cluster_bench.py \
         --model /tmp/cluster_model --device cuda --dtype bfloat16 --sessions 48 --rates 16 --max-new-tokens 64 \
         --runs server 1 ${GPU_ARGS:-} --out "$OUT/cluster_gpu"
     true ;;

@@ -8,8 +8,9 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 if [ "$1" = cluster ]; then
-  # Ray Serve and the dependencies the machine's image lacks, for its Python 3.12, unpacked, trimmed (Java jars,
-  # RLlib, Tune, Train, Data, LLM, the dashboard's web client) and compressed, with the fixture's config and tokenizer.
+  # Ray Serve and the dependencies the machine's image lacks (grpcio-reflection at the image's grpcio, 1.84), for its
+  # Python 3.12, unpacked, trimmed (Java jars, RLlib, Tune, Train, Data, LLM, the dashboard's web client) and
+  # compressed, with the fixture's config and tokenizer.
   # Ray's wheel alone is 79 MB and a call carries at most 64 MiB, the tracked files included: no room for the
   # fixture's weights, so the cluster suite runs the fixture's architecture with random weights (made on the machine).
   FIX=${2:-qwen3_5-small}
@@ -21,7 +22,7 @@ if [ "$1" = cluster ]; then
       typing-inspection uvicorn jsonschema jsonschema-specifications referencing rpds-py aiohttp-cors colorful \
       watchfiles mmh3 aiorwlock opencensus opencensus-context smart_open virtualenv distlib platformdirs \
       opentelemetry-api opentelemetry-sdk opentelemetry-proto opentelemetry-exporter-prometheus \
-      opentelemetry-semantic-conventions grpcio-reflection google-api-core googleapis-common-protos proto-plus \
+      opentelemetry-semantic-conventions "grpcio-reflection==1.84.0" google-api-core googleapis-common-protos proto-plus \
       google-auth cachetools pyasn1 pyasn1-modules rsa importlib-metadata 2>&1 | grep -v WARN || true
   mkdir -p "$work/site"
   for w in "$work"/whl/*.whl; do unzip -qo "$w" -d "$work/site"; done
