@@ -129,3 +129,28 @@ def test_a_padded_batch_with_processors_that_read_the_ids_chooses_at_once_and_is
                              assistant_config=H.AssistantConfig(compile=compile_), **kw)
         assert torch.equal(got, expected), compile_
     assert chosen and all(c is not None for c in chosen)
+
+
+def test_a_device_choice_is_told_apart_by_its_settings():
+    """A captured accept pass holds its rule's settings as constants: calls whose rules or processors differ get
+    different keys (so a pass captured for one is never replayed for the other), equal ones the same key; processors
+    that read the ids have no device choice."""
+    from transformers import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
+
+    from hf_hybrid_spec.verification import device_choice
+
+    def key(verifier, *procs):
+        choice = device_choice(verifier, LogitsProcessorList(procs))
+        return None if choice is None else choice.key
+
+    sampler = ExactVerifier(True, seed=1)
+    base = key(sampler, TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.95))
+    assert base == key(ExactVerifier(True, seed=2), TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.95))
+    assert base != key(sampler, TemperatureLogitsWarper(0.8), TopPLogitsWarper(0.95))
+    assert base != key(sampler, TopPLogitsWarper(0.95), TemperatureLogitsWarper(0.7))
+    assert base != key(ExactVerifier(False), TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.95))
+    eos = torch.tensor([4])
+    assert key(ExactVerifier(False), MinNewTokensLengthLogitsProcessor(5, 3, eos)) != key(
+        ExactVerifier(False), MinNewTokensLengthLogitsProcessor(5, 4, eos))
+    assert key(sampler, RepetitionPenaltyLogitsProcessor(1.1)) is None
+    assert key(sampler, PenalizeLast()) is None
