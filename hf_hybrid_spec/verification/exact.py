@@ -96,7 +96,7 @@ POSITIONAL = (_lp.MinLengthLogitsProcessor, _lp.MinNewTokensLengthLogitsProcesso
 # penalty, or multiplied where it is negative).
 IDS_READING = (RepetitionPenaltyLogitsProcessor,)
 # `sequence_bias` and `bad_words_ids` whose sequences are all one token long bias (or remove) those tokens wherever
-# they come, whatever the ids before: context-free then (longer sequences match the ids' end: row by row).
+# they come, whatever the ids before: context-free then (longer sequences match the ids' end: `ALIGNED` below).
 TOKEN_BIAS = (_lp.SequenceBiasLogitsProcessor, _lp.NoBadWordsLogitsProcessor)
 # Processors that read the ids before a node and give stock's output at every node when handed all the nodes'
 # contexts in one call, right-aligned in an [M, W] tensor with FILL before each (no token equals FILL): they match
@@ -254,6 +254,7 @@ class _Aligned:
 
 
 def _longest_sequence(processor) -> int:
+    """The longest sequence a `TOKEN_BIAS` processor matches."""
     return max((len(ids) for ids in processor.sequence_bias), default=0)
 
 
