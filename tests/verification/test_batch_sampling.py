@@ -18,7 +18,7 @@ V = 8
 PAD = 1
 PROMPTS = ([2, 5, 3, 7, 2, 5, 3], [4, 6, 3, 4])  # the second left-padded to the first's length
 COPIES = 32  # rows per prompt in each call (each row draws with its own key)
-CALLS = 250  # 8,000 samples per prompt
+CALLS = 150  # 4,800 samples per prompt
 
 PRESETS = {
     # (generate kwargs, the processors stock builds from them for a row behind `padding` pad tokens, in its order:
