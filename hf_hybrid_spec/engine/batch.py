@@ -438,21 +438,25 @@ def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_
     row's index in its batch, for the rule (default: its place in `row_ids`).
 
     Where the rule's choice at a node needs that node's scores, place and context alone (`verification.batch_choices`:
-    the exact rule with the processors it knows, such as sampling with temperature / top-k / top-p, min_new_tokens,
-    a repetition penalty), every row's choices are made at once and walked as greedy's argmax is: one host read for
-    the batch."""
+    the exact rule, with any processors), every row's choices are made at once and walked as greedy's argmax is: one
+    host read for the batch (`chosen` from the same pass)."""
     if raw_greedy:
         return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
     sampled = drafts.drafts is not None and any(d.probs is not None for d in drafts.drafts)
-    if chosen is None and hidden is None and choices_apply(verifier, processors, sampled, contexts=True):
+    if hidden is None and choices_apply(verifier, processors, sampled, contexts=True):
         # The logits may be cut to the widest row's nodes (a caller's slice) or padded past them (a bucket).
         n = min(logits.shape[1], 1 + drafts.tokens.shape[1])
         lengths = torch.tensor([ids.shape[1] - (pads[i] if pads else 0) for i, ids in enumerate(row_ids)])
         depth = torch.cat([drafts.depth.new_zeros(drafts.rows, 1), drafts.depth], dim=1)[:, :n]
         rows = torch.tensor(list(range(len(row_ids))) if batch_rows is None else list(batch_rows))
-        return greedy_rows(drafts, batch_choices(verifier, processors, logits[:, :n], lengths, depth, rows,
-                                                 sampled, torch.tensor(pads) if pads else None,
-                                                 NodeContexts(row_ids, tree)).cpu())
+        made = batch_choices(verifier, processors, logits[:, :n], lengths, depth, rows, sampled,
+                             torch.tensor(pads) if pads else None, NodeContexts(row_ids, tree), keep=chosen is not None)
+        choices, scores = made if chosen is not None else (made, None)
+        results = greedy_rows(drafts, choices.cpu())
+        if chosen is not None:  # each row's processed scores and raw logits at the nodes that chose its tokens
+            for row, result in enumerate(results):
+                chosen.append((scores[row, result.score_nodes], logits[row, result.score_nodes].float(), None))
+        return results
     results = []
     host_tokens, host_parent = tree.tokens.cpu(), tree.parent.cpu()
     for row, (ids, row_procs) in enumerate(zip(row_ids, processors)):

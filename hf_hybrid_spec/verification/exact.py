@@ -304,7 +304,7 @@ def _process_contexts(processor, scores: torch.Tensor, ids_length: torch.Tensor,
 
 def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: torch.Tensor, depth: torch.Tensor,
                   rows: torch.Tensor, sampled_drafts, pads: torch.Tensor | None = None,
-                  contexts: NodeContexts | None = None) -> torch.Tensor | None:
+                  contexts: NodeContexts | None = None, keep: bool = False):
     """The token each row's rule chooses at every node, for every row at once, where that is the rule: each row's
     `ExactVerifier` with context-free (`CONTEXT_FREE`) or positional (`POSITIONAL`) processors, or any given
     `contexts` (`IDS_READING` and `ALIGNED` ones as tensor ops over the nodes' contexts, others called once per context
@@ -326,10 +326,13 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
         contexts: the rows' ids and trees (`NodeContexts`, or `RootContexts` for one node per row), for processors
             that read the ids (None: they are declined).
 
+        keep: also return the processed scores.
+
     Returns:
         [R, N] int64 on the logits' device: the argmax (greedy rows) or the keyed draw (sampling rows) of each node's
         processed scores; walking each row's tree with them (`engine.batch.greedy_rows`) is that row's
-        `verify`. Processor errors propagate (the caller can then go row by row to blame one).
+        `verify`. With `keep`, (those, the processed scores [R, N, V] fp32). Processor errors propagate (the caller
+        can then go row by row to blame one).
     """
     r, n, v = logits.shape
     rules = verifiers if isinstance(verifiers, (list, tuple)) else [verifiers] * r
@@ -366,7 +369,7 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
         else:
             at = to_device(at, scores.device)
             choices[at] = keyed_choice(scores[at].reshape(-1, v), *keys).view(k, n)
-    return choices
+    return (choices, scores) if keep else choices
 
 
 def from_config(config, do_sample: bool, drafter) -> ExactVerifier:

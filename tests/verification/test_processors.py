@@ -123,7 +123,7 @@ def test_a_padded_batch_with_processors_that_read_the_ids_chooses_at_once_and_is
     assert expected[:, 7:].tolist() != plain  # the processor matters here
     chosen = []
     real = batch_module.batch_choices
-    monkeypatch.setattr(batch_module, "batch_choices", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    monkeypatch.setattr(batch_module, "batch_choices", lambda *a, **k: chosen.append(real(*a, **k)) or chosen[-1])
     for compile_ in (False, True):
         got = model.generate(ids, custom_generate=H.speculative_generate,
                              assistant_config=H.AssistantConfig(compile=compile_), **kw)

@@ -204,7 +204,7 @@ def test_a_batch_draws_every_rows_nodes_at_once_as_row_by_row(family, monkeypatc
     kw = dict(attention_mask=(ids != 1).long(), pad_token_id=1, custom_generate=H.speculative_generate,
               top_k=6, top_p=0.9)
     used = []
-    monkeypatch.setattr(batch_module, "batch_choices", lambda *a: used.append(1) or batch_choices(*a))
+    monkeypatch.setattr(batch_module, "batch_choices", lambda *a, **k: used.append(1) or batch_choices(*a, **k))
     at_once = _sample(model, ids, 5, **kw)
     assert used  # the batched choice ran
     monkeypatch.setattr(batch_module, "choices_apply", lambda *a, **k: False)
@@ -330,7 +330,7 @@ def test_a_batch_with_min_new_tokens_chooses_at_once_and_matches_plain_generate(
               min_new_tokens=6)
     expected = model.generate(ids, **kw)
     used = []
-    monkeypatch.setattr(batch_module, "batch_choices", lambda *a: used.append(1) or batch_choices(*a))
+    monkeypatch.setattr(batch_module, "batch_choices", lambda *a, **k: used.append(1) or batch_choices(*a, **k))
     got = model.generate(ids, custom_generate=H.speculative_generate,
                          assistant_config=H.AssistantConfig(compile=compile_), **kw)
     assert used and torch.equal(got, expected)
@@ -396,7 +396,7 @@ def test_a_batch_with_a_repetition_penalty_chooses_at_once_and_matches_plain_gen
     expected = model.generate(ids, **kw)
     assert not torch.equal(expected, model.generate(ids, **dict(kw, repetition_penalty=1.0)))
     used = []
-    monkeypatch.setattr(batch_module, "batch_choices", lambda *a: used.append(1) or batch_choices(*a))
+    monkeypatch.setattr(batch_module, "batch_choices", lambda *a, **k: used.append(1) or batch_choices(*a, **k))
     for compile_ in (False, True):
         got = model.generate(ids, custom_generate=H.speculative_generate,
                              assistant_config=H.AssistantConfig(compile=compile_), **kw)
@@ -465,7 +465,7 @@ def test_bad_words_and_biases_of_one_and_more_tokens_choose_at_once(monkeypatch)
     common = int(free[:, 7:].flatten().mode().values)  # a token the rows pick often
     chosen = []
     monkeypatch.setattr(batch_module, "batch_choices",
-                        lambda *a: chosen.append(batch_choices(*a)) or chosen[-1])
+                        lambda *a, **k: chosen.append(batch_choices(*a, **k)) or chosen[-1])
     for extra in (dict(bad_words_ids=[[common]]), dict(sequence_bias={(common,): -3.0}),
                   dict(bad_words_ids=[[common, int(free[0, 8])]])):
         kw = dict(attention_mask=mask, pad_token_id=1, max_new_tokens=12, do_sample=False, eos_token_id=None, **extra)
