@@ -26,8 +26,8 @@ from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext
 from ..staging import device_busy
 from ..tree import VerifyResult, build_verify_tree
-from ..verification import (FirstToken, NodeContexts, StepInputs, Verifier, batch_choices, choices_apply, greedy_walk,
-                            make_verifier, process_tree_logits, row_processors)
+from ..verification import (FirstToken, StepInputs, Verifier, choices_apply, make_verifier, process_tree_logits,
+                            row_processors, verify_at_once)
 from .backend import PREFILL_CHUNK, EagerBackend, StaticBackend, TreeBackend, chunked_prefill
 from .outputs import (
     CACHE_FIELD,
@@ -129,7 +129,7 @@ def decode(request: Request):
                     raw, scores = verified.logits, verified.logits[0]
                     result = verifier.verify(tree, scores, StepInputs(length, verified.hidden_states))
                 elif at_once and choices_apply(verifier, [processors], draft.probs is not None, contexts=True):
-                    result = _choose_at_once(verifier, processors, ids, tree, verified.logits, device)
+                    result = verify_at_once(verifier, processors, ids, tree, verified.logits)
                 else:
                     raw = verified.logits.to(dtype=torch.float32, device=device)
                     scores = process_tree_logits(ids, tree, raw, processors)
@@ -255,22 +255,6 @@ def _node_budget(config: AssistantConfig, backend: TreeBackend, stats: SpecStats
     if backend.max_nodes is not None:
         budget = min(budget, backend.max_nodes - 1)
     return budget
-
-
-def _choose_at_once(verifier: Verifier, processors, ids: torch.Tensor, tree, logits: torch.Tensor,
-                    device) -> VerifyResult:
-    """The rule's result from every node's choice made in one pass (`verification.batch_choices`, a batch of one),
-    then the walk from the root along the chosen tokens: the rule's own `verify`, token for token."""
-    children = tree.children(0)
-    depth = [0] * len(children)
-    for node, kids in enumerate(children):  # index order is topological: a parent before its children
-        for child in kids:
-            depth[child] = depth[node] + 1
-    choices = batch_choices(verifier, [processors], logits[:, : len(children)], torch.tensor([ids.shape[1]]),
-                            torch.tensor([depth]), torch.zeros(1, dtype=torch.long), False, None,
-                            NodeContexts([ids], tree))
-    path, new_tokens = greedy_walk(tree.token_list(0), children, choices[0].tolist())
-    return VerifyResult.from_host(path, new_tokens, device)
 
 
 def _verify_tree(draft, ids: torch.Tensor, rec: Recorder, backend: TreeBackend, device):

@@ -46,7 +46,7 @@ from .noise import draw_seed, keyed_choice, to_device
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
            "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE", "POSITIONAL", "IDS_READING",
            "TOKEN_BIAS", "ALIGNED", "FILL", "NodeContexts", "RootContexts", "greedy_device", "DeviceAcceptance",
-           "DeviceChoice", "device_choice", "from_config"]
+           "DeviceChoice", "device_choice", "verify_at_once", "from_config"]
 
 logger = logging.get_logger(__name__)
 
@@ -150,11 +150,8 @@ class NodeContexts:
             ids[:, :ignore] = vocab
         m = len(rows)
         seen = torch.zeros(m, vocab + 1, dtype=torch.bool, device=device).scatter_(1, ids, True)
-        at = to_device(torch.tensor(rows if self.index is None else [self.index[r] for r in rows]), device)
-        # A static runner's trees are laid out on the host: copied as the ids are.
-        tokens = to_device(self.tree.tokens, device)[at, :n].clamp(max=vocab)
-        ancestors = to_device(self.tree.ancestors, device)[at, :n, :n].clone()
-        ancestors[..., 0] = False  # the root is the ids' last token already
+        tokens, ancestors = self._below_root(rows, n, device)
+        tokens = tokens.clamp(max=vocab)
         # Node j's path tokens into its row of the mask; every other pair writes the dropped column (all writes are
         # True, so duplicate tokens cannot race).
         path = torch.where(ancestors, tokens[:, None, :].expand(m, n, n), vocab)
@@ -168,10 +165,7 @@ class NodeContexts:
         ids = to_device(pad_sequence([self.row_ids[r][0] for r in rows], batch_first=True, padding_value=FILL), device)
         length = ids.shape[1]
         held = to_device(torch.tensor([self.row_ids[r].shape[1] for r in rows]), device)
-        at = to_device(torch.tensor(rows if self.index is None else [self.index[r] for r in rows]), device)
-        tokens = to_device(self.tree.tokens, device)[at, :n]
-        ancestors = to_device(self.tree.ancestors, device)[at, :n, :n].clone()
-        ancestors[..., 0] = False  # the root is the ids' last token already
+        tokens, ancestors = self._below_root(rows, n, device)
         depth = ancestors.sum(-1)  # [m, n] each node's path below the root (itself included)
         # Node j's context, left-aligned: its row's ids, then token k of its path at the row's length + depth(k) - 1
         # (every other pair writes a dropped column).
@@ -182,6 +176,16 @@ class NodeContexts:
         context.scatter_(2, place, tokens[:, None, :].expand(m, n, n).long())
         total = (held[:, None] + depth).reshape(-1)
         return right_align(context[..., :width].reshape(m * n, width), total), total
+
+    def _below_root(self, rows: list[int], n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows `rows`' first `n` tree tokens [m, n] and ancestor masks [m, n, n] on `device`, the root left out of
+        every path (it is the ids' last token already)."""
+        at = to_device(torch.tensor(rows if self.index is None else [self.index[r] for r in rows]), device)
+        # A static runner's trees are laid out on the host: copied as the ids are.
+        tokens = to_device(self.tree.tokens, device)[at, :n]
+        ancestors = to_device(self.tree.ancestors, device)[at, :n, :n].clone()
+        ancestors[..., 0] = False
+        return tokens, ancestors
 
 
 @dataclass
@@ -434,13 +438,30 @@ def verify_keyed(tree: VerifyTree, scores: torch.Tensor, seed: int, row: int, le
     then the greedy walk with those draws in place of the argmax. Each child is accepted with probability p(child),
     and the committed tokens are those plain sampling with the same uniforms would draw. One host read of the draws."""
     children = tree.children(0)
-    depth = [0] * len(children)
-    for node, kids in enumerate(children):  # index order is topological: a parent before its children
-        for child in kids:
-            depth[child] = depth[node] + 1
-    drawn = keyed_choice(scores, seed, row, torch.tensor(depth, dtype=torch.int64) + length)
+    drawn = keyed_choice(scores, seed, row, torch.tensor(_host_depth(children), dtype=torch.int64) + length)
     path, new_tokens = greedy_walk(tree.token_list(0), children, drawn.tolist())
     return VerifyResult.from_host(path, new_tokens, scores.device)
+
+
+def verify_at_once(verifier, processors, ids: torch.Tensor, tree: VerifyTree, logits: torch.Tensor) -> VerifyResult:
+    """One request's `verify` (ids [1, L], root last; tree [1, N]; logits [1, >= N, V]) through `batch_choices` as a
+    batch of one: every node's processed scores and choice in one pass, then the walk along the choices; the rule's
+    own result, token for token. For a rule and draft `choices_apply` accepts."""
+    children = tree.children(0)
+    choices = batch_choices(verifier, [processors], logits[:, : len(children)], torch.tensor([ids.shape[1]]),
+                            torch.tensor([_host_depth(children)]), torch.zeros(1, dtype=torch.long), False, None,
+                            NodeContexts([ids], tree))
+    path, new_tokens = greedy_walk(tree.token_list(0), children, choices[0].tolist())
+    return VerifyResult.from_host(path, new_tokens, logits.device)
+
+
+def _host_depth(children: list[list[int]]) -> list[int]:
+    """Each node's depth below the root, from the tree's children lists (index order is topological)."""
+    depth = [0] * len(children)
+    for node, kids in enumerate(children):
+        for child in kids:
+            depth[child] = depth[node] + 1
+    return depth
 
 
 def greedy_walk(tokens: list, children: list[list[int]], best: list[int]) -> tuple[list[int], list[int]]:
