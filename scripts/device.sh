@@ -74,7 +74,8 @@ case "${1:-}" in
         --compile-verify --dtype bfloat16 --workload code_edit tool_calls agent_loop --methods suffix eagle threshold \
         hvd --sessions-per-workload 6 --repeats 3 --max-minutes 8 --out "$OUT/hvd" ;;
   batch)
-    # First the exactness of the captured graphs (B = 1 and 3, both prefills), in fp32 on a tiny model (the gate fails
+    # First the exactness of the captured graphs (B = 1 and 3, both prefills; the pipelined step's sampling on the
+    # fixture), in fp32 on a tiny model (the gate fails
     # on any differing row; SKIP_GATE=1 to skip it): prompts of three chunks of the chunked prefill, which queues chunk
     # after chunk without a read (the host staging must not be rewritten under a queued copy; its own test first).
     # GATE_MODEL (e.g. the fixture, "$M"), GATE_SIZES and GATE_DRAFTERS to choose. BATCH_STAGES="gate bench" by
@@ -82,6 +83,8 @@ case "${1:-}" in
     GD=${GATE_DRAFTERS:-suffix suffix:eager eagle eagle:fused acceptance:0.8 eagle:fused+eager acceptance:0.8+eager}
     if [[ -z "${SKIP_GATE:-}" && " ${BATCH_STAGES:-gate bench} " == *" gate "* ]]; then
       TAILN=2 run 60 staging_test python3 -P -m pytest -q tests/engine/test_staging.py
+      # The pipelined step's sampling in its captured passes against the general step (the fixture, fp32, EAGLE).
+      TAILN=2 run 240 sampling_gate python3 -P -m pytest -q tests/engine/test_pipeline.py -k on_a_gpu
       TAILN=4 run 540 batch_gate python3 benchmarks/batch_bench.py --model "${GATE_MODEL:-tiny:qwen3_5_text}" \
           --batch-sizes ${GATE_SIZES:-1 3} --drafters $GD --prompt-tokens 160 --max-new-tokens 48 --no-stock-static
     fi

@@ -703,3 +703,41 @@ def test_the_pipelined_step_holds_the_eos_back_as_min_new_tokens_asks(monkeypatc
     monkeypatch.setattr(B, "device_choice", lambda *a: made.append(real(*a)) or made[-1])
     out = generate_with(model, ids, mask, ReferenceDrafter(row_references(ref, mask), seed=2), **kw)
     assert torch.equal(out.sequences, ref) and made and made[0] is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the captured accept pass)")
+def test_on_a_gpu_the_captured_pipelined_step_samples_what_the_general_step_samples():
+    """On CUDA the pipelined step's draws run inside a captured graph, from the tensor form of the keyed uniforms:
+    the fixture in fp32 with its EAGLE-3 drafter, four left-padded prompts, sampling as Qwen3.5's generation config
+    asks; after the same seed the pipelined step and the general step (pipelining turned off) give the same tokens in
+    every row, and so does the pipelined step again (its passes replayed)."""
+    import os
+
+    import hf_hybrid_spec.engine.batch as B
+    from helpers import load_fixture
+
+    from hf_hybrid_spec.eagle import EagleDrafter
+
+    model, tokenizer = load_fixture("qwen3_5-small")
+    model = model.to("cuda", torch.float32)
+    eagle = os.path.join(os.path.dirname(__file__), "..", "..", "checkpoints", "drafters", "qwen3_5-small-eagle3")
+    draft = EagleDrafter.from_pretrained(eagle).to(device="cuda", dtype=torch.float32)
+    tokenizer.padding_side = "left"
+    texts = ["def add(a, b):\n    return", "class Stack:\n    def __init__(self):\n        self.items = []\n",
+             "import os\n\ndef list_files(path):\n", "for i in range(10):\n    print(i)\n"]
+    enc = tokenizer(texts, return_tensors="pt", padding=True).to("cuda")
+    kw = dict(max_new_tokens=48, do_sample=True, temperature=0.7, top_p=0.95, top_k=20, eos_token_id=None,
+              custom_generate=H.speculative_generate, assistant_config=H.AssistantConfig(drafter="eagle"),
+              draft_model=draft)
+    outs, ran = {}, []
+    real, original = B.pipelines, B.run_pipelined
+    try:
+        B.run_pipelined = lambda *a, **k: ran.append(1) or original(*a, **k)
+        for name in ("pipelined", "general", "pipelined again"):
+            B.pipelines = (lambda *a: False) if name == "general" else real
+            torch.manual_seed(11)
+            outs[name] = model.generate(**enc, **kw)
+    finally:
+        B.pipelines, B.run_pipelined = real, original
+    assert len(ran) == 2
+    assert torch.equal(outs["pipelined"], outs["general"]) and torch.equal(outs["pipelined"], outs["pipelined again"])
