@@ -29,7 +29,6 @@ tokens are real generations, cut at the length where the last row stopped).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -37,28 +36,24 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import logging
 
 from ..drafters import BatchHidden, DraftBudget, DraftContext, PerRowDrafters, RowTokens
-from ..kernels.tree import ancestor_mask
 from ..staging import device_busy
-from ..tree import DraftBatch, VerifyResult, VerifyTree, empty_draft
-from ..verification import (FirstToken, NodeContexts, RootContexts, StepInputs, batch_choices, choices_apply,
-                            device_choice, make_verifier, process_tree_logits, row_processors)
+from ..tree import DraftBatch, VerifyResult, empty_draft
+from ..verification import FirstToken, device_choice, make_verifier, row_processors
 from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
 from .batch_static import BatchStaticBackend
-from .budget import DraftingPayoff, PlainRuns, VerifyCost, cached_cost, choose_batch, paying_width, time_forward
+from .budget import DraftingPayoff, PlainRuns, VerifyCost, cached_cost, paying_width
 from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter, path_attentions
 from .pipeline import LONGEST_PLAIN_RUN, PATIENCE, PLAIN_RUN, PipelineInputs, pipelines, run_pipelined
 from .plain import Choose, plain_step, plain_steps, runs_plain
 from .request import Request
 from .rows import BatchRecorder
+from .step import (StepRows, apply_budget, batch_tree, measure_verify_cost, plain_choice, record_step, still_running,
+                   verify_batch)
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["decode_batch", "measure_verify_cost", "batch_tree", "verify_rows", "greedy_rows", "apply_budget",
-           "batch_buckets"]
+__all__ = ["decode_batch", "batch_buckets"]
 
-# Widths (nodes per row, root included) at which the eager path's verify cost is measured; a static runner is
-# measured at its buckets.
-CALIBRATION_WIDTHS = (1, 2, 4, 8, 16, 32)
 # Widths the batched static runner captures besides the config's buckets.
 NARROW_BUCKETS = (1, 2, 4)
 
@@ -143,14 +138,14 @@ def decode_batch(request: Request):
         per_row = [row_processors(processors, b) for b in range(rows)]
         # Plain steps choose by the argmax (greedy over raw logits) or by the rule's choice at each row's position
         # (sampling, or greedy, with context-free processors); otherwise a batch verifies every step.
-        choose = None if raw_greedy else _plain_choice(verifier, per_row, pads, kept, rec)
+        choose = None if raw_greedy else plain_choice(verifier, per_row, pads, kept, rec)
         choosable = raw_greedy or choose is not None
         # The same rule on the device, for the pipelined step (sampling, context-free processors).
         choice = None if raw_greedy or kept is not None else device_choice(verifier, processors)
         cost = _cost_model(config, backend, model, rows)
         if cost is not None:  # the widest tree that could pay even if every draft node were accepted
             node_budget = min(node_budget, paying_width(cost, rows, config.budget_slack, backend.widths) - 1)
-        running = _still_running(everyone, rec, backend, gen.max_length)
+        running = still_running(rec, everyone, backend, gen.max_length)
         stats.setup_seconds = time.perf_counter() - start
         if node_budget == 0 and runs_plain(backend, choosable):
             # No draft can pay for its verification at this batch size: plain decode steps (`engine.plain`).
@@ -187,8 +182,8 @@ def decode_batch(request: Request):
                 # time: a batch whose drafts do not pay must not pay for their bookkeeping either.
                 drafter.limit_host(None if payoff.proven() else cost(1))
             if node_budget > 0:
-                budgets = [DraftBudget(max_nodes=node_budget, max_depth=min(config.max_depth, limit - rec.lengths[b] - 1))
-                           for b in running]
+                budgets = [DraftBudget(max_nodes=node_budget,
+                                       max_depth=min(config.max_depth, limit - rec.lengths[b] - 1)) for b in running]
                 drafts = drafter.propose(running, _row_tokens(rec, running, pads), budgets)
             else:
                 drafts = DraftBatch.from_drafts([empty_draft(1)] * len(running))
@@ -208,10 +203,10 @@ def decode_batch(request: Request):
                 try:
                     overlap()
                     chosen = [] if kept is not None else None
-                    results = verify_rows(tree, drafts, verified.logits, _row_tokens(rec, running), verifier,
-                                          [per_row[b] for b in running], raw_greedy, chosen,
-                                          [pads[b] for b in running], verified.hidden_states if all_hidden else None,
-                                          running)
+                    step_rows = StepRows(_row_tokens(rec, running), verifier, [per_row[b] for b in running],
+                                         raw_greedy, [pads[b] for b in running], running)
+                    results = verify_batch(tree, drafts, verified.logits, step_rows, chosen=chosen,
+                                           hidden=verified.hidden_states if all_hidden else None)
                 except BaseException:
                     backend.abort()
                     raise
@@ -229,19 +224,12 @@ def decode_batch(request: Request):
                     kept.add(b, row_scores, row_logits, rec.lengths[b] - before[i], row_states,
                              None if attentions is None else attentions[i])
             t2 = time.perf_counter()
-            stats.target_forwards += 1
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            stats.plain_steps += int(not any(drafts.counts))
-            for b, drafted, result in zip(running, drafts.counts, results):
-                count_arbiter(result, stats, row_stats[b])
-                accepted = len(result.token_list)
-                for s in (stats, row_stats[b]):
-                    s.accepted_lengths.append(accepted)
-                    s.drafted_tokens.append(drafted)
-                row_stats[b].target_forwards += 1
+            record_step(stats, row_stats, running, [len(r.token_list) for r in results], drafts.counts, results,
+                        plain=not any(drafts.counts))
             drafter.accept(running, _row_tokens(rec, running, pads), results, hidden)
-            running = _still_running(running, rec, backend, gen.max_length)
+            running = still_running(rec, running, backend, gen.max_length)
             if payoff is not None:
                 payoff.observe_rows([len(r.token_list) for r in results], [limit - n for n in before],
                                     1 + max(drafts.counts, default=0), time.perf_counter() - t0)
@@ -268,27 +256,6 @@ def decode_batch(request: Request):
     # finished rows removed), so it is no cache stock generate could continue from.
     return SpeculativeDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, hidden_states=states,
                                         attentions=attentions, spec_stats=stats, **{CACHE_FIELD: None})
-
-
-def _plain_choice(verifier, per_row: list, pads: list[int], kept, rec: BatchRecorder) -> Choose | None:
-    """A plain step's rule for a batch that is not greedy over raw logits, where its choice at a position needs that
-    position's scores, place and ids alone (`verification.batch_choices`: the exact rule with the processors it
-    knows, such as `min_new_tokens` or a repetition penalty; no scores kept for the output): each row's token drawn
-    (or taken) as a verify step would at the row's position. None otherwise: every step verifies."""
-    if kept is not None or not choices_apply(verifier, per_row, contexts=True):
-        return None
-    rows, depth = torch.arange(len(per_row)), torch.zeros(len(per_row), 1, dtype=torch.long)
-    padding = torch.tensor(pads)
-
-    def choose(logits: torch.Tensor, lengths: list[int], roots: torch.Tensor) -> torch.Tensor:
-        unpadded = torch.tensor([n - pad for n, pad in zip(lengths, pads)])
-        # The ids a repetition penalty reads: what the host has recorded, and each row's root (the step in flight's
-        # token, not read yet).
-        contexts = RootContexts(rec.buffer, list(rec.lengths), roots)
-        return batch_choices(verifier, per_row, logits[:, None], unpadded, depth, rows, False, padding,
-                             contexts)[:, 0]
-
-    return choose
 
 
 def _plain_run(drafter, backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,
@@ -383,141 +350,6 @@ def _has_eos_criterion(stopping) -> bool:
     return any(hasattr(c, "eos_token_id") for c in stopping)
 
 
-def _still_running(running: list[int], rec: BatchRecorder, backend, max_length: int) -> list[int]:
-    """The rows that go on (`BatchRecorder.still_running`); the backend drops the others."""
-    keep = rec.still_running(running, max_length)
-    if len(keep) < len(running) and keep:
-        backend.select_rows(keep)
-    return [running[j] for j in keep]
-
-
-def apply_budget(drafts: DraftBatch, cost: VerifyCost | None, config, stats: SpecStats,
-                 widths: list[int] | None) -> DraftBatch:
-    """The drafts after the batch-wide budget: every node when they fit `max_verify_nodes` and no cost model is in
-    use, else the global top-n by value (`budget.choose_batch`)."""
-    total = sum(drafts.counts)
-    if total == 0 or (cost is None and total <= config.max_verify_nodes):
-        return drafts
-    if cost is None:
-        stats.budget_capped = True
-    keep, _ = choose_batch(drafts, cost, config.budget_slack, config.max_verify_nodes, widths)
-    if int(keep.sum()) == total:  # every node kept (`keep` lies within the real nodes): nothing to select
-        return drafts
-    return drafts.select(keep)
-
-
-def batch_tree(roots: list[int], drafts: DraftBatch, device: torch.device) -> VerifyTree:
-    """One verify tree [R, N] on `device` from the rows' roots and drafts, laid out on the host: each row is its root
-    and draft (draft node j at index j + 1), padded to the widest row with leaves under the root that nobody commits
-    (they attend to the root only, and no real node sees them)."""
-    tokens, parents = drafts.verify_inputs(roots)
-    return _host_or_device_tree(tokens, parents, device)
-
-
-def _host_or_device_tree(tokens: torch.Tensor, parent: torch.Tensor, device: torch.device) -> VerifyTree:
-    """A verify tree from host tensors: kept on the host for a backend that stages it itself (the static runner),
-    else moved with its ancestor mask and depths worked out on the host (no small launches on the device)."""
-    if device.type == "cpu":
-        return VerifyTree(tokens=tokens, parent=parent)
-    ancestors = ancestor_mask(parent, include_self=True)
-    move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
-    return VerifyTree(tokens=move(tokens), parent=move(parent), _ancestors=move(ancestors),
-                      _depth=move(ancestors.sum(-1) - 1))
-
-
-def verify_rows(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, row_ids: Sequence[torch.Tensor],
-                verifier, processors: list, raw_greedy: bool, chosen: list | None = None,
-                pads: list[int] | None = None, hidden: tuple[torch.Tensor, ...] | None = None,
-                batch_rows: Sequence[int] | None = None) -> list[VerifyResult]:
-    """Each row's result. Greedy over raw logits: one argmax over [R, N, V], one host read, and the accepted paths
-    of every row worked out together (`greedy_rows`); else the row's own tree and scores through the rule (its
-    processors see the row's ids, as stock generate's do; the rule sees the row's length without its `pads`, as it
-    would alone, and the forward's `hidden` states [R, N, H] per layer, for a rule that reads them). `chosen` (a list,
-    not with `raw_greedy`) gets each row's processed scores and raw logits [k, V] of the nodes that chose its k
-    committed tokens, and their hidden states [k, H] per layer when `hidden` is given (else None). `batch_rows`: each
-    row's index in its batch, for the rule (default: its place in `row_ids`).
-
-    Where the rule's choice at a node needs that node's scores, place and context alone (`verification.batch_choices`:
-    the exact rule, with any processors), every row's choices are made at once and walked as greedy's argmax is: one
-    host read for the batch (`chosen` from the same pass)."""
-    if raw_greedy:
-        return greedy_rows(drafts, logits.argmax(dim=-1).cpu())
-    sampled = drafts.drafts is not None and any(d.probs is not None for d in drafts.drafts)
-    if hidden is None and choices_apply(verifier, processors, sampled, contexts=True):
-        # The logits may be cut to the widest row's nodes (a caller's slice) or padded past them (a bucket).
-        n = min(logits.shape[1], 1 + drafts.tokens.shape[1])
-        lengths = torch.tensor([ids.shape[1] - (pads[i] if pads else 0) for i, ids in enumerate(row_ids)])
-        depth = torch.cat([drafts.depth.new_zeros(drafts.rows, 1), drafts.depth], dim=1)[:, :n]
-        rows = torch.tensor(list(range(len(row_ids))) if batch_rows is None else list(batch_rows))
-        made = batch_choices(verifier, processors, logits[:, :n], lengths, depth, rows, sampled,
-                             torch.tensor(pads) if pads else None, NodeContexts(row_ids, tree), keep=chosen is not None)
-        choices, scores = made if chosen is not None else (made, None)
-        results = greedy_rows(drafts, choices.cpu())
-        if chosen is not None:  # each row's processed scores and raw logits at the nodes that chose its tokens
-            for row, result in enumerate(results):
-                chosen.append((scores[row, result.score_nodes], logits[row, result.score_nodes].float(), None))
-        return results
-    results = []
-    host_tokens, host_parent = tree.tokens.cpu(), tree.parent.cpu()
-    for row, (ids, row_procs) in enumerate(zip(row_ids, processors)):
-        draft = drafts.row(row)
-        n = draft.num_nodes + 1
-        row_tree = VerifyTree(tokens=host_tokens[row : row + 1, :n], parent=host_parent[row : row + 1, :n], draft=draft)
-        raw = logits[row : row + 1, :n].to(torch.float32)
-        scores = process_tree_logits(ids, row_tree, raw, row_procs)
-        states = None if hidden is None else tuple(h[row : row + 1, :n] for h in hidden)
-        result = verifier.verify(row_tree, scores, StepInputs(ids.shape[1] - (pads[row] if pads else 0), states,
-                                                              row if batch_rows is None else batch_rows[row]))
-        if result.token_list is None:
-            result.token_list = result.tokens.tolist()
-        if chosen is not None:
-            nodes = result.score_nodes
-            at_nodes = None if states is None else tuple(s[0, nodes] for s in states)
-            chosen.append((scores[nodes], raw[0, nodes], at_nodes))
-        results.append(result)
-    return results
-
-
-def greedy_rows(drafts: DraftBatch, best: torch.Tensor) -> list[VerifyResult]:
-    """Greedy acceptance of every row at once: `best` [R, >= 1 + M] the target's argmax at each verify-tree node (node
-    0 the root, draft node j at j + 1). A draft node is accepted when its token is the argmax at its parent and its
-    parent is accepted; each row keeps its deepest accepted node's path (the lowest index among equally deep ones:
-    siblings with one token commit the same tokens) and the argmax after it. Exact for any tree: every committed token
-    is the target's greedy choice after the committed ones before it.
-
-    One pass over each row's nodes on Python lists (a row's nodes are in topological order, so a parent is decided
-    before its children): the trees are host tensors of a few hundred nodes, where a dozen small tensor ops per level
-    cost more than the walk (`engine.pipeline`'s `greedy_device` is the device version)."""
-    parents, tokens, best_rows = drafts.parents.tolist(), drafts.tokens.tolist(), best.tolist()
-    paths, news, width = [], [], 1
-    for par, tok, at, count in zip(parents, tokens, best_rows, drafts.counts):
-        depth = [0] * count  # 0: not accepted; else the accepted node's depth
-        leaf, deepest = -1, 0
-        for j in range(count):
-            p = par[j]
-            if p < 0:
-                d = 1 if tok[j] == at[0] else 0
-            else:
-                d = depth[p] + 1 if depth[p] and tok[j] == at[p + 1] else 0
-            if d:
-                depth[j] = d
-                if d > deepest:
-                    leaf, deepest = j, d
-        path, node = [], leaf
-        while node >= 0:
-            path.append(node)
-            node = par[node]
-        path.reverse()
-        new = [tok[j] for j in path] + [at[leaf + 1]]
-        paths.append([0] + [j + 1 for j in path])
-        news.append(new)
-        width = max(width, len(new))
-    # Every row's tokens in one tensor, each result a view of its row (one allocation for the batch).
-    table = torch.tensor([new + [0] * (width - len(new)) for new in news], dtype=torch.long)
-    return [VerifyResult(path=path, tokens=table[row, : len(new)], score_nodes=path[:], token_list=new)
-            for row, (path, new) in enumerate(zip(paths, news))]
-
-
 # ---------------------------------------------------------------------- the verify cost model
 def _cost_model(config, backend, model, rows: int) -> VerifyCost | None:
     """The cost model the budget uses: measured on first use (per model, device, batch size and context) for
@@ -528,24 +360,3 @@ def _cost_model(config, backend, model, rows: int) -> VerifyCost | None:
     context = 1 << max(backend.slots - 1, 1).bit_length()  # the context length, to the next power of two
     key = (id(model), str(model.device), str(model.dtype), rows, context, type(backend).__name__)
     return cached_cost(key, lambda: measure_verify_cost(backend, model.device))
-
-
-def measure_verify_cost(backend, device: torch.device) -> VerifyCost:
-    """Time verify forwards of one chain per row at the backend's widths (`backend.widths`, or CALIBRATION_WIDTHS)
-    on its own cache, each aborted: nothing committed changes. Returns the cost by width (`padded` where the widths
-    are the backend's buckets)."""
-    rows = len(backend.valid)
-    widths = list(backend.widths or CALIBRATION_WIDTHS)
-    seconds = []
-    for width in widths:
-        parent = (torch.arange(width) - 1).expand(rows, width).clone()
-        tree = _host_or_device_tree(torch.zeros(rows, width, dtype=torch.long), parent, backend.tree_device)
-
-        def run():
-            backend.forward(tree)
-            backend.abort()
-
-        seconds.append(time_forward(run, device))
-    logger.info("verify cost at batch %d: %s", rows,
-                ", ".join(f"width {w} {s * 1e3:.2f} ms" for w, s in zip(widths, seconds)))
-    return VerifyCost(widths=widths, seconds=seconds, padded=backend.widths is not None)

@@ -10,7 +10,7 @@ nodes (at most `max_nodes` over the batch, the likeliest across rows), that maxi
 
 When no W > 1 beats a plain decode step by the `slack` factor (a large, compute-bound batch, or drafts that rarely
 hold), nothing is drafted: the step is a plain decode step, so speculation never loses to autoregressive decoding by
-more than the cost model's error. `measure_verify_cost` (engine.batch) times T on the machine (a few verify forwards
+more than the cost model's error. `measure_verify_cost` (engine.step) times T on the machine (a few verify forwards
 on the request's own cache, aborted); a fixed per-row budget stays available (`AssistantConfig(batch_budget="fixed")`).
 
 The pipelined step (`engine.pipeline`) ranks the nodes by value the same way but counts the expected tokens from

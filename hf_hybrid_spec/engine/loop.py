@@ -40,6 +40,7 @@ from .outputs import (
     target_hidden,
 )
 from .request import Request, propose
+from .step import record_step
 
 logger = logging.get_logger(__name__)
 
@@ -145,12 +146,9 @@ def decode(request: Request):
             path_hidden = backend.commit([result.path])
             t2 = time.perf_counter()
 
-            stats.target_forwards += 1
-            stats.accepted_lengths.append(int(result.tokens.shape[0]))
-            stats.drafted_tokens.append(draft.num_nodes)
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            count_arbiter(result, stats)
+            record_step(stats, None, [0], [int(result.tokens.shape[0])], [draft.num_nodes], [result])
             # Gather the [k, V] score / logit rows only when the caller asked for them (a vocabulary-wide copy each).
             rec.append(result.tokens, scores[result.score_nodes] if rec.scores is not None else None,
                        raw[0, result.score_nodes] if rec.logits is not None else None, result.token_list,

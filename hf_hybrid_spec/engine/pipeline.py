@@ -43,6 +43,7 @@ from .budget import AcceptanceByWidth, PlainRuns, VerifyCost, choose_width, time
 from .outputs import SpecStats
 from .plain import Choose, plain_steps
 from .rows import BatchRecorder
+from .step import record_step, still_running
 from .step_graphs import step_graphs
 
 logger = logging.get_logger(__name__)
@@ -205,18 +206,10 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
             extras = (extras + [over])[-EXTRA_WINDOW:]
             extra = sorted(extras)[len(extras) // 2]
         steps += 1
-        stats.target_forwards += 1
         stats.draft_seconds += over  # the drafter's and the step's own work beyond the verify forward's
         stats.verify_seconds += seconds - over
-        for b in running:
-            for s in (stats, inputs.row_stats[b]):
-                s.accepted_lengths.append(counts[b])
-                s.drafted_tokens.append(drafted[b])
-            inputs.row_stats[b].target_forwards += 1
-        keep = rec.still_running(running, inputs.max_length)
-        if len(keep) < len(running) and keep:
-            backend.select_rows(keep)
-        running = [running[j] for j in keep]
+        record_step(stats, inputs.row_stats, running, [counts[b] for b in running], [drafted[b] for b in running])
+        running = still_running(rec, running, backend, inputs.max_length)
 
 
 def _plain_run(drafter: BatchDrafter, backend, rec: BatchRecorder, running: list[int], inputs: PipelineInputs,

@@ -27,13 +27,9 @@ import torch
 
 from .outputs import SpecStats
 from .rows import BatchRecorder
+from .step import Choose, record_step, still_running
 
 __all__ = ["Choose", "PlainRun", "plain_step", "plain_steps", "runs_plain"]
-
-Choose = Callable[[torch.Tensor, list[int], torch.Tensor], torch.Tensor]
-"""A plain step's rule other than the argmax: (logits [R, V] of every runner row, each row's length before the
-step's token, padding included, and the step's roots [R] on the device: the last token of each row, which the host
-may not have read yet) -> the chosen token of each row [R], on the device, unread."""
 
 
 @dataclass
@@ -205,17 +201,6 @@ def _record(pending, rec: BatchRecorder, running: list[int], max_length: int, ba
     alive = set(running)
     recorded = [b for b in ran if b in alive]
     rec.append(recorded, [[new[b]] for b in recorded])
-    stats.target_forwards += 1
-    stats.plain_steps += 1
     stats.verify_seconds += time.perf_counter() - since
-    for b in recorded:
-        for s in (stats, row_stats[b]):
-            s.accepted_lengths.append(1)
-            s.drafted_tokens.append(0)
-        row_stats[b].target_forwards += 1
-    keep = rec.still_running(running, max_length)
-    if len(keep) < len(running):
-        if keep:
-            backend.select_rows(keep)
-        running = [running[j] for j in keep]
-    return recorded, running
+    record_step(stats, row_stats, recorded, [1] * len(recorded), [0] * len(recorded), plain=True)
+    return recorded, still_running(rec, running, backend, max_length)

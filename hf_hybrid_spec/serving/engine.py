@@ -44,17 +44,18 @@ from transformers.utils import logging
 from ..cache import HybridTreeCache, export_committed, import_committed
 from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext, Drafter, RowTokens, make_drafter
-from ..engine.batch import apply_budget, batch_buckets, batch_tree, greedy_rows, measure_verify_cost, verify_rows
+from ..engine.batch import batch_buckets
 from ..engine.batch_static import BatchStaticBackend, BatchStaticRunner
 from ..engine.budget import cached_cost
 from ..engine.outputs import SpecStats
 from ..engine.request import propose
 from ..engine.rows import BatchRecorder
+from ..engine.step import StepRows, apply_budget, batch_tree, measure_verify_cost, record_step, verify_batch
 from ..engine.static import DEFAULT_BUCKETS
 from ..forward import forward_tokens
 from ..models import get_adapter
 from ..tree import DraftBatch, DraftTree, VerifyResult, VerifyTree, empty_draft
-from ..verification import FirstToken, NodeContexts, batch_choices, make_verifier, row_processors
+from ..verification import FirstToken, make_verifier, row_processors
 from .penalties import OccurrencePenaltyLogitsProcessor
 from .prefix import PrefixHit, PrefixStore
 
@@ -539,9 +540,7 @@ class ServingEngine:
             a.output.generated_tokens.extend(new)
             if a.output.timestamps is not None:
                 a.output.timestamps.extend([now] * len(new))
-            a.stats.accepted_lengths.append(len(result.token_list))
-            a.stats.drafted_tokens.append(draft.num_nodes)
-            a.stats.target_forwards += 1
+            record_step(a.stats, None, [0], [len(result.token_list)], [draft.num_nodes])
             self.stats.new_tokens += len(new)
             self.stats.drafted_nodes += draft.num_nodes
             if a.finished:
@@ -575,45 +574,26 @@ class ServingEngine:
             for a, d in zip(actives, drafts)]
         if not decoding:
             return results
-        if best is not None:
-            for row, result in zip(decoding, greedy_rows(rows.take(decoding), best[torch.tensor(decoding)])):
-                results[row] = result
-            return results
-        # Every decoding request's choices at once where each one's rule allows it (greedy or keyed sampling with the
-        # processors `batch_choices` knows, a repetition penalty included), each with its own seed and processors;
-        # else, or when a request's processors raise (row by row then finds whose), one request at a time.
-        taken = rows.take(decoding)
-        try:
-            n = min(logits.shape[1], 1 + taken.tokens.shape[1])
+        taken = rows if len(decoding) == len(actives) else rows.take(decoding)
+        if best is None:  # the decoding rows' logits, to their widest tree (prefilling rows' chains may be wider)
             index = torch.tensor(decoding, device=logits.device)
-            lengths = [actives[row].length for row in decoding]
-            # The requests' ids as views made only if a repetition penalty reads them.
-            ids = RowTokens(lambda i: actives[decoding[i]].ids(), lengths)
-            choices = batch_choices(
-                [actives[row].verifier for row in decoding], [actives[row].row_processors for row in decoding],
-                logits[index, :n], torch.tensor(lengths),
-                torch.cat([taken.depth.new_zeros(len(decoding), 1), taken.depth], dim=1)[:, :n],
-                torch.zeros(len(decoding), dtype=torch.long), [drafts[row].probs is not None for row in decoding],
-                contexts=NodeContexts(ids, tree, decoding))
-        except BaseException as error:
+            logits = logits[index, : 1 + taken.tokens.shape[1]]
+        else:
+            best = best[torch.tensor(decoding)]
+
+        def blame(row: int | None, error: BaseException) -> None:
+            # A request's processors or rule fail alone; None: the batch's one pass raised (row by row finds whose).
             _raise_engine_exit(error)
-            choices = None
-        if choices is not None:
-            for row, result in zip(decoding, greedy_rows(taken, choices.cpu())):
-                results[row] = result
-            return results
-        for row in decoding:
-            slot, a, draft = slots[row], actives[row], drafts[row]
-            n = draft.num_nodes + 1
-            one = VerifyTree(tokens=tree.tokens[row : row + 1, :n], parent=tree.parent[row : row + 1, :n])
-            try:
-                results[row] = verify_rows(one, rows.take([row]), logits[row : row + 1, :n], [a.ids()], a.verifier,
-                                           [a.row_processors], a.raw_greedy)[0]
-            except BaseException as error:  # the request's processors
-                _raise_engine_exit(error)
-                failed.append((slot, f"verification failed: {error!r}"))
-                results[row] = VerifyResult(path=[0], tokens=torch.zeros(0, dtype=torch.long), score_nodes=[0],
-                                            token_list=[])
+            if row is not None:
+                failed.append((slots[decoding[row]], f"verification failed: {error!r}"))
+
+        # Each request its own rule (seed), processors and random stream (row 0 of its own), its ids as it has them.
+        step_rows = StepRows(RowTokens(lambda i: actives[decoding[i]].ids(), [actives[row].length for row in decoding]),
+                             [actives[row].verifier for row in decoding],
+                             [actives[row].row_processors for row in decoding], keys=[0] * len(decoding),
+                             tree_rows=decoding)
+        for row, result in zip(decoding, verify_batch(tree, taken, logits, step_rows, best=best, on_error=blame)):
+            results[row] = result
         return results
 
     def _cost_model(self):

@@ -334,7 +334,7 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
 
     Returns:
         [R, N] int64 on the logits' device: the argmax (greedy rows) or the keyed draw (sampling rows) of each node's
-        processed scores; walking each row's tree with them (`engine.batch.greedy_rows`) is that row's
+        processed scores; walking each row's tree with them (`engine.step.greedy_rows`) is that row's
         `verify`. With `keep`, (those, the processed scores [R, N, V] fp32). Processor errors propagate (the caller
         can then go row by row to blame one).
     """

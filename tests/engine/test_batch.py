@@ -310,7 +310,7 @@ def test_budget_falls_to_zero_where_verifying_costs_more_than_it_gains():
 def test_a_budget_that_keeps_every_node_hands_the_batch_back():
     """`apply_budget` skips the selection when the choice keeps every node (the usual serving step on a GPU, where a
     wide forward costs little more than a narrow one); when it cuts, the selection keeps the chosen nodes."""
-    from hf_hybrid_spec.engine.batch import apply_budget
+    from hf_hybrid_spec.engine.step import apply_budget
     from hf_hybrid_spec.engine.outputs import SpecStats
     from hf_hybrid_spec.tree import DraftBatch
 

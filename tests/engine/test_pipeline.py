@@ -9,7 +9,7 @@ from transformers import StoppingCriteriaList
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec.drafters import BatchDrafter
-from hf_hybrid_spec.engine.batch import greedy_rows
+from hf_hybrid_spec.engine.step import greedy_rows
 from hf_hybrid_spec.engine.budget import VerifyCost, choose_width, select_device
 from hf_hybrid_spec.testing import tiny_model
 from hf_hybrid_spec.tree import DeviceDrafts, DraftBatch

@@ -587,7 +587,7 @@ def test_requests_with_different_sampling_settings_choose_together_as_one_by_one
     """A step's decoding requests choose their tokens in one pass (`batch_choices`: each its own seed, temperature,
     top-k / top-p, or greedy) with the tokens each would choose verified alone; with a repetition penalty (which
     reads each node's ids) too, the same tokens as row by row."""
-    import hf_hybrid_spec.serving.engine as engine_module
+    import hf_hybrid_spec.engine.step as step_module
     from hf_hybrid_spec.verification import batch_choices
 
     model = tiny_model("qwen3_5_text", vocab_size=V, seed=3)
@@ -606,18 +606,18 @@ def test_requests_with_different_sampling_settings_choose_together_as_one_by_one
         return [out[f"r{i}"].generated_tokens for i in range(len(inputs))]
 
     used = []
-    monkeypatch.setattr(engine_module, "batch_choices", lambda *a, **k: used.append(a) or batch_choices(*a, **k))
+    monkeypatch.setattr(step_module, "batch_choices", lambda *a, **k: used.append(a) or batch_choices(*a, **k))
     together = serve()
     assert used and len(used[0][0]) > 1  # several requests chose in one pass
     assert together[1] == plain(model, inputs[1], 20)
-    monkeypatch.setattr(engine_module, "batch_choices", lambda *a, **k: None)
+    monkeypatch.setattr(step_module, "batch_choices", lambda *a, **k: None)
     assert serve() == together
     chosen = []
-    monkeypatch.setattr(engine_module, "batch_choices",
+    monkeypatch.setattr(step_module, "batch_choices",
                         lambda *a, **k: chosen.append(batch_choices(*a, **k)) or chosen[-1])
     penalized = serve(dict(repetition_penalty=1.3))
     assert any(c is not None for c in chosen)  # the penalized requests chose in one pass too
-    monkeypatch.setattr(engine_module, "batch_choices", lambda *a, **k: None)
+    monkeypatch.setattr(step_module, "batch_choices", lambda *a, **k: None)
     assert serve(dict(repetition_penalty=1.3)) == penalized
 
 

@@ -107,7 +107,7 @@ def test_a_padded_batch_with_processors_that_read_the_ids_chooses_at_once_and_is
     """Greedy over a left-padded batch with processors that read the ids (n-grams, multi-token bad words and
     biases, a processor of the caller's own): every row's nodes chosen in one pass, token for token plain generate,
     on the eager and the static path."""
-    import hf_hybrid_spec.engine.batch as batch_module
+    import hf_hybrid_spec.engine.step as step_module
 
     model = tiny_model("qwen3_5_text", vocab_size=V)
     ids = torch.tensor([[1, 1, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3], [1, 7, 2, 5, 3, 7, 2]])
@@ -122,8 +122,8 @@ def test_a_padded_batch_with_processors_that_read_the_ids_chooses_at_once_and_is
     expected = model.generate(ids, **kw)
     assert expected[:, 7:].tolist() != plain  # the processor matters here
     chosen = []
-    real = batch_module.batch_choices
-    monkeypatch.setattr(batch_module, "batch_choices", lambda *a, **k: chosen.append(real(*a, **k)) or chosen[-1])
+    real = step_module.batch_choices
+    monkeypatch.setattr(step_module, "batch_choices", lambda *a, **k: chosen.append(real(*a, **k)) or chosen[-1])
     for compile_ in (False, True):
         got = model.generate(ids, custom_generate=H.speculative_generate,
                              assistant_config=H.AssistantConfig(compile=compile_), **kw)

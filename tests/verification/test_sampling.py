@@ -196,7 +196,7 @@ def test_sampled_rows_of_a_batch_repeat_with_the_seed_and_differ_from_each_other
 def test_a_batch_draws_every_rows_nodes_at_once_as_row_by_row(family, monkeypatch):
     """Sampling with context-free processors (temperature, top-k, top-p) chooses every node of every row in one pass
     (`verification.batch_choices`); the tokens are those the row-by-row rule commits after the same seed."""
-    import hf_hybrid_spec.engine.batch as batch_module
+    import hf_hybrid_spec.engine.step as step_module
     from hf_hybrid_spec.verification import batch_choices
 
     model = tiny_model(family, vocab_size=V)
@@ -204,10 +204,10 @@ def test_a_batch_draws_every_rows_nodes_at_once_as_row_by_row(family, monkeypatc
     kw = dict(attention_mask=(ids != 1).long(), pad_token_id=1, custom_generate=H.speculative_generate,
               top_k=6, top_p=0.9)
     used = []
-    monkeypatch.setattr(batch_module, "batch_choices", lambda *a, **k: used.append(1) or batch_choices(*a, **k))
+    monkeypatch.setattr(step_module, "batch_choices", lambda *a, **k: used.append(1) or batch_choices(*a, **k))
     at_once = _sample(model, ids, 5, **kw)
     assert used  # the batched choice ran
-    monkeypatch.setattr(batch_module, "choices_apply", lambda *a, **k: False)
+    monkeypatch.setattr(step_module, "choices_apply", lambda *a, **k: False)
     row_by_row = _sample(model, ids, 5, **kw)
     assert torch.equal(at_once, row_by_row)
 
@@ -317,7 +317,7 @@ def test_positional_processors_are_applied_at_each_nodes_place():
 def test_a_batch_with_min_new_tokens_chooses_at_once_and_matches_plain_generate(compile_, monkeypatch):
     """Greedy with `min_new_tokens` (and sampling with it) takes the batched choices and, on the static runner, plain
     steps: greedy is token for token plain generate with left padding; sampling the row-by-row rule's tokens."""
-    import hf_hybrid_spec.engine.batch as batch_module
+    import hf_hybrid_spec.engine.step as step_module
     from hf_hybrid_spec.verification import batch_choices
 
     model = tiny_model("qwen3_5_text", vocab_size=V)
@@ -330,7 +330,7 @@ def test_a_batch_with_min_new_tokens_chooses_at_once_and_matches_plain_generate(
               min_new_tokens=6)
     expected = model.generate(ids, **kw)
     used = []
-    monkeypatch.setattr(batch_module, "batch_choices", lambda *a, **k: used.append(1) or batch_choices(*a, **k))
+    monkeypatch.setattr(step_module, "batch_choices", lambda *a, **k: used.append(1) or batch_choices(*a, **k))
     got = model.generate(ids, custom_generate=H.speculative_generate,
                          assistant_config=H.AssistantConfig(compile=compile_), **kw)
     assert used and torch.equal(got, expected)
@@ -338,7 +338,7 @@ def test_a_batch_with_min_new_tokens_chooses_at_once_and_matches_plain_generate(
                   assistant_config=H.AssistantConfig(compile=compile_))
     torch.manual_seed(4)
     at_once = model.generate(ids, **sample)
-    monkeypatch.setattr(batch_module, "choices_apply", lambda *a, **k: False)
+    monkeypatch.setattr(step_module, "choices_apply", lambda *a, **k: False)
     torch.manual_seed(4)
     row_by_row = model.generate(ids, **sample)
     assert torch.equal(at_once, row_by_row)
@@ -386,7 +386,7 @@ def test_a_repetition_penalty_is_applied_to_every_nodes_context_at_once(ignore):
 def test_a_batch_with_a_repetition_penalty_chooses_at_once_and_matches_plain_generate(monkeypatch):
     """Greedy with `repetition_penalty` over a left-padded batch: every row's nodes chosen at once, token for token
     plain generate; sampling with it, the row-by-row rule's tokens after the same seed."""
-    import hf_hybrid_spec.engine.batch as batch_module
+    import hf_hybrid_spec.engine.step as step_module
     from hf_hybrid_spec.verification import batch_choices
 
     model = tiny_model("falcon_h1", vocab_size=V)
@@ -396,7 +396,7 @@ def test_a_batch_with_a_repetition_penalty_chooses_at_once_and_matches_plain_gen
     expected = model.generate(ids, **kw)
     assert not torch.equal(expected, model.generate(ids, **dict(kw, repetition_penalty=1.0)))
     used = []
-    monkeypatch.setattr(batch_module, "batch_choices", lambda *a, **k: used.append(1) or batch_choices(*a, **k))
+    monkeypatch.setattr(step_module, "batch_choices", lambda *a, **k: used.append(1) or batch_choices(*a, **k))
     for compile_ in (False, True):
         got = model.generate(ids, custom_generate=H.speculative_generate,
                              assistant_config=H.AssistantConfig(compile=compile_), **kw)
@@ -405,7 +405,7 @@ def test_a_batch_with_a_repetition_penalty_chooses_at_once_and_matches_plain_gen
     sample = dict(kw, do_sample=True, top_k=6, custom_generate=H.speculative_generate)
     torch.manual_seed(2)
     at_once = model.generate(ids, **sample)
-    monkeypatch.setattr(batch_module, "choices_apply", lambda *a, **k: False)
+    monkeypatch.setattr(step_module, "choices_apply", lambda *a, **k: False)
     torch.manual_seed(2)
     assert torch.equal(at_once, model.generate(ids, **sample))
 
@@ -454,7 +454,7 @@ def test_bad_words_and_biases_of_one_and_more_tokens_choose_at_once(monkeypatch)
     """`bad_words_ids` / `sequence_bias` whose sequences are single tokens are context-free (`TOKEN_BIAS`), longer
     ones read the nodes' contexts (`ALIGNED`): a padded batch chooses every node at once and matches plain
     generate."""
-    import hf_hybrid_spec.engine.batch as batch_module
+    import hf_hybrid_spec.engine.step as step_module
     from hf_hybrid_spec.verification import batch_choices
 
     model = tiny_model("falcon_h1", vocab_size=V)
@@ -464,7 +464,7 @@ def test_bad_words_and_biases_of_one_and_more_tokens_choose_at_once(monkeypatch)
                           pad_token_id=1)
     common = int(free[:, 7:].flatten().mode().values)  # a token the rows pick often
     chosen = []
-    monkeypatch.setattr(batch_module, "batch_choices",
+    monkeypatch.setattr(step_module, "batch_choices",
                         lambda *a, **k: chosen.append(batch_choices(*a, **k)) or chosen[-1])
     for extra in (dict(bad_words_ids=[[common]]), dict(sequence_bias={(common,): -3.0}),
                   dict(bad_words_ids=[[common, int(free[0, 8])]])):
