@@ -2,7 +2,8 @@
 
 A batch (`batch.decode_batch`, any B > 1; the serving engine's steps too) verifies every row's tree in one forward
 on `backend.BatchEagerBackend` or, compiled, `batch_static.BatchStaticBackend` (captured CUDA graphs over a static
-cache), which also runs plain steps (`plain`) and the pipelined step (`pipeline`); the batch step asks a backend
+cache), which also runs plain steps (`plain`) and the pipelined step (`pipeline`); the step's pieces (budget, tree,
+verification, records) are `step`'s, shared with the serving engine's steps; the batch step asks a backend
 what it can do through its capability flags (`queues_plain`, `device_drafts`, `prefills_chunked`,
 `draft_forwards`). One request (`loop.decode`) runs on `backend.EagerBackend` or `backend.StaticBackend` (on
 `static.StaticTreeRunner`), its own loop until a request runs as a batch of one. What they return and record:

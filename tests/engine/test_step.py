@@ -1,0 +1,89 @@
+"""One verify step for every batch caller (`engine.step`): generate's batch loop, whatever its decoding mode, and the
+serving engine reach the verification through `step.verify_batch`, and a row whose processors raise fails alone
+where the caller asks for it."""
+
+import sys
+from contextlib import contextmanager
+
+import pytest
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+import hf_hybrid_spec as H
+import hf_hybrid_spec.engine.step as step
+from hf_hybrid_spec.serving import ServingConfig, ServingEngine, ServingRequest
+from hf_hybrid_spec.testing import tiny_model
+from hf_hybrid_spec.tree import DraftBatch, DraftTree
+from hf_hybrid_spec.verification import ExactVerifier
+
+V = 32
+PAD = 1
+
+
+@contextmanager
+def calls_of(function):
+    """Count the calls of `function` (by its code object: every module's binding of it counts) in this thread."""
+    code, calls, before = function.__code__, [], sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            calls.append(1)
+
+    sys.setprofile(profile)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(before)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampling", "penalty"])
+def test_a_batch_verifies_through_the_one_step(mode):
+    model = tiny_model("qwen3_5_text", vocab_size=V)
+    ids = torch.tensor([[PAD, PAD, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3]])
+    kw = dict(attention_mask=(ids != PAD).long(), pad_token_id=PAD, max_new_tokens=8, eos_token_id=None,
+              do_sample=mode == "sampling", top_k=6 if mode == "sampling" else None,
+              repetition_penalty=1.3 if mode == "penalty" else None)
+    with calls_of(step.verify_batch) as calls:
+        got = model.generate(ids, custom_generate=H.speculative_generate,
+                             assistant_config=H.AssistantConfig(compile=False), **kw)
+    assert calls
+    if mode != "sampling":
+        assert torch.equal(got, model.generate(ids, **kw))
+
+
+def test_the_serving_engine_verifies_through_the_one_step():
+    model = tiny_model("qwen3_5_text", vocab_size=V)
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=2),
+                           GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=PAD))
+    for i, prompt in enumerate([[2, 5, 3, 2, 5, 3, 2], [4, 6, 4, 6, 4]]):
+        engine.add(ServingRequest(f"r{i}", prompt, max_new_tokens=6))
+    with calls_of(step.verify_batch) as calls:
+        while engine.has_work:
+            engine.step()
+    assert calls
+
+
+class Raises(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        raise RuntimeError("this row's processor")
+
+
+def test_a_row_whose_processors_raise_fails_alone_where_the_caller_asks():
+    """`on_error`: the one pass raises (row None), then row by row only the raising row fails (its root only);
+    without it the error propagates."""
+    draft = DraftTree(tokens=torch.tensor([[3, 4]]), parents=torch.tensor([[-1, 0]]))
+    drafts = DraftBatch.from_drafts([draft, draft])
+    tree = step.batch_tree([2, 2], drafts, torch.device("cpu"))
+    logits = torch.randn(2, 3, V)
+    ids = [torch.tensor([[5, 2]]), torch.tensor([[6, 2]])]
+    rows = step.StepRows(ids, ExactVerifier(False), [None, LogitsProcessorList([Raises()])])
+    blamed = []
+    results = step.verify_batch(tree, drafts, logits, rows, on_error=lambda row, error: blamed.append(row))
+    assert blamed == [None, 1]
+    alone = step.verify_batch(tree, drafts, logits, step.StepRows(ids[:1], ExactVerifier(False), [None]))
+    alone_drafts = DraftBatch.from_drafts([draft])
+    assert results[0].token_list == step.greedy_rows(alone_drafts, logits[:1].argmax(-1))[0].token_list
+    assert results[0].token_list == alone[0].token_list
+    assert results[1].path == [0] and results[1].token_list == []
+    with pytest.raises(RuntimeError, match="this row's processor"):
+        step.verify_batch(tree, drafts, logits, rows)
