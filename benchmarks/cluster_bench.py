@@ -140,18 +140,20 @@ def start_server(args, serving) -> tuple[str, callable]:
     return url, stop
 
 
-def start_cluster(args, serving, replicas: int, routing: str) -> tuple[str, callable]:
+def start_cluster(args, serving, replicas: int, routing: str, port: int) -> tuple[str, callable]:
+    """The application on `replicas` replicas behind Serve's proxy on `port` (the same for every run: Serve stays up
+    between runs, each run deletes its application; shutting Serve down and starting it again in one process left
+    the next application waiting on a controller that was being killed)."""
     from ray import serve
 
     from hf_hybrid_spec.serving.cluster import APP_NAME, serve_cluster
 
     url = serve_cluster(args.model, args.assistant_config, serving, replicas=replicas, routing=routing,
-                        port=_free_port(), dtype=args.dtype, device=args.device, replica_cpus=args.replica_cpus,
+                        port=port, dtype=args.dtype, device=args.device, replica_cpus=args.replica_cpus,
                         replica_gpus=args.replica_gpus)
 
     def stop():
         serve.delete(APP_NAME)
-        serve.shutdown()
 
     return url, stop
 
@@ -216,13 +218,31 @@ def main(argv: list[str] | None = None) -> dict:
     total_calls = sum(len(p) for p in pieces)
     serving = ServingConfig(max_slots=args.max_slots, max_total_tokens=args.max_total_tokens)
     ray.init(include_dashboard=False, log_to_driver=False)
+    port = _free_port()
     rows, shares = [], {}
+    cols = ("run", "rate", "calls", "failed", "ttft_p50", "ttft_p99", "follow_ttft_p50", "tpot_p50", "tokens_per_s",
+            "reused_tokens", "prompt_tokens")
+
+    def line(values) -> str:
+        return "| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in values) + " |"
+
+    def result() -> dict:
+        return {"bench": "cluster", "model": args.model, "dtype": args.dtype, "device": args.device,
+                "replica_cpus": args.replica_cpus, "sessions": len(pieces), "calls": total_calls,
+                "max_new_tokens": args.max_new_tokens, "max_slots": args.max_slots, "gate": shares, "rows": rows}
+
+    def save() -> None:  # after every run: a run that hangs past the caller's bound keeps the ones before it
+        if args.out:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "cluster.json").write_text(json.dumps(result()) + "\n")
+
     for run in args.runs:
         replicas = 1 if run in ("server", "1") else args.replicas
         label = "server" if run == "server" else f"{replicas} replica{'s' if replicas > 1 else ''}" + (
             f" {run}" if run not in ("server", "1") else "")
         url, stop = (start_server(args, serving) if run == "server"
-                     else start_cluster(args, serving, replicas, "affinity" if run == "1" else run))
+                     else start_cluster(args, serving, replicas, "affinity" if run == "1" else run, port))
         try:
             shares[label] = gate(url, model, pieces, args.gate, args.max_new_tokens)
             for rate in args.rates:
@@ -238,24 +258,20 @@ def main(argv: list[str] | None = None) -> dict:
                 bar.close()
                 summary = summarize(calls)
                 rows.append({"run": label, "rate": rate, **summary, "complete": summary["calls"] == total_calls})
+                print(f"{label} @ {rate}/s: " + line(rows[-1][c] for c in cols), flush=True)
+                save()
         finally:
             stop()
-    cols = ("run", "rate", "calls", "failed", "ttft_p50", "ttft_p99", "follow_ttft_p50", "tpot_p50", "tokens_per_s",
-            "reused_tokens", "prompt_tokens")
-    print("| " + " | ".join(cols) + " |")
+    print(line(cols))
     print("|" + " --- |" * len(cols))
     for r in rows:
-        print("| " + " | ".join(f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
-    result = {"bench": "cluster", "model": args.model, "dtype": args.dtype, "device": args.device,
-              "replica_cpus": args.replica_cpus, "sessions": len(pieces), "calls": total_calls,
-              "max_new_tokens": args.max_new_tokens, "max_slots": args.max_slots, "gate": shares, "rows": rows}
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "cluster.json").write_text(json.dumps(result) + "\n")
-    print(json.dumps(result))
+        print(line(r[c] for c in cols))
+    print(json.dumps(result()))
+    from ray import serve
+
+    serve.shutdown()
     ray.shutdown()
-    return result
+    return result()
 
 
 if __name__ == "__main__":
