@@ -16,6 +16,6 @@ from .outputs import Recorder, SpecStats, SpeculativeDecoderOnlyOutput
 from .request import Request
 from .static import StaticTreeRunner, release_runner, static_runner
 
-__all__ = ["decode", "decode_batch", "Request", "BatchEagerBackend", "PROMPT_INPUTS", "TreeBackend", "EagerBackend", "StaticBackend", "VerifyOutputs",
-           "Recorder", "SpecStats", "SpeculativeDecoderOnlyOutput", "StaticTreeRunner", "static_runner",
-           "release_runner"]
+__all__ = ["decode", "decode_batch", "Request", "BatchEagerBackend", "PROMPT_INPUTS", "TreeBackend", "EagerBackend",
+           "StaticBackend", "VerifyOutputs", "Recorder", "SpecStats", "SpeculativeDecoderOnlyOutput",
+           "StaticTreeRunner", "static_runner", "release_runner"]

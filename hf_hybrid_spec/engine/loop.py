@@ -4,14 +4,16 @@
     first = verifier.first_token(scores)                    # the drafter begun on the prompt beforehand
     while not recorder.finished:
         draft = drafter.propose(committed, budget)           # a token tree hanging off the root (last token)
-        verified = backend.forward(root + draft)             # one forward; recurrent layers solve the tree in closed form
+        verified = backend.forward(root + draft)             # one forward; recurrent layers solve the tree exactly
         result = verifier.verify(tree, scores)               # greedy / lossless sampling / an opt-in lossy rule
         hidden = backend.commit([result.path])               # keep the accepted path's KV, rebuild its recurrent state
         recorder.append(result.tokens); drafter.accept(...)  # stopping criteria, streamer, outputs; the drafter learns
 
 `decode` runs one request (`Request`); `speculative_generate` (the API) builds the request from what transformers'
 `generate` prepared. The backend (eager or static: `backend.py`) and the verification rule (`verification/`) are the
-only things that vary.
+only things that vary. Greedy over raw logits and the one-pass choice (`verification.verify_at_once`) verify the tree
+directly; anything else (kept scores, lossy rules, sampled drafts, a rule that reads hidden states) goes through the
+batch step's `step.verify_batch` as a batch of one.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from ..cache import CommittedState, committed_length, export_committed
 from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext
 from ..staging import device_busy
-from ..tree import VerifyResult, build_verify_tree
-from ..verification import (FirstToken, StepInputs, Verifier, choices_apply, make_verifier, process_tree_logits,
-                            row_processors, verify_at_once)
+from ..tree import DraftBatch, VerifyResult, build_verify_tree
+from ..verification import (FirstToken, StepInputs, Verifier, choices_apply, make_verifier, row_processors,
+                            verify_at_once)
 from .backend import PREFILL_CHUNK, EagerBackend, StaticBackend, TreeBackend, chunked_prefill
 from .outputs import (
     CACHE_FIELD,
@@ -40,7 +42,7 @@ from .outputs import (
     target_hidden,
 )
 from .request import Request, propose
-from .step import record_step
+from .step import StepRows, record_step, verify_batch
 
 logger = logging.get_logger(__name__)
 
@@ -126,15 +128,18 @@ def decode(request: Request):
             verified = backend.forward(tree)
             try:
                 drafter.overlap()  # (the host's idle time while a GPU runs the forward)
+                kept_scores = kept_logits = None  # the committed tokens' scores and logits, when the call keeps them
                 if raw_greedy:
-                    raw, scores = verified.logits, verified.logits[0]
-                    result = verifier.verify(tree, scores, StepInputs(length, verified.hidden_states))
+                    result = verifier.verify(tree, verified.logits[0], StepInputs(length, verified.hidden_states))
                 elif at_once and choices_apply(verifier, [processors], draft.probs is not None, contexts=True):
                     result = verify_at_once(verifier, processors, ids, tree, verified.logits)
-                else:
-                    raw = verified.logits.to(dtype=torch.float32, device=device)
-                    scores = process_tree_logits(ids, tree, raw, processors)
-                    result = verifier.verify(tree, scores, StepInputs(length, verified.hidden_states))
+                else:  # the batch step's verification, for a batch of one (each committed token's scores kept)
+                    chosen = [] if rec.scores is not None or rec.logits is not None else None
+                    (result,) = verify_batch(tree, DraftBatch.from_drafts([draft]), verified.logits,
+                                             StepRows([ids], verifier, [processors]), chosen=chosen,
+                                             hidden=verified.hidden_states)
+                    if chosen:
+                        kept_scores, kept_logits, _ = chosen[0]
                 step_attentions, step_states = None, None
                 if want_attentions or want_states:
                     step_attentions, step_states = path_outputs(verified, result, length - 1, want_attentions,
@@ -150,9 +155,8 @@ def decode(request: Request):
             stats.verify_seconds += t2 - t1
             record_step(stats, None, [0], [int(result.tokens.shape[0])], [draft.num_nodes], [result])
             # Gather the [k, V] score / logit rows only when the caller asked for them (a vocabulary-wide copy each).
-            rec.append(result.tokens, scores[result.score_nodes] if rec.scores is not None else None,
-                       raw[0, result.score_nodes] if rec.logits is not None else None, result.token_list,
-                       step_attentions, step_states)
+            rec.append(result.tokens, kept_scores if rec.scores is not None else None,
+                       kept_logits if rec.logits is not None else None, result.token_list, step_attentions, step_states)
             drafter.accept(rec.input_ids, result, path_hidden)
 
         drafter.end(rec.input_ids)

@@ -50,8 +50,8 @@ from ..tree import VerifyTree, tree_attention_mask
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["StaticTreeRunner", "StaticForwardOutput", "FusedForward", "DEFAULT_BUCKETS", "static_runner", "release_runner",
-           "capture_key", "capture_bucket"]
+__all__ = ["StaticTreeRunner", "StaticForwardOutput", "FusedForward", "DEFAULT_BUCKETS", "static_runner",
+           "release_runner", "capture_key", "capture_bucket"]
 
 DEFAULT_BUCKETS = (8, 16, 32, 64)
 
@@ -224,8 +224,8 @@ class StaticTreeRunner(Leased):
     def set_position_offsets(self, offsets: torch.Tensor) -> None:
         """[R, 1] multimodal RoPE offsets of the request (`VerifyTree.position_ids`), copied into the graphs' input."""
         if self._offsets is None or offsets.shape != self._offsets.shape:
-            raise ValueError(f"this runner takes offsets of shape {None if self._offsets is None else tuple(self._offsets.shape)}, "
-                             f"got {tuple(offsets.shape)}")
+            expected = None if self._offsets is None else tuple(self._offsets.shape)
+            raise ValueError(f"this runner takes offsets of shape {expected}, got {tuple(offsets.shape)}")
         self._offsets.copy_(offsets)
 
     def forward(self, tree: VerifyTree, prefix_length: int, root_position: int) -> StaticForwardOutput:

@@ -87,3 +87,21 @@ def test_a_row_whose_processors_raise_fails_alone_where_the_caller_asks():
     assert results[1].path == [0] and results[1].token_list == []
     with pytest.raises(RuntimeError, match="this row's processor"):
         step.verify_batch(tree, drafts, logits, rows)
+
+
+def test_one_request_that_keeps_its_scores_verifies_through_the_one_step():
+    """A single request whose call keeps each step's scores (the general verification) takes the batch step's
+    verification as a batch of one: plain generate's tokens and scores."""
+    model = tiny_model("qwen3_5_text", vocab_size=V)
+    ids = torch.tensor([[2, 5, 3, 7, 2, 5, 3, 7, 2]])
+    kw = dict(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=PAD, return_dict_in_generate=True,
+              output_scores=True, repetition_penalty=1.2)
+    with calls_of(step.verify_batch) as calls:
+        got = model.generate(ids, custom_generate=H.speculative_generate,
+                             assistant_config=H.AssistantConfig(compile=False), **kw)
+    assert calls
+    expected = model.generate(ids, **kw)
+    assert torch.equal(got.sequences, expected.sequences)
+    assert len(got.scores) == len(expected.scores)
+    for ours, stock in zip(got.scores, expected.scores):
+        torch.testing.assert_close(ours, stock)
