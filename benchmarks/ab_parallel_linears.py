@@ -22,10 +22,9 @@ import torch
 from bench import encode_prompts, load_model, measure_copy_bandwidth_gbps, weight_floor_ms
 
 from hf_hybrid_spec import fusion
-from hf_hybrid_spec.cache import HybridTreeCache
 from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.drafters.base import DraftTree
-from hf_hybrid_spec.engine.static import StaticTreeRunner
+from hf_hybrid_spec.engine.static import StaticRunner
 from hf_hybrid_spec.forward import forward_tokens
 from hf_hybrid_spec.models import tree_attention
 from hf_hybrid_spec.tree import build_verify_tree
@@ -59,13 +58,12 @@ def main() -> None:
     prefix = ids.shape[1]
     buckets = tuple(sorted(args.buckets))
 
-    def runner(parallel: bool, attention: bool) -> StaticTreeRunner:
+    def runner(parallel: bool, attention: bool) -> StaticRunner:
         fusion.set_parallel(parallel)
         tree_attention.set_tree_attention(attention)
-        cache = HybridTreeCache(model.config, static_length=prefix + 2 * max(buckets))
-        r = StaticTreeRunner(model, cache, buckets, fuse=True)
+        r = StaticRunner(model, 1, prefix + 2 * max(buckets), buckets, fuse=True)
         with torch.no_grad():
-            forward_tokens(model, ids, cache, logits_to_keep=1)
+            forward_tokens(model, ids, r.cache, logits_to_keep=1)
         return r
 
     trees = {}
@@ -74,11 +72,11 @@ def main() -> None:
                           parents=(torch.arange(n - 1) - 1).view(1, -1))
         trees[n] = build_verify_tree(ids[0, -1:].cpu(), draft)
 
-    def forwards(r: StaticTreeRunner, n: int, reps: int):
+    def forwards(r: StaticRunner, n: int, reps: int):
         out = None
         with torch.no_grad():
             for _ in range(reps):
-                out = r.forward(trees[n], prefix, prefix)
+                out = r.forward(trees[n].tokens, trees[n].parent, [prefix], [prefix])[:, :n]
                 r.abort()
         return out
 
@@ -90,7 +88,7 @@ def main() -> None:
     for name, r in runners.items():
         for n in buckets:
             out = forwards(r, n, 3)  # compiles, captures
-        logits[name] = getattr(out, "logits", out).float().clone()
+        logits[name] = out.float().clone()
     diff = {name: (logits[name] - logits["fused"]).abs().max().item() for name in runners}
     agree = {name: (logits[name].argmax(-1) == logits["fused"].argmax(-1)).float().mean().item() for name in runners}
     vs_fp32 = {}
@@ -98,16 +96,15 @@ def main() -> None:
         import copy
 
         exact = copy.deepcopy(model).float()
-        cache = HybridTreeCache(exact.config, static_length=prefix + 2 * max(buckets))
-        plain = StaticTreeRunner(exact, cache, buckets, use_graphs=False)
+        plain = StaticRunner(exact, 1, prefix + 2 * max(buckets), buckets, use_graphs=False)
         with torch.no_grad():
-            forward_tokens(exact, ids, cache, logits_to_keep=1)
-        ref = forwards(plain, max(buckets), 1).logits.float()
+            forward_tokens(exact, ids, plain.cache, logits_to_keep=1)
+        ref = forwards(plain, max(buckets), 1).float()
         vs_fp32 = {name: dict(max_diff=round((logits[name] - ref).abs().max().item(), 4),
                               argmax_agreement=round((logits[name].argmax(-1) == ref.argmax(-1)).float().mean().item(),
                                                      4)) for name in runners}
         print(f"logits of the {max(buckets)}-node bucket vs the fp32 plain forward: {vs_fp32}")
-        del exact, plain, cache
+        del exact, plain
     times = {(name, n): [] for name in runners for n in buckets}
     for _ in range(args.rounds):
         for n in buckets:

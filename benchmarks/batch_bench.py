@@ -141,16 +141,16 @@ def graphs(model, on: bool):
     if on:
         yield
         return
-    from hf_hybrid_spec.engine import batch_static
+    from hf_hybrid_spec.engine import static
 
-    init = batch_static.BatchStaticRunner.__init__
-    batch_static._RUNNERS.pop(model, None)
-    batch_static.BatchStaticRunner.__init__ = functools.partialmethod(init, use_graphs=False)
+    init = static.StaticRunner.__init__
+    static._RUNNERS.pop(model, None)
+    static.StaticRunner.__init__ = functools.partialmethod(init, use_graphs=False)
     try:
         yield
     finally:
-        batch_static.BatchStaticRunner.__init__ = init
-        batch_static._RUNNERS.pop(model, None)
+        static.StaticRunner.__init__ = init
+        static._RUNNERS.pop(model, None)
 
 
 def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, eagle=None, mtp=None) -> dict:

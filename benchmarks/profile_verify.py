@@ -16,10 +16,9 @@ import time
 import torch
 from bench import encode_prompts, load_model, measure_copy_bandwidth_gbps, weight_floor_ms
 
-from hf_hybrid_spec.cache import HybridTreeCache
 from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.drafters.base import DraftTree
-from hf_hybrid_spec.engine.static import StaticTreeRunner
+from hf_hybrid_spec.engine.static import StaticRunner
 from hf_hybrid_spec.forward import forward_tokens
 from hf_hybrid_spec.tree import build_verify_tree
 
@@ -49,17 +48,16 @@ def main() -> None:
     tree = build_verify_tree(ids[0, -1:].cpu(), draft)
     prefix = ids.shape[1]
 
-    def runner_for(use_graphs: bool) -> StaticTreeRunner:
-        cache = HybridTreeCache(model.config, static_length=prefix + 2 * n)
-        runner = StaticTreeRunner(model, cache, (n,), use_graphs=use_graphs, fuse=args.fuse)
+    def runner_for(use_graphs: bool) -> StaticRunner:
+        runner = StaticRunner(model, 1, prefix + 2 * n, (n,), use_graphs=use_graphs, fuse=args.fuse)
         with torch.no_grad():
-            forward_tokens(model, ids, cache, logits_to_keep=1)
+            forward_tokens(model, ids, runner.cache, logits_to_keep=1)
         return runner
 
-    def forwards(runner: StaticTreeRunner, reps: int) -> None:
+    def forwards(runner: StaticRunner, reps: int) -> None:
         with torch.no_grad():
             for _ in range(reps):
-                runner.forward(tree, prefix, prefix)
+                runner.forward(tree.tokens, tree.parent, [prefix], [prefix])
                 runner.abort()
 
     eager, graphs = runner_for(False), runner_for(True)

@@ -8,7 +8,7 @@ replaced by one whose argmax at each node is the token of the node's first child
 random token otherwise) and its commit by nothing, so the engine runs every step as it would, at an acceptance like
 the fixtures', without the model. Requests: the agentic workload suite's first prompts (the fixture's tokenizer).
 
-The replacement patches `BatchStaticRunner`'s `_run` / `commit` / `commit_device` / `finish_commit` in this process
+The replacement patches `StaticRunner`'s `_run` / `commit` / `commit_device` / `finish_commit` in this process
 only. Correctness is not what this measures (the tokens are the fake forward's).
 
 Usage: python benchmarks/serve_host.py [--requests 32] [--max-new-tokens 128] [--slots 16] [--budget] [--profile]
@@ -63,7 +63,7 @@ class ArgmaxOnly:
 
 def patch_runner(vocab: int, accept: float, seed: int = 0) -> None:
     """Replace the batched runner's forward and commit (see the module docstring)."""
-    from hf_hybrid_spec.engine import batch_static
+    from hf_hybrid_spec.engine import static
 
     generator = torch.Generator().manual_seed(seed)
 
@@ -80,7 +80,7 @@ def patch_runner(vocab: int, accept: float, seed: int = 0) -> None:
     def done(self, *args):
         self._active = None
 
-    runner = batch_static.BatchStaticRunner
+    runner = static.StaticRunner
     runner._run = run
     runner.commit = done
     runner.commit_device = lambda self, leaves: None

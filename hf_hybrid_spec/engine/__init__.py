@@ -6,7 +6,7 @@ cache), which also runs plain steps (`plain`) and the pipelined step (`pipeline`
 verification, records) are `step`'s, shared with the serving engine's steps; the batch step asks a backend
 what it can do through its capability flags (`queues_plain`, `device_drafts`, `prefills_chunked`,
 `draft_forwards`). One request (`loop.decode`) runs on `backend.EagerBackend` or `backend.StaticBackend` (on
-`static.StaticTreeRunner`), its own loop until a request runs as a batch of one. What they return and record:
+the one-row `static.StaticRunner`, the runner every static path uses), its own loop until a request runs as a batch of one. What they return and record:
 `outputs`."""
 
 from .backend import BatchEagerBackend, EagerBackend, StaticBackend, TreeBackend, VerifyOutputs
@@ -14,8 +14,8 @@ from .batch import decode_batch
 from .loop import PROMPT_INPUTS, decode
 from .outputs import Recorder, SpecStats, SpeculativeDecoderOnlyOutput
 from .request import Request
-from .static import StaticTreeRunner, release_runner, static_runner
+from .static import StaticRunner, release_runner, static_runner
 
 __all__ = ["decode", "decode_batch", "Request", "BatchEagerBackend", "PROMPT_INPUTS", "TreeBackend", "EagerBackend",
            "StaticBackend", "VerifyOutputs", "Recorder", "SpecStats", "SpeculativeDecoderOnlyOutput",
-           "StaticTreeRunner", "static_runner", "release_runner"]
+           "StaticRunner", "static_runner", "release_runner"]

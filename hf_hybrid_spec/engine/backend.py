@@ -9,7 +9,7 @@ forms, behind one protocol:
 
 Trees are [B, N] (root first in each row: the last token each row chose, not yet in the cache) and a commit keeps one
 root->leaf path per row. Each backend counts what its rows have committed; the single-request backends
-(`EagerBackend`, `StaticBackend`) run B = 1.
+(`EagerBackend`, `StaticBackend`) run B = 1, the static one on the same `static.StaticRunner` as a batch.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..drafters import BatchHidden, HistoryHidden, TargetHidden
 from ..forward import forward_tokens, forward_tree
 from ..tree import VerifyTree
 from .outputs import target_hidden
-from .static import StaticTreeRunner, release_runner, static_runner
+from .static import StaticRunner, release_runner, static_runner
 
 __all__ = ["TreeBackend", "EagerBackend", "StaticBackend", "BatchEagerBackend", "VerifyOutputs", "PrefillOutputs",
            "gather_paths", "chunked_prefill"]
@@ -188,7 +188,8 @@ class EagerBackend(TreeBackend):
 
 
 class StaticBackend(TreeBackend):
-    """A leased `StaticTreeRunner` (static cache, a captured forward and commit per tree-size bucket on CUDA).
+    """One request on a leased one-row `StaticRunner` (static cache, a captured forward and commit per tree-size
+    bucket on CUDA): a batch of one on the runner every static path uses.
 
     Args beyond the base's:
         static_length: the request's cache length (prompt, new tokens and one tree). buckets: tree sizes captured.
@@ -210,9 +211,9 @@ class StaticBackend(TreeBackend):
         # Leased to this call: a concurrent call never gets the same runner. Drafters that read hidden states get
         # the committed tokens' from the runner's history (written by the commit graph); a lossy arbiter reads every
         # tree node's, returned by the forward.
-        self.runner: StaticTreeRunner = static_runner(
-            model, static_length, buckets, output_hidden_states, owner=owner, history_layers=self.hidden_layers,
-            fuse=fuse, rope_rows=0 if offsets is None else offsets.shape[0])
+        self.runner: StaticRunner = static_runner(
+            model, 1, static_length, buckets, owner, fuse=fuse, all_hidden=output_hidden_states,
+            history_layers=self.hidden_layers, rope_rows=0 if offsets is None else offsets.shape[0])
         self.cache = self.runner.cache
         self._valid_prompt = 0
 
@@ -238,7 +239,7 @@ class StaticBackend(TreeBackend):
         if self.offsets is not None:
             self.runner.set_position_offsets(self.offsets)
         self.runner.capture_all(input_ids.shape[1])
-        self.runner.set_prefix_valid(mask[0])  # the runner keeps the prompt's padding mask itself
+        self.runner.set_prompt_mask(mask)  # the runner keeps the prompt's padding mask itself
         self._valid_prompt = int(mask.sum())
         return out
 
@@ -257,7 +258,7 @@ class StaticBackend(TreeBackend):
                            logits_to_keep=1)
             cache.reset()
         zero_states(cache)  # an empty sequence, run as trees
-        runner.set_prefix_valid(torch.ones(prompt, dtype=torch.bool))
+        runner.key_valid.fill_(True)
         runner.capture_all(1)
         tokens = input_ids[0].tolist()
         chunk = runner.max_nodes
@@ -265,25 +266,36 @@ class StaticBackend(TreeBackend):
         for start in range(0, prompt, chunk):
             take = tokens[start : start + chunk]
             k = len(take)
-            chain = VerifyTree(tokens=torch.tensor([take], dtype=torch.long),
-                               parent=(torch.arange(k, dtype=torch.long) - 1).view(1, k))
-            out = runner.forward(chain, start, start)
+            out = runner.forward(torch.tensor([take], dtype=torch.long),
+                                 (torch.arange(k, dtype=torch.long) - 1).view(1, k), [start], [start])
             if start + k == prompt:
-                logits = out.logits[:, k - 1 : k].clone()  # the bucket's buffer is rewritten by its next replay
-            runner.commit(list(range(k)))
+                logits = out[:, k - 1 : k].clone()  # the bucket's buffer is rewritten by its next replay
+            runner.commit([k - 1], start + k)
         hidden = {}
         if self.hidden_layers:
             hidden = dict(zip(self.hidden_layers, runner.committed_hidden(0, prompt)))
         return PrefillOutputs(logits=logits, hidden_states=hidden)
 
     def forward(self, tree: VerifyTree) -> VerifyOutputs:
-        out = self.runner.forward(tree, self.valid, self._valid_prompt + self.valid - self.prompt_length)
-        return VerifyOutputs(logits=out.logits, hidden_states=out.hidden_states)
+        n = tree.num_nodes
+        lengths, roots = [self.valid], [self._valid_prompt + self.valid - self.prompt_length]
+        # A tree laid out on the host goes in with one copy; a drafter's device tree is copied on the device.
+        if tree.tokens.device.type == "cpu" and tree.parent.device.type == "cpu":
+            logits = self.runner.forward(tree.tokens, tree.parent, lengths, roots)
+        else:
+            logits = self.runner.forward_device(tree.tokens, tree.parent, lengths, roots)
+        hidden = None
+        if self.output_hidden_states:
+            hidden = tuple(h[:, :n] for h in self.runner.all_hidden_states())
+        return VerifyOutputs(logits=logits[:, :n], hidden_states=hidden)
 
     def commit(self, paths: list[list[int]]) -> TargetHidden | None:
         (path,) = paths
-        self.runner.commit(path)  # one graph replay on CUDA
-        start, self.valid = self.valid, self.valid + len(path)
+        if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])):
+            raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
+        start = self.valid
+        self.runner.commit([path[-1]], start + len(path))  # one graph replay on CUDA
+        self.valid = start + len(path)
         if not self.hidden_layers:
             return None
         # Sliced from the runner's history when the drafter first reads it.

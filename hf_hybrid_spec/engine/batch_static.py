@@ -1,303 +1,34 @@
-"""Fixed-shape verification of a batch, captured as CUDA graphs: the batched counterpart of `static.StaticTreeRunner`.
+"""The batch loop's static backend: a batch of R left-padded rows on a leased `static.StaticRunner` of R rows (its
+captured verify forward and commit per tree width), or on a serving engine's own runner whose rows are slots.
 
-A request of R rows gets a runner with a static cache of R rows (`HybridTreeCache(static_length=...)`); row b's
-committed tokens sit in its slots 0 .. length[b] - 1 (its left-padded prompt first, masked where padded), so rows at
-different committed lengths need no realignment:
-
-- each step's trees, one per row, are padded to a bucket width n (8/16/32/64 by default, padding nodes hanging off
-  the committed state); every input (tokens and parents [R, n], each row's committed length and root position) is
-  staged in one host buffer and copied once; the mask, positions and per-row write positions are computed from them
-  inside the captured region;
-- the verify forward and the commit are captured once per bucket (on CUDA) and replayed; the commit reads each row's
-  accepted leaf from a device buffer (-1: the row commits nothing, its state stays bit-identical), copies each row's
-  path keys and values to its own next slots and rebuilds every row's recurrent state along its own path;
-- rows that finished keep their slot and get leaf -1 (no work is saved on them, but nothing is recaptured either);
-  a batch of another size gets a runner of its own (kept per model and batch size, like the one-row runners).
-
-- drafters that read the target's hidden states (EAGLE) get the verify forward's hidden states of the layers they
-  name (`hidden_layers`): graph outputs of the bucket, from which the backend gathers each row's accepted path after
-  the commit.
-
-- with `fuse=True` (`AssistantConfig.compile_verify`, on by default on a GPU) the model's pure regions run
-  Inductor-compiled inside the forward, its independent projections side by side and its attention on the
-  tree-attention kernel (which takes the per-row mask as it is), as in the one-row runner (`static.StaticTreeRunner`).
-
-Runs the same code eagerly without graphs (CPU), which is what the CPU tests check.
+Row b's committed tokens sit in its runner row's slots 0 .. length[b] - 1 (its left-padded prompt first, masked where
+padded, or without padding after a chunked prefill); rows that finished keep their slot and get empty trees that
+commit nothing (no work is saved on them, but nothing is recaptured either); drafters that read the target's hidden
+states (EAGLE) get each row's accepted path gathered from the forward's states of the layers they name after the
+commit. The same code runs eagerly without graphs (CPU), which is what the CPU tests check.
 """
 
 from __future__ import annotations
-
-import contextlib
-import threading
-import weakref
 
 import torch
 from torch import nn
 from transformers.utils import logging
 
-from ..cache import CommittedState, HybridTreeCache, export_committed, import_committed, zero_states
+from ..cache import CommittedState, export_committed, import_committed, zero_states
 from ..cache.layers import buffers_missing
 from ..drafters import BatchHidden
 from ..forward import forward_tokens
-from ..graphs import Leased
-from ..kernels.tree import ancestor_mask
-from ..models import get_adapter
-from ..staging import HostStaging
-from ..tree import VerifyTree, tree_attention_mask
+from ..tree import VerifyTree
 from .backend import PrefillOutputs, VerifyOutputs, gather_paths
-from .static import DEFAULT_BUCKETS, FusedForward, capture_bucket, capture_key
+from .static import StaticRunner, release_runner, static_runner
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["BatchStaticRunner", "BatchStaticBackend", "batch_runner"]
-
-
-class _Bucket:
-    """Static buffers (and, on CUDA, the graphs) of one tree width for R rows."""
-
-    def __init__(self, rows: int, n: int, device: torch.device, key_valid: torch.Tensor, mask_dtype: torch.dtype):
-        self.rows, self.n = rows, n
-        # tokens [R, n], parents [R, n], committed lengths [R], root positions [R]: one buffer, one copy per step.
-        size = rows * (2 * n + 2)
-        self.inputs = torch.zeros(size, dtype=torch.long, device=device)
-        self.staging = HostStaging(size, device)
-        self.tokens = self.inputs[: rows * n].view(rows, n)
-        self.parent = self.inputs[rows * n : 2 * rows * n].view(rows, n)
-        self.parent.fill_(-1)
-        self.lengths = self.inputs[2 * rows * n : 2 * rows * n + rows]
-        self.roots = self.inputs[2 * rows * n + rows :]
-        self.write_pos = torch.zeros(rows, n, dtype=torch.long, device=device)
-        self.leaf = torch.full((rows,), -1, dtype=torch.long, device=device)
-        self.leaf_staging = HostStaging(rows, device, fill=-1)
-        self.key_valid = key_valid  # [R, L] the prompts' padding mask (ones past it), shared by the buckets
-        self.mask_dtype = mask_dtype
-        self.graph = self.commit_graph = None
-        self.out = self.pending = self.anc = self.depth = None
-
-    def prepare(self):
-        """Mask [R, 1, n, L], positions [R, n] and per-row write positions from the buffers (graph-safe)."""
-        anc = ancestor_mask(self.parent, include_self=True)  # [R, n, n]
-        depth = anc.sum(-1) - 1
-        self.anc, self.depth = anc, depth
-        self.write_pos.copy_(self.lengths[:, None] + torch.arange(self.n, device=anc.device))
-        mask = tree_attention_mask(anc, self.key_valid, self.lengths, self.mask_dtype)
-        return mask, self.roots[:, None] + depth
-
-
-class BatchStaticRunner(Leased):
-    """Verify forwards of fixed shape for R rows over a static `HybridTreeCache` (see the module docstring).
-
-    Args:
-        model: the target. rows: the batch size. static_length: slots per row (prompt, new tokens, one tree).
-        buckets: tree widths (root included) to capture. use_graphs: default when the model is on one CUDA device.
-        hidden_layers: indices into the model's `hidden_states` output that each forward also returns (`hidden`).
-        fuse: the model's pure regions Inductor-compiled in the verify forward (`hf_hybrid_spec.fusion`), its
-            independent projections side by side and its attention on the tree-attention kernel.
-    """
-
-    def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-                 use_graphs: bool | None = None, hidden_layers: tuple[int, ...] = (), fuse: bool = False):
-        adapter = get_adapter(model)  # route the recurrent mixers
-        self._model = weakref.ref(model)
-        self.rows = rows
-        self.hidden_layers = tuple(int(i) for i in hidden_layers)
-        self.fuse = fuse
-        self._fused = FusedForward(model, adapter) if fuse else None
-        self.device = model.device
-        self.static_length = static_length
-        self.cache = HybridTreeCache(model.config, static_length=static_length)
-        self.buckets = tuple(sorted({int(b) for b in buckets}))
-        if use_graphs is None:
-            use_graphs = self.device.type == "cuda" and len({p.device for p in model.parameters()}) == 1
-        self.use_graphs = use_graphs
-        self.key_valid = torch.ones(rows, static_length, dtype=torch.bool, device=self.device)
-        self._buckets = {n: _Bucket(rows, n, self.device, self.key_valid, model.dtype) for n in self.buckets}
-        self._pool = None
-        self._graph_commit = None
-        self._active: _Bucket | None = None
-        self.captures = 0
-        self.step_graphs = None  # the pipelined step's select and accept passes (`engine.step_graphs`)
-
-    @property
-    def model(self) -> nn.Module:
-        model = self._model()
-        if model is None:
-            raise RuntimeError("the model of this batch runner has been deleted")
-        return model
-
-    def set_prompt_mask(self, mask: torch.Tensor) -> None:
-        """[R, P] 0/1 padding mask of the prompts (generated tokens are always valid)."""
-        self.key_valid.fill_(True)
-        self.key_valid[:, : mask.shape[1]].copy_(mask.bool())
-
-    def forward(self, tokens: torch.Tensor, parent: torch.Tensor, lengths: list[int],
-                roots: list[int]) -> torch.Tensor:
-        """Run one tree per row (host tensors [R, w], root first; w <= the largest bucket) whose keys go after each
-        row's `lengths[b]` committed slots, the root at position `roots[b]`. Returns the logits [R, n, V] (the
-        bucket's; rows' real nodes first). The cache stays in tree mode (commit or abort next)."""
-        width = tokens.shape[1]
-        bucket = self._buckets[next(b for b in self.buckets if b >= width)]
-        self._active = None
-        n, rows = bucket.n, self.rows
-        padded_tokens = torch.zeros(rows, n, dtype=torch.long)
-        padded_parent = torch.full((rows, n), -1, dtype=torch.long)
-        padded_tokens[:, :width] = tokens
-        padded_parent[:, :width] = parent
-        bucket.staging.host().copy_(torch.cat([padded_tokens.view(-1), padded_parent.view(-1),
-                                               torch.tensor(lengths + roots, dtype=torch.long)]))
-        bucket.staging.send(bucket.inputs)
-        return self._launch(bucket)
-
-    def forward_device(self, tokens: torch.Tensor, parent: torch.Tensor, lengths: list[int],
-                       roots: list[int]) -> torch.Tensor:
-        """`forward` over trees already on the device ([R, w] tokens and parents, root first; `engine.plain`): they
-        are copied into the bucket's buffers on the device, only the lengths and root positions come from the host."""
-        width = tokens.shape[1]
-        bucket = self.bucket_for(width)
-        bucket.tokens[:, :width].copy_(tokens)
-        bucket.parent[:, :width].copy_(parent)
-        if width < bucket.n:  # the bucket's spare nodes: lone nodes nobody commits
-            bucket.tokens[:, width:].zero_()
-            bucket.parent[:, width:].fill_(-1)
-        return self.forward_filled(width, lengths, roots)
-
-    def bucket_for(self, width: int) -> _Bucket:
-        """The bucket that verifies trees of `width` nodes (the narrowest at least as wide)."""
-        return self._buckets[next(b for b in self.buckets if b >= width)]
-
-    def forward_filled(self, width: int, lengths: list[int], roots: list[int]) -> torch.Tensor:
-        """`forward` over the trees already written into `bucket_for(width)`'s token and parent buffers
-        (`engine.step_graphs`); the lengths and root positions come from the host. Returns the logits [R, n, V]."""
-        bucket = self.bucket_for(width)
-        self._active = None
-        scalars = 2 * self.rows * bucket.n
-        bucket.staging.host()[scalars:].copy_(torch.tensor(lengths + roots, dtype=torch.long))
-        bucket.staging.send(bucket.inputs[scalars:], scalars)
-        return self._launch(bucket)
-
-    def _launch(self, bucket: _Bucket) -> torch.Tensor:
-        """The bucket's forward over its staged inputs: its graph replayed (captured on first use), or run."""
-        if self.use_graphs:
-            if bucket.graph is None:
-                self._capture(bucket)
-            self.cache.begin_tree(bucket.parent, 0, pending=bucket.pending, check=False)
-            bucket.graph.replay()
-        else:
-            bucket.out = self._run(bucket)
-        self._active = bucket
-        return bucket.out.logits
-
-    def commit_device(self, leaves: torch.Tensor) -> None:
-        """Start the commit of each row's path to `leaves` [R] (a device tensor, -1: nothing) without a host read; the
-        cache stays in tree mode until `finish_commit` (when the host knows the new lengths)."""
-        bucket = self._active
-        if bucket is None or self.cache.tree is None:
-            raise RuntimeError("commit called without a pending tree from this runner's forward")
-        try:
-            if leaves is not bucket.leaf:  # (`engine.step_graphs` writes the leaves in place)
-                bucket.leaf.copy_(leaves, non_blocking=True)
-            if bucket.commit_graph is not None:
-                bucket.commit_graph.replay()
-            else:
-                self._commit_body(bucket)
-        except BaseException:
-            self.cache.abort()
-            self._active = None
-            raise
-
-    def finish_commit(self, committed_length: int) -> None:
-        """End a `commit_device`: the longest row now holds `committed_length` slots."""
-        self._active = None
-        self.cache.end_tree(committed_length)
-
-    def hidden(self) -> tuple[torch.Tensor, ...]:
-        """The last forward's hidden states of `hidden_layers`, [R, n, H] each (the bucket's; valid until the next
-        forward of that bucket)."""
-        bucket = self._active
-        if bucket is None or not self.hidden_layers:
-            raise RuntimeError("hidden() needs a pending tree from a runner built with hidden_layers")
-        return self.hidden_of(bucket)
-
-    def hidden_of(self, bucket: _Bucket) -> tuple[torch.Tensor, ...]:
-        """`bucket`'s last forward's hidden states of `hidden_layers` (graph outputs when captured)."""
-        return tuple(bucket.out.hidden_states[i] for i in self.hidden_layers)
-
-    def commit(self, leaves: list[int], committed_length: int) -> None:
-        """Keep each row's root->leaf path (`leaves[b]`, -1: nothing) of the pending trees."""
-        bucket = self._active
-        if bucket is None or self.cache.tree is None:
-            raise RuntimeError("commit called without a pending tree from this runner's forward")
-        bucket.leaf_staging.host().copy_(torch.tensor(leaves, dtype=torch.long))
-        bucket.leaf_staging.send(bucket.leaf)
-        self.commit_device(bucket.leaf)
-        self.finish_commit(committed_length)
-
-    def abort(self) -> None:
-        self.cache.abort()
-        self._active = None
-
-    def capture_all(self, prompt_length: int) -> None:
-        """Capture every bucket after the prefill (the cache's buffers exist), not at first use."""
-        if not self.use_graphs:
-            return
-        for bucket in self._buckets.values():
-            if bucket.graph is None:
-                bucket.lengths.fill_(prompt_length)
-                bucket.roots.fill_(prompt_length)
-                self._capture(bucket)
-
-    # ------------------------------------------------------------------ internals
-    def _run(self, bucket: _Bucket):
-        cursor = self.cache.cursor
-        self.cache.begin_tree(bucket.parent, 0, check=False)
-        mask, positions = bucket.prepare()
-        cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
-        try:
-            with self._fused.regions(self.model) if self._fused is not None else contextlib.nullcontext():
-                out = forward_tokens(self.model, bucket.tokens, self.cache, position_ids=positions,
-                                     attention_mask=mask, logits_to_keep=0,
-                                     output_hidden_states=bool(self.hidden_layers))
-        except BaseException:
-            self.cache.abort()
-            raise
-        finally:
-            cursor.tree_mode = False
-        bucket.pending = self.cache.pending
-        return out
-
-    def _commit_body(self, bucket: _Bucket) -> None:
-        """Each row's path to its leaf, with fixed-shape device ops only (graph-safe). A row with leaf -1 commits
-        nothing: its recurrent state stays as it is and its copies land past its committed slots."""
-        leaf, n, rows = bucket.leaf, bucket.n, self.rows
-        nodes = torch.arange(n, device=leaf.device)
-        picked = bucket.anc.gather(1, leaf.clamp(min=0).view(rows, 1, 1).expand(rows, 1, n)).squeeze(1)
-        on_path = picked & (leaf >= 0).view(rows, 1)  # [R, n]
-        # order[b, p]: row b's path node at depth p (root first); past the leaf's depth node 0, whose copies land
-        # past the row's new committed length.
-        at_depth = on_path[:, None, :] & (bucket.depth[:, None, :] == nodes.view(1, n, 1))  # [R, depth, node]
-        order = at_depth.to(torch.int32).argmax(-1)
-        self.cache.commit(leaf, on_path, bucket.lengths[:, None] + order, bucket.write_pos)
-
-    def _forward_and_leave(self, bucket: _Bucket):
-        try:
-            return self._run(bucket)
-        finally:
-            self.cache.end_tree()
-
-    def _commit_and_leave(self, bucket: _Bucket) -> None:
-        self.cache.begin_tree(bucket.parent, 0, pending=bucket.pending, check=False)
-        try:
-            self._commit_body(bucket)
-        finally:
-            self.cache.end_tree()
-
-    def _capture(self, bucket: _Bucket) -> None:
-        capture_bucket(self, bucket, lambda: self._forward_and_leave(bucket), lambda: self._commit_and_leave(bucket))
-        logger.info("captured the batched verify forward for %d rows of %d nodes", self.rows, bucket.n)
+__all__ = ["BatchStaticBackend"]
 
 
 class BatchStaticBackend:
-    """The batch loop's backend on a leased `BatchStaticRunner` (the interface of `backend.BatchEagerBackend`).
+    """The batch loop's backend on a leased `StaticRunner` (the interface of `backend.BatchEagerBackend`).
 
     Rows that leave the batch (`select_rows`) keep their slot in the runner and get empty trees that commit nothing.
     """
@@ -308,12 +39,12 @@ class BatchStaticBackend:
     draft_forwards = False
 
     def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...], owner,
-                 runner: BatchStaticRunner | None = None, hidden_layers: tuple[int, ...] = (), fuse: bool = False):
+                 runner: StaticRunner | None = None, hidden_layers: tuple[int, ...] = (), fuse: bool = False):
         self.model = model
         self.hidden_layers = tuple(hidden_layers)
         # A runner of the caller's own (a serving engine's, kept for its lifetime), else one leased from the pool.
-        self.runner = runner if runner is not None else batch_runner(model, rows, static_length, buckets, owner,
-                                                                     hidden_layers=self.hidden_layers, fuse=fuse)
+        self.runner = runner if runner is not None else static_runner(model, rows, static_length, buckets, owner,
+                                                                      hidden_layers=self.hidden_layers, fuse=fuse)
         if self.runner.hidden_layers != self.hidden_layers:
             raise ValueError(f"the runner returns hidden layers {self.runner.hidden_layers}, not "
                              f"{self.hidden_layers}")
@@ -503,40 +234,4 @@ class BatchStaticBackend:
 
     def release(self) -> None:
         if self._owns_lease:
-            self.runner.release()
-
-
-# Runners per model and batch size (their graphs point at their static caches): the last few kept, most recently used
-# last, as the one-row runners are; a runner leased to a running call is never handed out twice.
-_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-MAX_BATCH_RUNNERS_PER_MODEL = 4
-
-
-def batch_runner(model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...],
-                 owner=None, hidden_layers: tuple[int, ...] = (), fuse: bool = False) -> BatchStaticRunner:
-    """A `BatchStaticRunner` of `rows` rows and at least `static_length` slots for `model` (returning the hidden states
-    of `hidden_layers`; with the fused forward for `fuse`), its cache empty, leased to `owner` when given (hand it back
-    with `runner.release()`)."""
-    hidden_layers = tuple(int(i) for i in hidden_layers)
-    key = (rows, tuple(sorted({int(b) for b in buckets})), hidden_layers, bool(fuse), capture_key(model))
-    with _LOCK:
-        runners = _RUNNERS.setdefault(model, {})
-        runner = runners.get(key)
-        if runner is not None and runner.in_use:
-            runner = BatchStaticRunner(model, rows, static_length, buckets, hidden_layers=hidden_layers,
-                                       fuse=fuse)  # this call's own, not kept
-        else:
-            runners.pop(key, None)
-            if runner is not None and runner.static_length >= static_length:
-                runner.cache.reset()
-            else:
-                runner = None  # drop the short one before allocating the new cache
-                runner = BatchStaticRunner(model, rows, static_length, buckets, hidden_layers=hidden_layers,
-                                           fuse=fuse)
-            runners[key] = runner
-            while len(runners) > MAX_BATCH_RUNNERS_PER_MODEL:
-                runners.pop(next(iter(runners)))
-        if owner is not None:
-            runner.lease(owner)
-    return runner
+            release_runner(self.model, self.runner)

@@ -1,28 +1,36 @@
-"""Fixed-shape tree verification, captured as CUDA graphs (one per tree-size bucket).
+"""Fixed-shape tree verification of R rows, captured as CUDA graphs (one per tree-width bucket): `StaticRunner`, the one
+runner of every static path (a request is a batch of one, a `generate` batch of R rows, a serving engine's slots).
 
-Eager decoding of a small model is bound by kernel launches and Python, not by the GPU: stock `generate`
-with a static cache compiles its forward to get rid of that overhead, and a speculative loop has to do the
-same to win. `StaticTreeRunner` runs the verify forward over a `HybridTreeCache(static_length=...)`:
+Eager decoding of a small model is bound by kernel launches and Python, not by the GPU: stock `generate` with a
+static cache compiles its forward to get rid of that overhead, and a speculative loop has to do the same to win. The
+runner verifies over a `HybridTreeCache(static_length=...)` of R rows; row b's committed tokens sit in its slots
+0 .. length[b] - 1 (a left-padded prompt first, masked where padded), so rows at different lengths need no
+realignment:
 
-- the tree is padded to a bucket size N (8/16/32/64 by default): padding nodes hang off the committed state,
-  so no real node ever attends to them or follows them;
-- every input of the forward lives in a preallocated device buffer (tokens, parent pointers, the committed
-  length and the root position); the tree mask, positions and write positions are computed from them inside
-  the captured region, so one H2D copy per step feeds the graph;
+- each step's trees, one per row, are padded to a bucket width n (8/16/32/64 by default, padding nodes hanging off the
+  committed state, so no real node ever attends to them or follows them); every input (tokens and parents [R, n],
+  each row's committed length and root position) is staged in one host buffer and copied once; the tree mask,
+  positions and per-row write positions are computed from them inside the captured region;
 - on CUDA, the forward (model, tree kernels, stashing of the recurrent factors) is captured once per bucket and
   replayed; a different bucket at the next step replays another graph, never recompiles;
-- the commit is captured too, as a second graph per bucket: it reads the accepted leaf from a device buffer,
-  gathers the accepted path's keys and values into place at fixed size (the whole bucket is copied; slots past
-  the path land beyond the committed length, where the next tree overwrites or the mask hides them) and runs
-  one commit kernel per recurrent layer; the host only writes the leaf and the attention layers' lengths;
-- drafters that read the target's hidden states (EAGLE, HVD) get those of the committed tokens the same way: the
-  commit graph copies the accepted path's rows of the requested layers into a per-token history buffer, like the
-  keys and values, so a step needs no gather launched from the host and the hidden states of every committed token
-  stay readable for the rest of the request (HVD hands them to its model drafter only when it next drafts with it);
+- the commit is captured too, as a second graph per bucket: it reads each row's accepted leaf from a device buffer
+  (-1: the row commits nothing, its state stays bit-identical), copies each row's path keys and values to its own
+  next slots at fixed size (the whole bucket is copied; slots past the path land beyond the committed length, where
+  the next tree overwrites or the mask hides them) and runs one commit kernel per recurrent layer; the host only
+  writes the leaves;
+- drafters that read the target's hidden states get them two ways: the forward's states of the layers they name
+  (`hidden_layers`, graph outputs of the bucket, from which a batch backend gathers each row's accepted path), or,
+  for one row (`history_layers`), those of every committed token kept by the commit graph in a per-token history
+  buffer, like the keys and values, so a step needs no gather launched from the host and the hidden states of every
+  committed token stay readable for the rest of the request (HVD hands them to its model drafter only when it next
+  drafts with it);
 - with `fuse=True` (`AssistantConfig.compile_verify`, on by default on a GPU) the model's pure regions (norms, MLPs,
-  gate math) run Inductor-compiled inside the forward, so the captured graph replays fused kernels
-  (`hf_hybrid_spec.fusion`);
+  gate math) run Inductor-compiled inside the forward, its independent projections side by side and its attention
+  on the tree-attention kernel, so the captured graph replays fused kernels (`hf_hybrid_spec.fusion`);
 - on CPU the same buffers and code run eagerly (no capture), which is what the CPU tests exercise.
+
+Runners outlive one call (their graphs point at their static caches): `static_runner` leases one from a pool per model
+and settings, `release_runner` hands it back.
 """
 
 from __future__ import annotations
@@ -46,12 +54,12 @@ from ..kernels.tree import ancestor_mask
 from ..models import get_adapter
 from ..models.tree_attention import routed_attention, tree_attention_enabled
 from ..staging import HostStaging
-from ..tree import VerifyTree, tree_attention_mask
+from ..tree import tree_attention_mask
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["StaticTreeRunner", "StaticForwardOutput", "FusedForward", "DEFAULT_BUCKETS", "static_runner",
-           "release_runner", "capture_key", "capture_bucket"]
+__all__ = ["StaticRunner", "FusedForward", "DEFAULT_BUCKETS", "static_runner", "release_runner", "capture_key",
+           "capture_bucket"]
 
 DEFAULT_BUCKETS = (8, 16, 32, 64)
 
@@ -62,61 +70,6 @@ class _CaptureCount:
 
 
 CAPTURES = _CaptureCount()
-
-
-@dataclass
-class StaticForwardOutput:
-    """Outputs of one verify forward, sliced to the tree's real nodes.
-
-    Attributes:
-        logits: [1, n, V].
-        hidden_states: the model's hidden states ([1, n, H] each) when the runner was built to return them.
-    """
-
-    logits: torch.Tensor
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-
-
-class _Bucket:
-    """Static buffers (and, on CUDA, the graph) of one tree size."""
-
-    def __init__(self, n: int, max_length: int, device: torch.device, mask_dtype: torch.dtype,
-                 offsets: torch.Tensor | None = None):
-        self.n = n
-        self.offsets = offsets  # [R, 1] multimodal RoPE offsets (the runner's, shared by its buckets), or None
-        # Every per-step input in one device buffer, so one copy fills it: tokens [n], parent pointers [n] and
-        # [prefix_length, root_position] (committed tokens in the cache, the root's position id). The graph reads
-        # the views below; `staging` is its host twin (`HostStaging`: pinned on CUDA, the copy asynchronous).
-        self.inputs = torch.zeros(2 * n + 2, dtype=torch.long, device=device)
-        self.staging = HostStaging(2 * n + 2, device)
-        self.tokens = self.inputs[:n].view(1, n)
-        self.parent = self.inputs[n : 2 * n].view(1, n)
-        self.parent.fill_(-1)
-        self.scalars = self.inputs[2 * n :]
-        self.write_pos = torch.arange(n, device=device)
-        self.leaf = torch.zeros(1, dtype=torch.long, device=device)  # the accepted node, read by the commit
-        self.prefix_valid = torch.ones(max_length, dtype=torch.bool, device=device)
-        self.mask_dtype = mask_dtype
-        self.max_length = max_length
-        self.graph = None
-        self.commit_graph = None
-        self.out = None
-        self.pending = None
-        # Ancestor mask [n, n] and depth [n] of the tree, from the last forward (the commit reuses them).
-        self.anc = None
-        self.depth = None
-
-    def prepare(self):
-        """Mask [1, 1, n, L], positions [1, n] and write positions from the buffers (graph-safe: no host reads)."""
-        prefix = self.scalars[0]
-        anc = ancestor_mask(self.parent, include_self=True)  # [1, n, n]
-        depth = anc[0].sum(-1) - 1
-        self.anc, self.depth = anc[0], depth
-        positions = (self.scalars[1] + depth).view(1, -1)
-        if self.offsets is not None:
-            positions = positions[None] + self.offsets[:, :, None]  # [R, 1, n]
-        self.write_pos.copy_(prefix + torch.arange(self.n, device=prefix.device))
-        return tree_attention_mask(anc, self.prefix_valid, prefix, self.mask_dtype), positions
 
 
 class FusedForward:
@@ -139,70 +92,104 @@ class FusedForward:
             yield
 
 
-class StaticTreeRunner(Leased):
-    """Verify forwards of fixed shape over a static `HybridTreeCache`.
+class _Bucket:
+    """Static buffers (and, on CUDA, the graphs) of one tree width for R rows."""
+
+    def __init__(self, rows: int, n: int, device: torch.device, key_valid: torch.Tensor, mask_dtype: torch.dtype,
+                 offsets: torch.Tensor | None):
+        self.rows, self.n = rows, n
+        # tokens [R, n], parents [R, n], committed lengths [R], root positions [R]: one buffer, one copy per step.
+        size = rows * (2 * n + 2)
+        self.inputs = torch.zeros(size, dtype=torch.long, device=device)
+        self.staging = HostStaging(size, device)
+        self.tokens = self.inputs[: rows * n].view(rows, n)
+        self.parent = self.inputs[rows * n : 2 * rows * n].view(rows, n)
+        self.parent.fill_(-1)
+        self.lengths = self.inputs[2 * rows * n : 2 * rows * n + rows]
+        self.roots = self.inputs[2 * rows * n + rows :]
+        self.write_pos = torch.zeros(rows, n, dtype=torch.long, device=device)
+        self.leaf = torch.full((rows,), -1, dtype=torch.long, device=device)
+        self.leaf_staging = HostStaging(rows, device, fill=-1)
+        self.key_valid = key_valid  # [R, L] the prompts' padding mask (ones past it), shared by the buckets
+        self.offsets = offsets  # [P, R] multimodal RoPE offsets (the runner's, shared), or None
+        self.mask_dtype = mask_dtype
+        self.graph = self.commit_graph = None
+        self.out = self.pending = self.anc = self.depth = None
+
+    def prepare(self):
+        """Mask [R, 1, n, L], positions [R, n] ([P, R, n] with RoPE offsets) and per-row write positions from the
+        buffers (graph-safe: no host reads)."""
+        anc = ancestor_mask(self.parent, include_self=True)  # [R, n, n]
+        depth = anc.sum(-1) - 1
+        self.anc, self.depth = anc, depth
+        self.write_pos.copy_(self.lengths[:, None] + torch.arange(self.n, device=anc.device))
+        mask = tree_attention_mask(anc, self.key_valid, self.lengths, self.mask_dtype)
+        positions = self.roots[:, None] + depth
+        if self.offsets is not None:
+            positions = positions[None] + self.offsets[:, :, None]
+        return mask, positions
+
+
+class StaticRunner(Leased):
+    """Verify forwards of fixed shape for R rows over a static `HybridTreeCache` (see the module docstring).
 
     Args:
-        model: the target (its mixers routed by `get_adapter`).
-        cache: a `HybridTreeCache` built with `static_length`, already holding the prompt.
-        buckets: tree sizes (root included) to capture; a tree is padded to the smallest that fits.
-        output_hidden_states: also return every layer's hidden states for the tree's nodes (the lossy arbiter).
-        history_layers: hidden-state indices (as in `outputs.hidden_states`) whose values for the committed tokens
-            the runner keeps (`committed_hidden`), written by the commit; for drafters that read the target's
-            hidden states.
-        use_graphs: capture CUDA graphs (default: when the model is on CUDA).
-        fuse: run the model's pure regions Inductor-compiled in the verify forward (`hf_hybrid_spec.fusion`), its
+        model: the target (its mixers routed by `get_adapter`). rows: R. static_length: slots per row (prompt, new
+            tokens, one tree). buckets: tree widths (root included) to capture; a tree is padded to the narrowest that
+            holds it.
+        use_graphs: capture CUDA graphs (default: when the model is on one CUDA device; a model split over devices
+            runs the static path eagerly).
+        hidden_layers: indices into the model's `hidden_states` output that each forward also keeps (`hidden`).
+        fuse: the model's pure regions Inductor-compiled in the verify forward (`hf_hybrid_spec.fusion`), its
             independent projections side by side and its attention on the tree-attention kernel.
+        all_hidden: each forward keeps every layer's hidden states (`all_hidden_states`: a rule that reads them).
+        history_layers: one row only: hidden-state indices whose values for the committed tokens the commit writes
+            into a per-token history (`committed_hidden`), for a request's drafter that reads them.
         rope_rows: rows of multimodal RoPE position ids (Qwen3.5's vision-language model: 4), 0 for plain positions;
-            the offsets of each request are set with `set_position_offsets`.
+            each request's offsets are set with `set_position_offsets`.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        cache: HybridTreeCache,
-        buckets: tuple[int, ...] = DEFAULT_BUCKETS,
-        output_hidden_states: bool = False,
-        history_layers: tuple[int, ...] = (),
-        use_graphs: bool | None = None,
-        fuse: bool = False,
-        rope_rows: int = 0,
-    ):
-        if not cache.is_static:
-            raise ValueError("StaticTreeRunner needs a HybridTreeCache built with static_length")
+    def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+                 use_graphs: bool | None = None, hidden_layers: tuple[int, ...] = (), fuse: bool = False,
+                 all_hidden: bool = False, history_layers: tuple[int, ...] = (), rope_rows: int = 0):
+        history_layers = tuple(int(i) for i in history_layers)
+        if history_layers and rows != 1:
+            raise ValueError(f"history_layers keep one row's committed hidden states; this runner has {rows} rows")
         adapter = get_adapter(model)  # route the recurrent mixers (else a tree forward would run the stock one)
-        # The model and its modules are held weakly: the runner pool keeps runners per model, and a runner must not
-        # be what keeps a deleted model (and its static cache) alive.
+        # The model and its modules are held weakly: the pool keeps runners per model, and a runner must not be what
+        # keeps a deleted model (and its static cache) alive.
         self._model = weakref.ref(model)
-        self.cache = cache
-        self.device = model.device
-        self.buckets = tuple(sorted(set(int(b) for b in buckets)))
-        self.output_hidden_states = output_hidden_states
-        self.history_layers = tuple(int(i) for i in history_layers)
-        if use_graphs is None:
-            # A CUDA graph lives on one device: a model split over devices (device_map) runs the static path eagerly.
-            devices = {p.device for p in model.parameters()}
-            use_graphs = self.device.type == "cuda" and len(devices) == 1
-        self.use_graphs = use_graphs
+        self.rows = rows
+        self.hidden_layers = tuple(int(i) for i in hidden_layers)
+        self.all_hidden = all_hidden
+        self.history_layers = history_layers
         self.fuse = fuse
         self._fused = FusedForward(model, adapter) if fuse else None
-        max_length = next(layer.max_length for layer in cache.layers if hasattr(layer, "max_length"))
+        self.device = model.device
+        self.static_length = static_length
+        self.cache = HybridTreeCache(model.config, static_length=static_length)
+        self.buckets = tuple(sorted({int(b) for b in buckets}))
+        if use_graphs is None:
+            use_graphs = self.device.type == "cuda" and len({p.device for p in model.parameters()}) == 1
+        self.use_graphs = use_graphs
         self.rope_rows = rope_rows
-        self._offsets = torch.zeros(rope_rows, 1, dtype=torch.long, device=self.device) if rope_rows else None
-        self._buckets = {n: _Bucket(n, max_length, self.device, model.dtype, self._offsets) for n in self.buckets}
-        # [layers, 1, max_length, hidden]: the history_layers' hidden states of the committed tokens, by position.
+        self._offsets = torch.zeros(rope_rows, rows, dtype=torch.long, device=self.device) if rope_rows else None
+        self.key_valid = torch.ones(rows, static_length, dtype=torch.bool, device=self.device)
+        self._buckets = {n: _Bucket(rows, n, self.device, self.key_valid, model.dtype, self._offsets)
+                         for n in self.buckets}
+        # [layers, 1, static_length, hidden]: the history layers' hidden states of the committed tokens, by position.
         self.history = None
-        if self.history_layers:
-            hidden_size = model.config.get_text_config().hidden_size
-            self.history = torch.zeros(len(self.history_layers), 1, max_length, hidden_size, dtype=model.dtype,
+        if history_layers:
+            size = model.config.get_text_config().hidden_size
+            self.history = torch.zeros(len(history_layers), 1, static_length, size, dtype=model.dtype,
                                        device=self.device)
         self._pool = None
-        self.captures = 0  # graphs captured so far (a budget change must not add any beyond one per bucket)
-        self.static_length = max_length
-        self._active: _Bucket | None = None  # the bucket of the pending tree
-        # The commit graph needs graph-safe commit ops: the Triton kernels (the PyTorch commit reads the path
-        # back to the host). Decided once per runner, as the backend is per call of generate.
+        # The commit graph needs graph-safe commit ops: the Triton kernels (the PyTorch commit reads the path back to
+        # the host). Decided once per runner, as the kernel backend is per call of generate.
         self._graph_commit = None
+        self._active: _Bucket | None = None  # the bucket of the pending trees
+        self.captures = 0  # graphs captured so far (never more than two per bucket)
+        self.step_graphs = None  # the pipelined step's select and accept passes (`engine.step_graphs`)
 
     @property
     def model(self) -> nn.Module:
@@ -215,51 +202,118 @@ class StaticTreeRunner(Leased):
     def max_nodes(self) -> int:
         return self.buckets[-1]
 
-    def set_prefix_valid(self, valid: torch.Tensor) -> None:
-        """0/1 [P] padding mask of the prompt (generated tokens are always valid)."""
-        for b in self._buckets.values():
-            b.prefix_valid.fill_(True)
-            b.prefix_valid[: valid.numel()].copy_(valid.bool().view(-1))
+    def set_prompt_mask(self, mask: torch.Tensor) -> None:
+        """[R, P] 0/1 padding mask of the prompts (generated tokens are always valid)."""
+        self.key_valid.fill_(True)
+        self.key_valid[:, : mask.shape[1]].copy_(mask.bool())
 
     def set_position_offsets(self, offsets: torch.Tensor) -> None:
-        """[R, 1] multimodal RoPE offsets of the request (`VerifyTree.position_ids`), copied into the graphs' input."""
+        """[P, R] multimodal RoPE offsets of the rows (`VerifyTree.position_ids`), copied into the graphs' input."""
         if self._offsets is None or offsets.shape != self._offsets.shape:
             expected = None if self._offsets is None else tuple(self._offsets.shape)
             raise ValueError(f"this runner takes offsets of shape {expected}, got {tuple(offsets.shape)}")
         self._offsets.copy_(offsets)
 
-    def forward(self, tree: VerifyTree, prefix_length: int, root_position: int) -> StaticForwardOutput:
-        """Run `tree` (n <= max bucket nodes) and leave the cache in tree mode (commit or abort next)."""
-        n = tree.num_nodes
-        bucket = self._buckets[next(b for b in self.buckets if b >= n)]
+    def forward(self, tokens: torch.Tensor, parent: torch.Tensor, lengths: list[int],
+                roots: list[int]) -> torch.Tensor:
+        """Run one tree per row (host tensors [R, w], root first; w <= the largest bucket) whose keys go after each
+        row's `lengths[b]` committed slots, the root at position `roots[b]`. Returns the logits [R, n, V] (the
+        bucket's; rows' real nodes first). The cache stays in tree mode (commit or abort next)."""
+        width = tokens.shape[1]
+        bucket = self.bucket_for(width)
         self._active = None
-        # Padding nodes get token 0 and parent -1. A tree laid out on the host goes in with one copy.
-        if tree.tokens.device.type == "cpu" and tree.parent.device.type == "cpu":
-            pad = bucket.n - n
-            values = (tree.tokens[0].tolist() + [0] * pad + tree.parent[0].tolist() + [-1] * pad
-                      + [int(prefix_length), int(root_position)])
-            bucket.staging.host().copy_(torch.tensor(values, dtype=torch.long))
-            bucket.staging.send(bucket.inputs)
-        else:
-            bucket.tokens.zero_()
-            bucket.tokens[:, :n].copy_(tree.tokens, non_blocking=True)
-            bucket.parent.fill_(-1)
-            bucket.parent[:, :n].copy_(tree.parent, non_blocking=True)
-            bucket.scalars.copy_(torch.tensor([prefix_length, root_position]), non_blocking=True)
+        n, rows = bucket.n, self.rows
+        padded_tokens = torch.zeros(rows, n, dtype=torch.long)
+        padded_parent = torch.full((rows, n), -1, dtype=torch.long)
+        padded_tokens[:, :width] = tokens
+        padded_parent[:, :width] = parent
+        bucket.staging.host().copy_(torch.cat([padded_tokens.view(-1), padded_parent.view(-1),
+                                               torch.tensor(lengths + roots, dtype=torch.long)]))
+        bucket.staging.send(bucket.inputs)
+        return self._launch(bucket)
+
+    def forward_device(self, tokens: torch.Tensor, parent: torch.Tensor, lengths: list[int],
+                       roots: list[int]) -> torch.Tensor:
+        """`forward` over trees already on the device ([R, w] tokens and parents, root first: `engine.plain`, a
+        drafter that drafts on the device): copied into the bucket's buffers on the device, only the lengths and root
+        positions come from the host."""
+        width = tokens.shape[1]
+        bucket = self.bucket_for(width)
+        bucket.tokens[:, :width].copy_(tokens)
+        bucket.parent[:, :width].copy_(parent)
+        if width < bucket.n:  # the bucket's spare nodes: lone nodes nobody commits
+            bucket.tokens[:, width:].zero_()
+            bucket.parent[:, width:].fill_(-1)
+        return self.forward_filled(width, lengths, roots)
+
+    def bucket_for(self, width: int) -> _Bucket:
+        """The bucket that verifies trees of `width` nodes (the narrowest at least as wide)."""
+        return self._buckets[next(b for b in self.buckets if b >= width)]
+
+    def forward_filled(self, width: int, lengths: list[int], roots: list[int]) -> torch.Tensor:
+        """`forward` over the trees already written into `bucket_for(width)`'s token and parent buffers
+        (`engine.step_graphs`); the lengths and root positions come from the host. Returns the logits [R, n, V]."""
+        bucket = self.bucket_for(width)
+        self._active = None
+        scalars = 2 * self.rows * bucket.n
+        bucket.staging.host()[scalars:].copy_(torch.tensor(lengths + roots, dtype=torch.long))
+        bucket.staging.send(bucket.inputs[scalars:], scalars)
+        return self._launch(bucket)
+
+    def _launch(self, bucket: _Bucket) -> torch.Tensor:
+        """The bucket's forward over its staged inputs: its graph replayed (captured on first use), or run."""
         if self.use_graphs:
             if bucket.graph is None:
-                self._capture(bucket, prefix_length)
+                self._capture(bucket)
             # The graph rewrites the captured factor tensors in place: the stash from capture time stays valid.
-            self.cache.begin_tree(bucket.parent, prefix_length, pending=bucket.pending, check=False)
+            self.cache.begin_tree(bucket.parent, 0, pending=bucket.pending, check=False)
             bucket.graph.replay()
         else:
-            bucket.out = self._run(bucket, prefix_length)
+            bucket.out = self._run(bucket)
         self._active = bucket
-        out = bucket.out
-        hidden = None
-        if self.output_hidden_states:
-            hidden = tuple(h[:, :n] for h in out.hidden_states)
-        return StaticForwardOutput(logits=out.logits[:, :n], hidden_states=hidden)
+        return bucket.out.logits
+
+    def commit_device(self, leaves: torch.Tensor) -> None:
+        """Start the commit of each row's path to `leaves` [R] (a device tensor, -1: nothing) without a host read; the
+        cache stays in tree mode until `finish_commit` (when the host knows the new lengths)."""
+        bucket = self._active
+        if bucket is None or self.cache.tree is None:
+            raise RuntimeError("commit called without a pending tree from this runner's forward")
+        try:
+            if leaves is not bucket.leaf:  # (`engine.step_graphs` writes the leaves in place)
+                bucket.leaf.copy_(leaves, non_blocking=True)
+            if bucket.commit_graph is not None:
+                bucket.commit_graph.replay()
+            else:
+                self._commit_body(bucket)
+        except BaseException:
+            self.cache.abort()
+            self._active = None
+            raise
+
+    def finish_commit(self, committed_length: int) -> None:
+        """End a `commit_device`: the longest row now holds `committed_length` slots."""
+        self._active = None
+        self.cache.end_tree(committed_length)
+
+    def hidden(self) -> tuple[torch.Tensor, ...]:
+        """The last forward's hidden states of `hidden_layers`, [R, n, H] each (the bucket's; valid until the next
+        forward of that bucket)."""
+        bucket = self._active
+        if bucket is None or not self.hidden_layers:
+            raise RuntimeError("hidden() needs a pending tree from a runner built with hidden_layers")
+        return self.hidden_of(bucket)
+
+    def hidden_of(self, bucket: _Bucket) -> tuple[torch.Tensor, ...]:
+        """`bucket`'s last forward's hidden states of `hidden_layers` (graph outputs when captured)."""
+        return tuple(bucket.out.hidden_states[i] for i in self.hidden_layers)
+
+    def all_hidden_states(self) -> tuple[torch.Tensor, ...]:
+        """The last forward's hidden states of every layer, [R, n, H] each (a runner built with `all_hidden`)."""
+        bucket = self._active
+        if bucket is None or not self.all_hidden:
+            raise RuntimeError("all_hidden_states() needs a pending tree from a runner built with all_hidden")
+        return tuple(bucket.out.hidden_states)
 
     def committed_hidden(self, start: int, end: int) -> tuple[torch.Tensor, ...]:
         """Hidden states [1, end - start, H] of committed positions start .. end, one per history layer (views of
@@ -270,82 +324,46 @@ class StaticTreeRunner(Leased):
             raise ValueError(f"positions {start}..{end} outside the runner's {self.static_length} slots")
         return tuple(self.history[j, :, start:end] for j in range(len(self.history_layers)))
 
-    def commit(self, path: list[int]) -> None:
-        """Commit the pending tree's root->leaf `path` (node indices, root first, as the verifier found them).
-
-        Replays the bucket's commit graph on CUDA (the host writes the leaf and the attention layers' lengths),
-        runs the same code eagerly elsewhere.
-        """
-        bucket, tree = self._active, self.cache.tree
-        if tree is None or bucket is None:
+    def commit(self, leaves: list[int], committed_length: int) -> None:
+        """Keep each row's root->leaf path (`leaves[b]`, -1: nothing) of the pending trees; the longest row then holds
+        `committed_length` slots. One graph replay on CUDA (the host writes the leaves)."""
+        bucket = self._active
+        if bucket is None or self.cache.tree is None:
             raise RuntimeError("commit called without a pending tree from this runner's forward")
-        if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])) or path[-1] >= bucket.n:
-            raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
-        committed = tree.prefix_length + len(path)
-        try:
-            bucket.leaf.fill_(path[-1])
-            if bucket.commit_graph is not None:
-                bucket.commit_graph.replay()
-            else:
-                self._commit_body(bucket)
-        except BaseException:
-            self.cache.abort()
-            raise
-        finally:
-            self._active = None
-        self.cache.end_tree(committed)
+        bucket.leaf_staging.host().copy_(torch.tensor(leaves, dtype=torch.long))
+        bucket.leaf_staging.send(bucket.leaf)
+        self.commit_device(bucket.leaf)
+        self.finish_commit(committed_length)
 
     def abort(self) -> None:
-        """Drop the pending tree (nothing committed changes)."""
+        """Drop the pending trees (nothing committed changes)."""
         self.cache.abort()
         self._active = None
 
-    def capture_all(self, prefix_length: int) -> None:
-        """Capture every bucket now (after a prefill, so the cache's buffers exist), not at first use."""
+    def capture_all(self, prompt_length: int) -> None:
+        """Capture every bucket after the prefill (the cache's buffers exist), not at first use."""
         if not self.use_graphs:
             return
         for bucket in self._buckets.values():
             if bucket.graph is None:
-                bucket.scalars.copy_(torch.tensor([prefix_length, prefix_length]))
-                self._capture(bucket, prefix_length)
+                bucket.lengths.fill_(prompt_length)
+                bucket.roots.fill_(prompt_length)
+                self._capture(bucket)
 
     # ------------------------------------------------------------------ internals
-    def _commit_body(self, bucket: _Bucket) -> None:
-        """Keep the path to `bucket.leaf` with fixed-shape device ops only (graph-safe, no host reads).
-
-        leaf = -1 commits nothing: recurrent states stay bit-identical and the attention copies only touch the
-        slots from the prefix on (the warm-up before capture relies on that).
-        """
-        leaf, n = bucket.leaf, bucket.n
-        nodes = torch.arange(n, device=leaf.device)
-        on_path = bucket.anc[leaf.clamp(min=0)] & (leaf >= 0).view(1, 1)  # [1, n]
-        # order[p]: the path node at depth p (root first); rows past the leaf's depth pick node 0, and their
-        # copies land past the new committed length.
-        at_depth = on_path & (bucket.depth.view(1, n) == nodes.view(n, 1))  # [n (depth), n (node)]
-        order = at_depth.to(torch.int32).argmax(-1)
-        dst = bucket.write_pos
-        self.cache.commit(leaf, on_path, bucket.scalars[0] + order, dst)
-        if self.history is not None:
-            # The path's hidden states by depth, at the positions its keys and values went to (rows past the leaf
-            # land beyond the committed length, as there).
-            # One launch for all layers where the Triton kernel applies (a model split over devices, eager static
-            # path, has its layers' states on their own devices: the PyTorch path reads each on its own).
-            states = bucket.out.hidden_states
-            gather_rows(self.history, tuple(states[i] for i in self.history_layers), order, dst)
-
-    def _run(self, bucket: _Bucket, prefix_length: int):
+    def _run(self, bucket: _Bucket):
         """The forward itself, in tree mode; keeps the recurrent factors the adapters stash (the cache stays in tree
         mode: commit or abort next)."""
         cursor = self.cache.cursor
-        self.cache.begin_tree(bucket.parent, prefix_length, check=False)
+        self.cache.begin_tree(bucket.parent, 0, check=False)
         mask, positions = bucket.prepare()
         cursor.write_pos, cursor.tree_mode = bucket.write_pos, True
         try:
             with self._fused.regions(self.model) if self._fused is not None else contextlib.nullcontext():
-                out = forward_tokens(
-                    self.model, bucket.tokens, self.cache, position_ids=positions, attention_mask=mask,
-                    logits_to_keep=0, output_hidden_states=self.output_hidden_states or bool(self.history_layers),
-                )
+                out = forward_tokens(self.model, bucket.tokens, self.cache, position_ids=positions,
+                                     attention_mask=mask, logits_to_keep=0,
+                                     output_hidden_states=bool(self.hidden_layers or self.history_layers)
+                                     or self.all_hidden)
         except BaseException:
             self.cache.abort()
             raise
@@ -354,33 +372,52 @@ class StaticTreeRunner(Leased):
         bucket.pending = self.cache.pending
         return out
 
-    def _forward_and_leave(self, bucket: _Bucket, prefix_length: int):
-        """One forward of `bucket`'s tree, the cache back out of tree mode after it (nothing committed): what a
+    def _commit_body(self, bucket: _Bucket) -> None:
+        """Each row's path to its leaf, with fixed-shape device ops only (graph-safe, no host reads). A row with leaf
+        -1 commits nothing: its recurrent state stays as it is and its copies land past its committed slots (the
+        warm-up before capture relies on that)."""
+        leaf, n, rows = bucket.leaf, bucket.n, self.rows
+        nodes = torch.arange(n, device=leaf.device)
+        picked = bucket.anc.gather(1, leaf.clamp(min=0).view(rows, 1, 1).expand(rows, 1, n)).squeeze(1)
+        on_path = picked & (leaf >= 0).view(rows, 1)  # [R, n]
+        # order[b, p]: row b's path node at depth p (root first); past the leaf's depth node 0, whose copies land
+        # past the row's new committed length.
+        at_depth = on_path[:, None, :] & (bucket.depth[:, None, :] == nodes.view(1, n, 1))  # [R, depth, node]
+        order = at_depth.to(torch.int32).argmax(-1)
+        self.cache.commit(leaf, on_path, bucket.lengths[:, None] + order, bucket.write_pos)
+        if self.history is not None:
+            # The path's hidden states by depth, at the positions its keys and values went to (rows past the leaf
+            # land beyond the committed length, as there). One launch for all layers where the Triton kernel applies
+            # (a model split over devices, eager static path, has its layers' states on their own devices: the
+            # PyTorch path reads each on its own).
+            states = bucket.out.hidden_states
+            gather_rows(self.history, tuple(states[i] for i in self.history_layers), order[0], bucket.write_pos[0])
+
+    def _forward_and_leave(self, bucket: _Bucket):
+        """One forward of `bucket`'s trees, the cache back out of tree mode after it (nothing committed): what a
         capture records."""
         try:
-            return self._run(bucket, prefix_length)
+            return self._run(bucket)
         finally:
             self.cache.end_tree()
 
-    def _commit_and_leave(self, bucket: _Bucket, prefix_length: int) -> None:
-        """The commit body over `bucket`'s captured tree (with leaf = -1 at capture: nothing changes), the cache out
-        of tree mode after it."""
-        self.cache.begin_tree(bucket.parent, prefix_length, pending=bucket.pending, check=False)
+    def _commit_and_leave(self, bucket: _Bucket) -> None:
+        """The commit body over `bucket`'s captured trees (with every leaf -1 at capture: nothing changes), the cache
+        out of tree mode after it."""
+        self.cache.begin_tree(bucket.parent, 0, pending=bucket.pending, check=False)
         try:
             self._commit_body(bucket)
         finally:
             self.cache.end_tree()
 
-    def _capture(self, bucket: _Bucket, prefix_length: int) -> None:
-        # Warm-up forwards only write tree keys beyond the committed prefix and stash factors: nothing committed
+    def _capture(self, bucket: _Bucket) -> None:
+        # Warm-up forwards only write tree keys beyond the committed slots and stash factors: nothing committed
         # changes. The last call (the captured one) leaves the bucket's mask, depth and factors in the graph's pool.
-        capture_bucket(self, bucket, lambda: self._forward_and_leave(bucket, prefix_length),
-                       lambda: self._commit_and_leave(bucket, prefix_length))
-        logger.info("captured the verify forward for trees of %d nodes", bucket.n)
-
+        capture_bucket(self, bucket, lambda: self._forward_and_leave(bucket), lambda: self._commit_and_leave(bucket))
+        logger.info("captured the verify forward for %d row(s) of %d nodes", self.rows, bucket.n)
 
 def capture_bucket(runner, bucket, forward, commit) -> None:
-    """Capture one bucket of a static runner (`StaticTreeRunner`, `batch_static.BatchStaticRunner`): `forward()` (one
+    """Capture one bucket of a static runner (`StaticRunner`; the serving engine's too): `forward()` (one
     verify forward that leaves the cache out of tree mode) into `bucket.graph` / `bucket.out`, and, where the commit
     ops are graph-safe (the Triton kernels; the PyTorch commit reads the path back to the host), `commit()` into
     `bucket.commit_graph`, warmed up and captured with every leaf at -1 (commits nothing: recurrent states stay as
@@ -423,40 +460,35 @@ def capture_key(model: nn.Module) -> tuple:
     return (str(model.device), str(model.dtype), len(params), weights, attention, resolve(model.device))
 
 
-def static_runner(
-    model: nn.Module, static_length: int, buckets: tuple[int, ...], output_hidden_states: bool, owner=None,
-    history_layers: tuple[int, ...] = (), fuse: bool = False, rope_rows: int = 0,
-) -> StaticTreeRunner:
-    """A runner with an empty static cache of at least `static_length` tokens for `model` (reused when it fits),
-    leased to `owner` (`graphs.Leased`) when given; hand it back with `release_runner`.
+def static_runner(model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...], owner=None,
+                  hidden_layers: tuple[int, ...] = (), fuse: bool = False, all_hidden: bool = False,
+                  history_layers: tuple[int, ...] = (), rope_rows: int = 0) -> StaticRunner:
+    """A `StaticRunner` of `rows` rows with an empty static cache of at least `static_length` slots per row for `model`
+    (reused when it fits), leased to `owner` (`graphs.Leased`) when given; hand it back with `release_runner`.
 
-    Runners are kept per (buckets, output_hidden_states, history_layers, fuse, rope_rows, `capture_key(model)`); one
-    that is too
-    short for a request is replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently
-    used is dropped. A runner leased to a call still running (another thread) is never handed out twice: that request
-    gets a runner of its own, not kept (correct, but it captures its own graphs).
-    """
+    Runners are kept per (rows, buckets, the hidden states they keep, fuse, rope_rows, `capture_key(model)`); one that
+    is too short for a call is replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently
+    used is dropped. A runner leased to a call still running (another thread) is never handed out twice: that call
+    gets a runner of its own, not kept (correct, but it captures its own graphs)."""
+    hidden_layers = tuple(int(i) for i in hidden_layers)
     history_layers = tuple(int(i) for i in history_layers)
-    key = (tuple(sorted({int(b) for b in buckets})), bool(output_hidden_states), history_layers, bool(fuse),
-           int(rope_rows), capture_key(model))
+    settings = dict(hidden_layers=hidden_layers, fuse=bool(fuse), all_hidden=bool(all_hidden),
+                    history_layers=history_layers, rope_rows=int(rope_rows))
+    key = (int(rows), tuple(sorted({int(b) for b in buckets})), *settings.values(), capture_key(model))
     with _RUNNERS_LOCK:
         runners = _RUNNERS.setdefault(model, {})
         runner = runners.get(key)
         if runner is not None and runner.in_use:
             logger.warning_once("a static runner of this model is in use by another generate call: this call builds "
                                 "its own (concurrent calls with compile=True each capture their own graphs)")
-            runner = StaticTreeRunner(model, HybridTreeCache(model.config, static_length=static_length), buckets,
-                                      output_hidden_states=output_hidden_states, history_layers=history_layers,
-                                      fuse=fuse, rope_rows=rope_rows)
+            runner = StaticRunner(model, rows, static_length, buckets, **settings)
         else:
             runners.pop(key, None)
             if runner is not None and runner.static_length >= static_length:
                 runner.cache.reset()
             else:
                 runner = None  # drop the short one before allocating the new cache
-                cache = HybridTreeCache(model.config, static_length=static_length)
-                runner = StaticTreeRunner(model, cache, buckets, output_hidden_states=output_hidden_states,
-                                          history_layers=history_layers, fuse=fuse, rope_rows=rope_rows)
+                runner = StaticRunner(model, rows, static_length, buckets, **settings)
             runners[key] = runner  # most recently used last
             while len(runners) > MAX_RUNNERS_PER_MODEL:
                 runners.pop(next(iter(runners)))
@@ -465,9 +497,9 @@ def static_runner(
     return runner
 
 
-def release_runner(model: nn.Module, runner: StaticTreeRunner) -> None:
+def release_runner(model: nn.Module, runner: StaticRunner) -> None:
     """End `runner`'s lease; a runner longer than `MAX_KEPT_LENGTH` is dropped from the pool (its static cache and
-    graphs are freed once the caller lets go of it) rather than kept for later requests."""
+    graphs are freed once the caller lets go of it) rather than kept for later calls."""
     runner.release()
     if runner.static_length <= MAX_KEPT_LENGTH:
         return

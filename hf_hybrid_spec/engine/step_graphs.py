@@ -59,7 +59,7 @@ class AcceptOutputs:
 
 
 class StepGraphs(GraphPasses):
-    """The select and accept passes of the pipelined step for one `BatchStaticRunner` and one drafts shape (see the
+    """The select and accept passes of the pipelined step for one `static.StaticRunner` and one drafts shape (see the
     module docstring).
 
     Args:

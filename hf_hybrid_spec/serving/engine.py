@@ -7,7 +7,7 @@ steps.
         for update in engine.step():     # GenerationOutput per request that changed (transformers' type)
             ...
 
-Each request owns a slot of one static batched cache (`engine.batch_static.BatchStaticRunner`): the attention layers'
+Each request owns a slot of one static batched cache (`engine.static.StaticRunner`): the attention layers'
 KV buffers and the recurrent and conv states are indexed by slot (mamba's `state_batch_indices`), so a request joins
 by writing its prompt's committed state into a free slot and leaves by freeing it; nothing else moves. A step is one
 verify forward over every slot (captured as CUDA graphs per tree width on a GPU; free slots commit nothing), with each
@@ -45,13 +45,13 @@ from ..cache import HybridTreeCache, export_committed, import_committed
 from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext, Drafter, RowTokens, make_drafter
 from ..engine.batch import batch_buckets
-from ..engine.batch_static import BatchStaticBackend, BatchStaticRunner
+from ..engine.batch_static import BatchStaticBackend
 from ..engine.budget import cached_cost
 from ..engine.outputs import SpecStats
 from ..engine.request import propose
 from ..engine.rows import BatchRecorder
 from ..engine.step import StepRows, apply_budget, batch_tree, measure_verify_cost, record_step, verify_batch
-from ..engine.static import DEFAULT_BUCKETS
+from ..engine.static import DEFAULT_BUCKETS, StaticRunner
 from ..forward import forward_tokens
 from ..models import get_adapter
 from ..tree import DraftBatch, DraftTree, VerifyResult, VerifyTree, empty_draft
@@ -306,8 +306,8 @@ class ServingEngine:
             buckets = tuple(sorted(set(buckets) | {self.serving.prefill_chunk}))
         self.max_width = max(buckets)
         slots = self.serving.max_slots
-        runner = BatchStaticRunner(model, slots, self.serving.max_total_tokens + self.max_width, buckets,
-                                   use_graphs=modes.graphs, fuse=modes.fuse)
+        runner = StaticRunner(model, slots, self.serving.max_total_tokens + self.max_width, buckets,
+                              use_graphs=modes.graphs, fuse=modes.fuse)
         self.backend = BatchStaticBackend(model, slots, runner.static_length, buckets, owner=None, runner=runner)
         # A launched step's argmax, read back by `finish` (one step in flight per engine).
         self._best_host = torch.zeros(slots * self.max_width, dtype=torch.long, pin_memory=self.device.type == "cuda")

@@ -216,8 +216,8 @@ def test_capture_paths_run_on_cpu_with_stand_in_graphs(monkeypatch):
                         ("graph_pool_handle", lambda: object())):
         monkeypatch.setattr(torch.cuda, name, value)
     monkeypatch.setattr(S, "resolve", lambda device: "triton")  # graph-safe commit ops: capture the commit too
-    init = S.StaticTreeRunner.__init__
-    monkeypatch.setattr(S.StaticTreeRunner, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "use_graphs": True}))
+    init = S.StaticRunner.__init__
+    monkeypatch.setattr(S.StaticRunner, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "use_graphs": True}))
     model = tiny_model("qwen3_5_text")
     ids = ids_of(10, 5)
     out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, return_dict_in_generate=True,
@@ -267,15 +267,15 @@ def _committed(cache, length):
 def test_static_commit_matches_the_dynamic_commit(family):
     """The runner's fixed-shape commit (what its CUDA graph replays) keeps exactly what `HybridTreeCache.commit`
     keeps, for random trees and leaves; leaf = -1 (the warm-up before capture) changes nothing committed."""
-    from hf_hybrid_spec.engine.static import StaticTreeRunner
+    from hf_hybrid_spec.engine.static import StaticRunner
     from hf_hybrid_spec.forward import forward_tokens, forward_tree
     from hf_hybrid_spec.tree import build_verify_tree
 
     model = tiny_model(family)
     ids = ids_of(11)
     prefix = ids.shape[1] - 1
-    static = H.HybridTreeCache(model.config, static_length=64)
-    runner = StaticTreeRunner(model, static, buckets=(8, 16))
+    runner = StaticRunner(model, 1, 64, buckets=(8, 16))
+    static = runner.cache
     for seed in range(6):
         dynamic = H.HybridTreeCache(model.config)
         static.reset()
@@ -284,17 +284,17 @@ def test_static_commit_matches_the_dynamic_commit(family):
         draft = _random_draft(3 + 2 * seed, seed)
         tree = build_verify_tree(ids[:, -1], draft)
         before = _committed(static, prefix)
-        runner.forward(tree, prefix, prefix)
+        runner.forward(tree.tokens, tree.parent, [prefix], [prefix])
         bucket = runner._active
         bucket.leaf.fill_(-1)
         runner._commit_body(bucket)
         for a, b in zip(before, _committed(static, prefix)):
             assert torch.equal(a, b)
         runner.abort()  # that commit also overwrote the tree's own slots: run the tree again
-        runner.forward(tree, prefix, prefix)
+        runner.forward(tree.tokens, tree.parent, [prefix], [prefix])
         leaf = int(torch.randint(tree.num_nodes, (1,), generator=torch.Generator().manual_seed(seed)))
         path = tree.ancestors[0, leaf].nonzero().flatten().tolist()
-        runner.commit(path)
+        runner.commit([path[-1]], prefix + len(path))
         forward_tree(model, tree, dynamic, prefix_length=prefix, root_position=torch.tensor([prefix]))
         commit_paths(dynamic, [path], [prefix])
         length = prefix + len(path)

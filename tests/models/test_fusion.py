@@ -154,7 +154,7 @@ def test_compile_verify_on_a_batch_matches_plain_greedy(family):
     from engine.test_batch import greedy, padded_batch
 
     from hf_hybrid_spec.eagle import EagleDrafter
-    from hf_hybrid_spec.engine.batch_static import _RUNNERS as BATCH_RUNNERS
+    from hf_hybrid_spec.engine.static import _RUNNERS as BATCH_RUNNERS
 
     model = tiny_model(family)
     ids, mask = padded_batch([9, 14, 5], seed=5)
