@@ -330,7 +330,7 @@ def serve_cluster(model_id: str, assistant_config: str | dict | None = None,
                        threads)
     app = build_app(spec, replicas, routing, served_model_name, api_key, max_body_bytes, replica_gpus,
                     replica_cpus, autoscaling)
-    serve.start(http_options={"host": host, "port": port})
+    host, port = _start_serve(host, port)
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     url = f"http://{host}:{port}"
     logger.info("serving %s on %d replica(s) at %s (routing: %s)", model_id, replicas, url, routing)
@@ -343,6 +343,25 @@ def serve_cluster(model_id: str, assistant_config: str | dict | None = None,
         finally:
             shutdown()
     return url
+
+
+def _start_serve(host: str, port: int) -> tuple[str, int]:
+    """Start Ray Serve with its HTTP proxy on `host`:`port`, or join the Serve already running in this Ray cluster,
+    whose proxy keeps the address it started with (Ray applies HTTP options only when Serve starts: a second call in
+    one process with another port would otherwise return a URL nothing listens on). Returns the proxy's address."""
+    serve.start(http_options={"host": host, "port": port})
+    try:  # the running Serve's HTTP options: a private attribute (where a Ray release moves it, the address asked for)
+        from ray.serve.context import _get_global_client
+
+        config = _get_global_client().http_config
+        running = (str(config.host), int(config.port))
+    except Exception:  # noqa: BLE001
+        return host, port
+    if running != (host, port):
+        logger.warning("Ray Serve already runs in this cluster with its proxy on %s:%d; serving there, not on %s:%d "
+                       "(Ray applies HTTP options only when Serve starts: shut it down first to move it)",
+                       *running, host, port)
+    return running
 
 
 def shutdown() -> None:

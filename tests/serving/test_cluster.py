@@ -175,3 +175,23 @@ def test_a_replica_killed_mid_load_loses_no_request(cluster):
             break
         time.sleep(0.5)
     assert len(alive) == 2 and names[0] not in alive, alive
+
+
+def test_the_url_is_where_serve_listens(cluster, monkeypatch):
+    """`serve_cluster`'s URL is the running Serve proxy's address: Ray applies HTTP options only when Serve starts,
+    so a second call with another port joins the proxy that runs (and says so) instead of returning a dead URL."""
+    from types import SimpleNamespace
+
+    from ray.serve.context import _get_global_client
+
+    from hf_hybrid_spec.serving import cluster as C
+
+    _, url, _ = cluster
+    config = _get_global_client().http_config  # the attribute `_start_serve` reads, on this Ray
+    assert f"http://{config.host}:{config.port}" == url
+    started = []
+    monkeypatch.setattr(C.serve, "start", lambda http_options: started.append(http_options))
+    assert C._start_serve(config.host, config.port + 1) == (config.host, config.port)
+    assert started == [{"host": config.host, "port": config.port + 1}]
+    monkeypatch.setattr("ray.serve.context._get_global_client", lambda: SimpleNamespace(http_config=None))
+    assert C._start_serve("127.0.0.1", 9) == ("127.0.0.1", 9)  # where Ray moves the attribute: the address asked for
