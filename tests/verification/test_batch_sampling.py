@@ -7,7 +7,7 @@ its probability moved from its likeliest cell to the next (p < 1e-3), so the tes
 
 import pytest
 import torch
-from helpers import chi2_pvalue
+from helpers import chi2_pvalue, drafter_kwargs
 from transformers import (LogitsProcessorList, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
@@ -66,20 +66,25 @@ def shifted(law: torch.Tensor, mass: float = 0.02) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset,drafter", [("sampling", "suffix"), ("penalties", "ngram")])
+@pytest.mark.parametrize("preset,drafter", [("sampling", "suffix"), ("penalties", "ngram"), ("sampling", "eagle")])
 def test_each_rows_tokens_follow_the_targets_law(preset, drafter):
+    """Trees that are a function of the context (suffix matches; EAGLE's top-k expansion of a random head, batched)
+    and chains (n-gram): the keyed rule. (No built-in drafter samples its drafts; the lossless rule for drafts that
+    carry their distribution is tests/verification/test_sampling.py's, one request at a time.)"""
     model = tiny_model("qwen3_5_text", vocab_size=V, seed=3)
     width = max(len(p) for p in PROMPTS)
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in PROMPTS for _ in range(COPIES)])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS for _ in range(COPIES)])
     kwargs, processors = PRESETS[preset]
-    config = H.AssistantConfig(drafter=drafter, global_cache=False)
+    if drafter == "eagle":  # a random head
+        drafting = drafter_kwargs(drafter, model)
+    else:
+        drafting = dict(assistant_config=H.AssistantConfig(drafter=drafter, global_cache=False))
     counts = torch.zeros(len(PROMPTS), V * V)
     torch.manual_seed(2024)
     for _ in range(CALLS):
         out = model.generate(ids, attention_mask=mask, pad_token_id=PAD, do_sample=True, max_new_tokens=3,
-                             eos_token_id=None, custom_generate=H.speculative_generate, assistant_config=config,
-                             **kwargs)
+                             eos_token_id=None, custom_generate=H.speculative_generate, **drafting, **kwargs)
         cells = out[:, width + 1] * V + out[:, width + 2]
         for p in range(len(PROMPTS)):
             counts[p] += torch.bincount(cells[p * COPIES : (p + 1) * COPIES], minlength=V * V)
