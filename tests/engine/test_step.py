@@ -1,6 +1,7 @@
-"""One verify step for every batch caller (`engine.step`): generate's batch loop, whatever its decoding mode, and the
-serving engine reach the verification through `step.verify_batch`, and a row whose processors raise fails alone
-where the caller asks for it."""
+"""One verify step for every caller (`engine.step`): generate's batch loop, whatever its decoding mode, the serving
+engine and one request's general verification reach it through `step.verify_batch`; a row whose processors raise
+fails alone where the caller asks for it; and every static caller (one request, a batch, the serving engine) runs
+its verify forward on the one runner (`static.StaticRunner`)."""
 
 import sys
 from contextlib import contextmanager
@@ -105,3 +106,27 @@ def test_one_request_that_keeps_its_scores_verifies_through_the_one_step():
     assert len(got.scores) == len(expected.scores)
     for ours, stock in zip(got.scores, expected.scores):
         torch.testing.assert_close(ours, stock)
+
+
+def test_every_static_caller_verifies_on_the_one_runner():
+    """One request, a batch and the serving engine reach the verify forward through the same runner class
+    (`static.StaticRunner`: a request is a runner of one row), with plain generate's tokens."""
+    from hf_hybrid_spec.engine.static import StaticRunner
+
+    model = tiny_model("qwen3_5_text", vocab_size=V)
+    ids = torch.tensor([[PAD, PAD, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3]])
+    kw = dict(pad_token_id=PAD, max_new_tokens=8, eos_token_id=None, do_sample=False)
+    config = H.AssistantConfig(compile=True)
+    for batch in (ids[1:], ids):
+        mask = (batch != PAD).long()
+        with calls_of(StaticRunner._launch) as calls:
+            got = model.generate(batch, attention_mask=mask, custom_generate=H.speculative_generate,
+                                 assistant_config=config, **kw)
+        assert calls and torch.equal(got, model.generate(batch, attention_mask=mask, **kw))
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=2),
+                           GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=PAD))
+    engine.add(ServingRequest("r0", [2, 5, 3, 2, 5, 3, 2], max_new_tokens=6))
+    with calls_of(StaticRunner._launch) as calls:
+        while engine.has_work:
+            engine.step()
+    assert calls
