@@ -5,9 +5,9 @@ on `backend.BatchEagerBackend` or, compiled, `batch_static.BatchStaticBackend` (
 cache), which also runs plain steps (`plain`) and the pipelined step (`pipeline`); the step's pieces (budget, tree,
 verification, records) are `step`'s, shared with the serving engine's steps; the batch step asks a backend
 what it can do through its capability flags (`queues_plain`, `device_drafts`, `prefills_chunked`,
-`draft_forwards`). One request (`loop.decode`) runs on `backend.EagerBackend` or `backend.StaticBackend` (on
-the one-row `static.StaticRunner`, the runner every static path uses), its own loop until a request runs as a batch of one. What they return and record:
-`outputs`."""
+`draft_forwards`). One request (`loop.decode`) runs on `backend.EagerBackend` or `backend.StaticBackend` (on a
+one-row `static.StaticRunner`, the runner every static path uses), its own loop until a request runs as a batch of
+one. What they return and record: `outputs`."""
 
 from .backend import BatchEagerBackend, EagerBackend, StaticBackend, TreeBackend, VerifyOutputs
 from .batch import decode_batch

@@ -41,13 +41,13 @@ from ..tree import DraftBatch, VerifyResult, empty_draft
 from ..verification import FirstToken, device_choice, make_verifier, row_processors
 from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
 from .batch_static import BatchStaticBackend
-from .budget import DraftingPayoff, PlainRuns, VerifyCost, cached_cost, paying_width
+from .budget import DraftingPayoff, PlainRuns, VerifyCost, paying_width
 from .outputs import CACHE_FIELD, BatchOutputs, SpecStats, SpeculativeDecoderOnlyOutput, count_arbiter, path_attentions
 from .pipeline import LONGEST_PLAIN_RUN, PATIENCE, PLAIN_RUN, PipelineInputs, pipelines, run_pipelined
 from .plain import Choose, plain_step, plain_steps, runs_plain
 from .request import Request
 from .rows import BatchRecorder
-from .step import (StepRows, apply_budget, batch_tree, measure_verify_cost, plain_choice, record_step, still_running,
+from .step import (StepRows, apply_budget, batch_tree, plain_choice, record_step, step_cost, still_running,
                    verify_batch)
 
 logger = logging.get_logger(__name__)
@@ -352,11 +352,6 @@ def _has_eos_criterion(stopping) -> bool:
 
 # ---------------------------------------------------------------------- the verify cost model
 def _cost_model(config, backend, model, rows: int) -> VerifyCost | None:
-    """The cost model the budget uses: measured on first use (per model, device, batch size and context) for
-    `batch_budget="calibrated"`, and for "auto" on CUDA; none for "fixed" (each row its own `max_draft_tokens`)."""
-    mode = config.batch_budget
-    if mode == "fixed" or (mode == "auto" and model.device.type != "cuda"):
-        return None
-    context = 1 << max(backend.slots - 1, 1).bit_length()  # the context length, to the next power of two
-    key = (id(model), str(model.device), str(model.dtype), rows, context, type(backend).__name__)
-    return cached_cost(key, lambda: measure_verify_cost(backend, model.device))
+    """The budget's cost model (`step.step_cost`), per batch size and context length (to the next power of two)."""
+    context = 1 << max(backend.slots - 1, 1).bit_length()
+    return step_cost(config, backend, model, (rows, context, type(backend).__name__))

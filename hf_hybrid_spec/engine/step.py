@@ -7,7 +7,7 @@ its plain and pipelined strategies' bookkeeping (`engine.plain`, `engine.pipelin
     verified = backend.forward(tree)                             # every row's tree in one forward
     results = verify_batch(tree, drafts, verified.logits, rows)  # each row's accepted path and tokens
     backend.commit([r.path for r in results])                    # each row keeps its own path
-    record_step(stats, row_stats, running, accepted, drafted)    # the statistics, once
+    record_step(stats, row_stats, running, accepted, drafted)    # the statistics, once (the budget's cost: step_cost)
     running = still_running(rec, running, backend, max_length)   # rows that stopped leave the batch
 """
 
@@ -22,14 +22,14 @@ from transformers.utils import logging
 from ..kernels.tree import ancestor_mask
 from ..tree import DraftBatch, VerifyResult, VerifyTree
 from ..verification import NodeContexts, RootContexts, StepInputs, batch_choices, choices_apply, process_tree_logits
-from .budget import VerifyCost, choose_batch, time_forward
+from .budget import VerifyCost, cached_cost, choose_batch, time_forward
 from .outputs import SpecStats, count_arbiter
 from .rows import BatchRecorder
 
 logger = logging.get_logger(__name__)
 
 __all__ = ["StepRows", "Choose", "apply_budget", "batch_tree", "verify_batch", "plain_choice", "greedy_rows",
-           "record_step", "still_running", "measure_verify_cost", "CALIBRATION_WIDTHS"]
+           "record_step", "still_running", "step_cost", "measure_verify_cost", "CALIBRATION_WIDTHS"]
 
 # Widths (nodes per row, root included) at which the eager path's verify cost is measured; a static runner is
 # measured at its buckets.
@@ -287,6 +287,17 @@ def still_running(rec: BatchRecorder, running: list[int], backend, max_length: i
     if len(keep) < len(running) and keep:
         backend.select_rows(keep)
     return [running[j] for j in keep]
+
+
+def step_cost(config, backend, model, key: tuple) -> VerifyCost | None:
+    """The batch-wide budget's cost model: the backend's verify forward timed on first use (`measure_verify_cost`,
+    kept per model, device, dtype and `key`: what else it depends on) for `batch_budget="calibrated"`, and for "auto"
+    on CUDA; None for "fixed" (each row its own `max_draft_tokens`) and for "auto" elsewhere."""
+    mode = config.batch_budget
+    if mode == "fixed" or (mode == "auto" and model.device.type != "cuda"):
+        return None
+    return cached_cost((id(model), str(model.device), str(model.dtype), *key),
+                       lambda: measure_verify_cost(backend, model.device))
 
 
 def measure_verify_cost(backend, device: torch.device) -> VerifyCost:

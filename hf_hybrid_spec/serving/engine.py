@@ -46,11 +46,10 @@ from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext, Drafter, RowTokens, make_drafter
 from ..engine.batch import batch_buckets
 from ..engine.batch_static import BatchStaticBackend
-from ..engine.budget import cached_cost
 from ..engine.outputs import SpecStats
 from ..engine.request import propose
 from ..engine.rows import BatchRecorder
-from ..engine.step import StepRows, apply_budget, batch_tree, measure_verify_cost, record_step, verify_batch
+from ..engine.step import StepRows, apply_budget, batch_tree, record_step, step_cost, verify_batch
 from ..engine.static import DEFAULT_BUCKETS, StaticRunner
 from ..forward import forward_tokens
 from ..models import get_adapter
@@ -599,13 +598,9 @@ class ServingEngine:
     def _cost_model(self):
         """The batch-wide budget's cost model: the verify forward over every slot, measured once on CUDA (all slots
         run every step, so the running count does not change it); None elsewhere or with batch_budget='fixed'."""
-        mode = self.config.batch_budget
-        if mode == "fixed" or (mode == "auto" and self.device.type != "cuda"):
-            return None
         if self._cost is None:
-            key = (id(self.model), str(self.device), str(self.model.dtype), "serving", self.serving.max_slots,
-                   self.backend.runner.static_length)
-            self._cost = cached_cost(key, lambda: measure_verify_cost(self.backend, self.device))
+            self._cost = step_cost(self.config, self.backend, self.model,
+                                   ("serving", self.serving.max_slots, self.backend.runner.static_length))
         return self._cost
 
     # ------------------------------------------------------------------ joining and leaving

@@ -130,3 +130,25 @@ def test_every_static_caller_verifies_on_the_one_runner():
         while engine.has_work:
             engine.step()
     assert calls
+
+
+def test_the_serving_engine_budgets_with_the_steps_cost_model():
+    """`batch_budget="calibrated"`: the serving engine times its verify forward once (`step.step_cost`) and budgets
+    with it; the answers stay plain generate's."""
+    model = tiny_model("qwen3_5_text", vocab_size=V)
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False, batch_budget="calibrated"),
+                           ServingConfig(max_slots=2),
+                           GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=PAD))
+    prompts = [[2, 5, 3, 2, 5, 3, 2], [4, 6, 4, 6, 4]]
+    for i, prompt in enumerate(prompts):
+        engine.add(ServingRequest(f"r{i}", prompt, max_new_tokens=6))
+    outputs = {}
+    while engine.has_work:
+        for output in engine.step():
+            outputs[output.request_id] = output
+    assert engine._cost is not None and engine._cost.widths
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt])
+        plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                               eos_token_id=None, pad_token_id=PAD)
+        assert outputs[f"r{i}"].generated_tokens == plain[0, len(prompt):].tolist()
