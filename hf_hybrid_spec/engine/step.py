@@ -64,9 +64,6 @@ class StepRows:
     keys: list[int] | None = None
     tree_rows: list[int] | None = None
 
-    def rule(self, row: int):
-        return self.verifiers[row] if isinstance(self.verifiers, (list, tuple)) else self.verifiers
-
 
 def apply_budget(drafts: DraftBatch, cost: VerifyCost | None, config, stats: SpecStats,
                  widths: list[int] | None) -> DraftBatch:
