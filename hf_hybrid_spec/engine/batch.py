@@ -226,12 +226,12 @@ def decode_batch(request: Request):
             t2 = time.perf_counter()
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            record_step(stats, row_stats, running, [len(r.token_list) for r in results], drafts.counts, results,
-                        plain=not any(drafts.counts))
+            accepted = [len(r.token_list) for r in results]
+            record_step(stats, row_stats, running, accepted, drafts.counts, results, plain=not any(drafts.counts))
             drafter.accept(running, _row_tokens(rec, running, pads), results, hidden)
             running = still_running(rec, running, backend, gen.max_length)
             if payoff is not None:
-                payoff.observe_rows([len(r.token_list) for r in results], [limit - n for n in before],
+                payoff.observe_rows(accepted, [limit - n for n in before],
                                     1 + max(drafts.counts, default=0), time.perf_counter() - t0)
                 length = runs.verdict(payoff.pays())
                 if length and running:

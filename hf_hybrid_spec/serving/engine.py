@@ -573,12 +573,12 @@ class ServingEngine:
             for a, d in zip(actives, drafts)]
         if not decoding:
             return results
-        taken = rows if len(decoding) == len(actives) else rows.take(decoding)
-        if best is None:  # the decoding rows' logits, to their widest tree (prefilling rows' chains may be wider)
-            index = torch.tensor(decoding, device=logits.device)
-            logits = logits[index, : 1 + taken.tokens.shape[1]]
-        else:
-            best = best[torch.tensor(decoding)]
+        everyone = len(decoding) == len(actives)
+        taken = rows if everyone else rows.take(decoding)
+        if best is not None:
+            best = best if everyone else best[torch.tensor(decoding)]
+        elif not everyone:  # the decoding rows' logits (a view when every row decodes: no copy of [R, n, V])
+            logits = logits[torch.tensor(decoding, device=logits.device), : 1 + taken.tokens.shape[1]]
 
         def blame(row: int | None, error: BaseException) -> None:
             # A request's processors or rule fail alone; None: the batch's one pass raised (row by row finds whose).
