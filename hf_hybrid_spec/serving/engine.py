@@ -23,6 +23,7 @@ criteria during a step free only its slot; an error of the forward itself fails 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -31,14 +32,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
-from transformers.generation.logits_process import (
-    MinPLogitsWarper,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.utils import logging
 
 from ..cache import HybridTreeCache, export_committed, import_committed
@@ -188,8 +182,9 @@ class _Active:
         self.drafter, self.verifier, self.processors = drafter, verifier, processors
         self.limit = limit  # the sequence's length limit (prompt + max new tokens)
         # The request's tokens stay on the host (a step's append is then no device work per request, and token
-        # drafters read them without a device read), unless a processor gathers the scores by them on the device.
-        on_device = any(isinstance(p, RepetitionPenaltyLogitsProcessor) for p in processors)
+        # drafters read them without a device read), unless a processor reads them beside the scores on the device
+        # (all but the warpers, which read no ids, and the occurrence penalty, which moves them).
+        on_device = any(not (_warper(p) or isinstance(p, OccurrencePenaltyLogitsProcessor)) for p in processors)
         self.rec = BatchRecorder(torch.tensor([request.input_ids], dtype=torch.long,
                                               device=device if on_device else "cpu"), stopping, True,
                                  gen.pad_token_id, limit)
@@ -391,6 +386,11 @@ class ServingEngine:
         gen = self._gen(request)
         if gen.num_beams not in (None, 1) or (gen.num_return_sequences or 1) > 1:
             return "beam search and num_return_sequences > 1 are not supported"
+        if gen.guidance_scale not in (None, 1, 1.0):
+            return "guidance_scale (classifier-free guidance, a second forward per step) is not supported"
+        if gen.stop_strings:
+            return ("stop_strings need a tokenizer, which the engine does not hold: pass a StopStringCriteria in the "
+                    "request's stopping_criteria (the OpenAI server's `stop` does this)")
         return None
 
     def _max_new(self, request: ServingRequest) -> int | None:
@@ -683,11 +683,13 @@ class ServingEngine:
         stopping = StoppingCriteriaList([MaxLengthCriteria(limit)])
         if gen.eos_token_id is not None:
             stopping.append(EosTokenCriteria(gen.eos_token_id))
+        if gen.max_time is not None:  # from the request's start, as stock's from its call's
+            stopping.append(MaxTimeCriteria(gen.max_time))
         stopping.extend(request.stopping_criteria)
         drafter = make_drafter(self.config, self.model, self.draft_model) if self.serving.speculation else _NoDrafts()
         verifier = make_verifier(self.config, bool(gen.do_sample), drafter)
-        active = _Active(request, output, gen, drafter, verifier, _processors(gen, len(request.input_ids)), stopping,
-                         limit, self.device)
+        processors = _processors(self.model, gen, request.input_ids, self.device)
+        active = _Active(request, output, gen, drafter, verifier, processors, stopping, limit, self.device)
         if request.record_timestamps:
             output.timestamps = []
         output.status = RequestStatus.PREFILLING
@@ -820,24 +822,26 @@ def _snapshot(output: SpecGenerationOutput) -> SpecGenerationOutput:
                                timestamps=None if output.timestamps is None else list(output.timestamps))
 
 
-def _processors(gen: GenerationConfig, prompt_length: int) -> LogitsProcessorList:
-    """The processors stock generate builds for the settings a serving request carries (repetition penalty; with
-    sampling, temperature, top-k, top-p, min-p), in stock's order, and OpenAI's presence / frequency penalties (the
-    generation config's `presence_penalty` / `frequency_penalty`, over the tokens after the prompt's
-    `prompt_length`) before the sampling warpers, as vLLM applies them."""
-    processors = LogitsProcessorList()
-    if gen.repetition_penalty is not None and gen.repetition_penalty != 1.0:
-        processors.append(RepetitionPenaltyLogitsProcessor(penalty=gen.repetition_penalty))
+def _processors(model: nn.Module, gen: GenerationConfig, prompt: list[int], device) -> LogitsProcessorList:
+    """The processors stock `generate` builds for the request's settings (`_get_logits_processor`, after its special
+    tokens are prepared as `generate` prepares them: `min_new_tokens`, `no_repeat_ngram_size`, `bad_words_ids`,
+    `suppress_tokens`, `sequence_bias`, the sampling warpers, every one of them), in stock's order, with OpenAI's
+    presence / frequency penalties (the generation config's `presence_penalty` / `frequency_penalty`, over the tokens
+    after the prompt) before the warpers, as vLLM applies them. Verification calls them on every node's context, so
+    each request decodes exactly as plain `generate` with its settings would."""
+    gen = copy.deepcopy(gen)
+    model._prepare_special_tokens(gen, True, device)
+    processors = model._get_logits_processor(gen, input_ids_seq_length=len(prompt),
+                                             encoder_input_ids=torch.tensor([prompt], device=device), device=device)
     presence, frequency = getattr(gen, "presence_penalty", None) or 0.0, getattr(gen, "frequency_penalty", None) or 0.0
     if presence or frequency:
-        processors.append(OccurrencePenaltyLogitsProcessor(presence, frequency, prompt_length))
-    if gen.do_sample:
-        if gen.temperature is not None and gen.temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(gen.temperature))
-        if gen.top_k is not None and gen.top_k != 0:
-            processors.append(TopKLogitsWarper(top_k=gen.top_k, min_tokens_to_keep=1))
-        if gen.top_p is not None and gen.top_p < 1.0:
-            processors.append(TopPLogitsWarper(top_p=gen.top_p, min_tokens_to_keep=1))
-        if getattr(gen, "min_p", None) is not None:
-            processors.append(MinPLogitsWarper(min_p=gen.min_p, min_tokens_to_keep=1))
+        warpers = [i for i, p in enumerate(processors) if _warper(p)]
+        processors.insert(warpers[0] if warpers else len(processors),
+                          OccurrencePenaltyLogitsProcessor(presence, frequency, len(prompt)))
     return processors
+
+
+def _warper(processor) -> bool:
+    """A sampling warper (temperature, top-k / top-p / min-p, typical, epsilon, eta...): stock names them so, and
+    they read the scores alone, never the ids."""
+    return type(processor).__name__.endswith("LogitsWarper")

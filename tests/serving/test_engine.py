@@ -406,21 +406,50 @@ def test_enable_makes_transformers_continuous_batching_entry_points_work():
             del model.__dict__[name]
 
 
-def test_per_request_processors_match_plain_generate():
-    """A request with a repetition penalty next to plain greedy ones: each as plain generate with its own settings."""
+@pytest.mark.parametrize("prefill", ["eager", "chunked"])
+def test_per_request_processors_match_plain_generate(prefill):
+    """Requests with every processor stock `generate` builds from a generation config, each its own, beside a plain
+    greedy one in one engine: each reply is plain generate's with the request's settings, and each setting changed
+    its reply (the engine once built only the penalties and the sampling warpers, and dropped the rest silently)."""
     model = tiny_model("qwen3_5_text")
-    inputs = prompts(3, seed=9)
-    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=3, max_total_tokens=64),
-                           greedy_config())
-    engine.add(ServingRequest("penalty", inputs[0], max_new_tokens=10,
-                              generation_config=greedy_config(repetition_penalty=1.5)))
-    engine.add(ServingRequest("plain1", inputs[1], max_new_tokens=10))
-    engine.add(ServingRequest("plain2", inputs[2], max_new_tokens=10))
+    inputs = prompts(8, seed=9)
+    free = [plain(model, ids, 10) for ids in inputs]  # each prompt's reply without settings
+    cases = {
+        "ngram": dict(no_repeat_ngram_size=2),
+        "min_new": dict(min_new_tokens=10, eos_token_id=free[1][1]),  # its eos: its second token without settings
+        "penalty": dict(repetition_penalty=1.5),  # its eos is its second token
+        "bad_words": dict(bad_words_ids=[[free[3][0]], [free[3][1], free[3][2]]]),
+        "suppress": dict(suppress_tokens=free[4][:3]),
+        "begin_suppress": dict(begin_suppress_tokens=[free[5][0]]),
+        "bias": dict(sequence_bias={(free[6][0],): -50.0}),
+    }
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
+                           ServingConfig(max_slots=8, max_total_tokens=64, prefill=prefill), greedy_config())
+    for (name, settings), ids in zip(cases.items(), inputs):
+        engine.add(ServingRequest(name, ids, max_new_tokens=10, generation_config=greedy_config(**settings)))
+    engine.add(ServingRequest("plain", inputs[7], max_new_tokens=10))
     done = drain(engine)
-    assert done["penalty"].generated_tokens == plain(model, inputs[0], 10, repetition_penalty=1.5)
-    assert done["penalty"].generated_tokens != plain(model, inputs[0], 10)  # the penalty did change the reply
-    assert done["plain1"].generated_tokens == plain(model, inputs[1], 10)
-    assert done["plain2"].generated_tokens == plain(model, inputs[2], 10)
+    for (name, settings), ids, before in zip(cases.items(), inputs, free):
+        expected = plain(model, ids, 10, **settings)
+        assert done[name].generated_tokens == expected, name
+        assert expected != before, f"{name} changed nothing: the test cannot fail"
+    assert len(done["min_new"].generated_tokens) == 10
+    assert done["plain"].generated_tokens == free[7]
+
+
+def test_settings_the_engine_cannot_honour_are_refused_by_name():
+    model = tiny_model("qwen3_5_text")
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=2, max_total_tokens=64),
+                           greedy_config())
+    ids = prompts(1)[0]
+    out = engine.add(ServingRequest("cfg", ids, 4, generation_config=greedy_config(guidance_scale=2.0)))
+    assert out.status == RequestStatus.FAILED and "guidance_scale" in out.error
+    out = engine.add(ServingRequest("strings", ids, 4, generation_config=greedy_config(stop_strings=["x"])))
+    assert out.status == RequestStatus.FAILED and "StopStringCriteria" in out.error
+    # max_time is honoured: a request with no time left stops after its first token.
+    engine.add(ServingRequest("timed", ids, 20, generation_config=greedy_config(max_time=0.0)))
+    done = drain(engine)
+    assert 1 <= len(done["timed"].generated_tokens) < 20 and done["timed"].status == RequestStatus.FINISHED
 
 
 @pytest.mark.parametrize("prefill", ["eager", "chunked"])
