@@ -43,8 +43,8 @@ from ..engine.batch_static import BatchStaticBackend
 from ..engine.outputs import SpecStats
 from ..engine.request import propose
 from ..engine.rows import BatchRecorder
-from ..engine.step import StepRows, apply_budget, batch_tree, record_step, step_cost, verify_batch
 from ..engine.static import DEFAULT_BUCKETS, StaticRunner
+from ..engine.step import StepRows, apply_budget, batch_tree, record_step, step_cost, verify_batch
 from ..forward import forward_tokens
 from ..models import get_adapter
 from ..tree import DraftBatch, DraftTree, VerifyResult, VerifyTree, empty_draft
@@ -54,7 +54,7 @@ from .prefix import PrefixHit, PrefixStore
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["ServingConfig", "ServingRequest", "SpecGenerationOutput", "ServingEngine", "ServingStats"]
+__all__ = ["ServingConfig", "ServingEngine", "ServingRequest", "ServingStats", "SpecGenerationOutput"]
 
 
 @dataclass
