@@ -27,7 +27,10 @@ never saw) of `--prompt-tokens` to `--prompt-tokens-max` tokens, left-padded as 
    by a wide margin: bf16 rounding cannot flip it, so the continuation the acceptance drafters follow holds). Any
    method with `+chunked` or `+eager` appended runs with that `prefill` (the prompts through the captured verify
    forward, or one eager forward; the default "auto" picks by the call's prompt tokens) for a side-by-side comparison;
-   `+nographs` (a diagnostic) runs the batched static runner without CUDA graphs, its ops launched one by one.
+   `+nographs` (a diagnostic) runs the batched static runner without CUDA graphs, its ops launched one by one;
+   `serve` / `serve:plain`: the serving engine's `generate_batch` over the same prompts (unpadded, as lists of token
+   ids, each its own request: continuous batching, every prompt in a slot of its own, the suffix drafter / no
+   speculation; the engine takes no hidden-state drafter such as EAGLE yet) with the same generation config;
 
 `--preset min-new` runs every call greedy with one logits processor: the model's eos on, and `min_new_tokens` (every
 call's is `max_new_tokens`) removing it at each step; `--preset penalty` adds `repetition_penalty=1.1`, a processor
@@ -57,6 +60,7 @@ from hf_hybrid_spec.cli import argument_parser
 from hf_hybrid_spec.config import AssistantConfig
 from hf_hybrid_spec.engine import budget
 from hf_hybrid_spec.generate import speculative_generate
+from hf_hybrid_spec.serving import ServingConfig, generate_batch
 from hf_hybrid_spec.testing import acceptance_batch_drafter, acceptance_drafter, decisive_head
 
 logger = logging.get_logger(__name__)
@@ -163,8 +167,10 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
             kwargs = method_kwargs(name.removesuffix(f"+{mode}"), reference, vocab, max_new, eagle, mtp)
             kwargs["assistant_config"] = kwargs["assistant_config"].replace(prefill=mode)
             return kwargs
-    if name == "suffix":
+    if name in ("suffix", "serve"):
         return dict(assistant_config=AssistantConfig(global_cache=False))
+    if name == "serve:plain":
+        return dict(assistant_config=AssistantConfig(global_cache=False), speculation=False)
     if name == "suffix:fixed":
         return dict(assistant_config=AssistantConfig(global_cache=False, batch_budget="fixed"))
     if name == "suffix:eager":
@@ -188,7 +194,37 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
         rows = [reference[b].tolist() for b in range(reference.shape[0])]
         return dict(drafter=acceptance_batch_drafter(rows, p, depth=8, vocab_size=vocab), assistant_config=config)
     raise ValueError(f"unknown method {name!r} (suffix, suffix:fixed, suffix:eager, suffix:unfused, eagle, eagle:fused, "
-                     "eagle:eager, mtp, mtp:tree, acceptance:P; any with +chunked or +eager)")
+                     "eagle:eager, mtp, mtp:tree, acceptance:P; any with +chunked or +eager; serve, serve:plain)")
+
+
+def serve_call(model, ids: torch.Tensor, mask: torch.Tensor, gen: dict, kwargs: dict):
+    """`generate_batch` over the batch's prompts (each row's tokens without its padding), every prompt in a slot of
+    its own, read back as `generate`'s output: sequences [B, L + new] (left-padded as the batch) and `spec_stats`
+    summed over the requests (the engine's timings per step are not in them: NaN)."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    from hf_hybrid_spec.engine.outputs import SpecStats
+
+    rows = [ids[b][mask[b].bool()].tolist() for b in range(ids.shape[0])]
+    new = gen["max_new_tokens"]
+    config = GenerationConfig(**{k: v for k, v in gen.items() if k != "attention_mask"})
+    serving = ServingConfig(max_slots=len(rows), max_total_tokens=ids.shape[1] + new,
+                            speculation=kwargs.pop("speculation", True))
+    results = generate_batch(model, rows, generation_config=config, serving_config=serving, **kwargs)
+    sequences = torch.full((ids.shape[0], ids.shape[1] + new), gen["pad_token_id"], dtype=ids.dtype)
+    sequences[:, : ids.shape[1]] = ids.cpu()
+    stats = SpecStats(draft_seconds=float("nan"), verify_seconds=float("nan"), setup_seconds=float("nan"))
+    for b in range(len(rows)):
+        out = results[f"req_{b}"]
+        if out.error:
+            raise RuntimeError(f"generate_batch failed row {b}: {out.error}")
+        sequences[b, ids.shape[1] : ids.shape[1] + len(out.generated_tokens)] = torch.tensor(out.generated_tokens)
+        stats.target_forwards += out.spec_stats.target_forwards
+        stats.accepted_lengths += out.spec_stats.accepted_lengths
+        stats.plain_steps += out.spec_stats.plain_steps
+    return SimpleNamespace(sequences=sequences.to(ids.device), spec_stats=stats)
 
 
 def load_eagle(path: str | None, model, spec: str):
@@ -333,13 +369,17 @@ def run(argv: list[str] | None = None) -> dict:
         for name in args.drafters:
             kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
                                    args.max_new_tokens, eagle, mtp)
+            if name.startswith("serve"):
+                call = functools.partial(serve_call, model, ids, mask, gen)
+            else:
+                def call(kwargs):
+                    return model.generate(ids, custom_generate=speculative_generate, return_dict_in_generate=True,
+                                          **gen, **kwargs)
             with graphs(model, not name.endswith("+nographs")):
-                model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs)  # warm-up, calibration
+                call(kwargs)  # warm-up, calibration
                 kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
                                        args.max_new_tokens, eagle, mtp)  # fresh drafters
-                seconds, out = timed(lambda: model.generate(ids, custom_generate=speculative_generate,
-                                                            return_dict_in_generate=True, **gen, **kwargs),
-                                  args.device, args.seed)
+                seconds, out = timed(lambda: call(kwargs), args.device, args.seed)
             same = (out.sequences == reference).all(-1).float().mean().item() if not sampling else float("nan")
             if same < 1.0:
                 gate_failures.append(f"B={rows} {name}: {same:.0%} of rows identical to stock greedy "
@@ -363,13 +403,12 @@ def run(argv: list[str] | None = None) -> dict:
             if rows in args.kernel_profile and args.device.startswith("cuda"):
                 kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
                                        args.max_new_tokens, eagle, mtp)
-                kernel_profile(lambda: model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs),
-                               f"B={rows} {name}")
+                kernel_profile(lambda: call(kwargs), f"B={rows} {name}")
             if rows in args.profile:
                 kwargs = method_kwargs(name, own if name.startswith("acceptance:") else reference, vocab,
                                        args.max_new_tokens, eagle, mtp)
-                profile_call(lambda: model.generate(ids, custom_generate=speculative_generate, **gen, **kwargs),
-                             args.device, f"B={rows} {name}", args.out, f"profile_B{rows}_{name.replace(':', '_')}.txt")
+                profile_call(lambda: call(kwargs), args.device, f"B={rows} {name}", args.out,
+                             f"profile_B{rows}_{name.replace(':', '_')}.txt")
         rows_out.append(entry)
         # Each batch size's line as soon as it is measured (a run cut short by a time limit keeps what it measured).
         tqdm.write("done: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in entry.items()}))

@@ -437,6 +437,29 @@ def test_per_request_processors_match_plain_generate(prefill):
     assert done["plain"].generated_tokens == free[7]
 
 
+def test_generate_batch_decodes_every_prompt_at_once_by_default(monkeypatch):
+    """Without a ServingConfig, generate_batch gives every prompt a slot (up to GENERATE_BATCH_SLOTS), as batched
+    generate would batch them (it once ran 8 at a time, the engine's server default, so 32 prompts ran in 4 waves)."""
+    from hf_hybrid_spec.serving import manager
+
+    model = tiny_model("qwen3_5_text")
+    seen = []
+    real = manager.make_engine
+
+    def spy(model, assistant_config, serving_config, *args):
+        seen.append(serving_config.max_slots)
+        return real(model, assistant_config, serving_config, *args)
+
+    monkeypatch.setattr(manager, "make_engine", spy)
+    inputs = prompts(10, seed=12)
+    out = generate_batch(model, inputs, greedy_config(), H.AssistantConfig(global_cache=False), max_new_tokens=3)
+    assert seen == [10]
+    assert [out[f"req_{i}"].generated_tokens for i in range(10)] == [plain(model, ids, 3) for ids in inputs]
+    monkeypatch.setattr(manager, "GENERATE_BATCH_SLOTS", 4)
+    out = generate_batch(model, inputs[:6], greedy_config(), H.AssistantConfig(global_cache=False), max_new_tokens=3)
+    assert seen[-1] == 4 and len(out) == 6
+
+
 def test_settings_the_engine_cannot_honour_are_refused_by_name():
     model = tiny_model("qwen3_5_text")
     engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=2, max_total_tokens=64),
