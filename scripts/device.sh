@@ -91,15 +91,18 @@ case "${1:-}" in
     [[ " ${BATCH_STAGES:-gate bench} " == *" bench "* ]] || exit 0
     BM=${BATCH_MODEL:-$M}
     if [[ "$BM" == random:* ]]; then BD="acceptance:0.6 acceptance:0.8"; else BD="suffix acceptance:0.8"; fi
-    BB=(--model "$BM" --batch-sizes ${BATCH_SIZES:-1 4 8 16 32 64} --drafters ${BATCH_DRAFTERS:-$BD} --dtype bfloat16
+    BB=(--model "$BM" --batch-sizes ${BATCH_SIZES:-1 4 8 16 32 64} --dtype bfloat16
         --prompt-tokens 256 --max-new-tokens 128 --allow-mismatch ${BATCH_ARGS:-})
-    TAILN=${TAILN:-16} CUTC=400 run "${BATCH_SECONDS:-480}" "batch_${BM//[:\/.]/_}" python3 benchmarks/batch_bench.py \
-        "${BB[@]}" --out "$OUT/${BATCH_OUT:-batch}"
-    # WITH_BASE=1: the same bench with the code of .carry/base right after (an A/B within one lease).
+    # WITH_BASE=only: the base alone (a second call of the same A/B).
+    [[ "${WITH_BASE:-}" == only ]] || TAILN=${TAILN:-16} CUTC=400 run "${BATCH_SECONDS:-480}" "batch_${BM//[:\/.]/_}" \
+        python3 benchmarks/batch_bench.py "${BB[@]}" --drafters ${BATCH_DRAFTERS:-$BD} --out "$OUT/${BATCH_OUT:-batch}"
+    # WITH_BASE=1: the same bench with the code of .carry/base right after (an A/B within one lease); BASE_DRAFTERS
+    # for methods the base has (default: the same).
     if [[ -n "${WITH_BASE:-}" && -d .carry/base ]]; then
       echo "base: $(cat .carry/base/REF)"
       TAILN=${TAILN:-16} CUTC=400 base "${BATCH_SECONDS:-480}" batch_base python3 \
-          "$PWD/.carry/base/benchmarks/batch_bench.py" "${BB[@]}" --out "$OUT/batch_base"
+          "$PWD/.carry/base/benchmarks/batch_bench.py" "${BB[@]}" --drafters ${BASE_DRAFTERS:-${BATCH_DRAFTERS:-$BD}} \
+          --out "$OUT/batch_base"
     fi ;;
   serve)
     # The serving engine's captured graphs first, in fp32 on the fixture: every gate reply of every CB method (lanes
