@@ -386,6 +386,10 @@ class ServingEngine:
         gen = self._gen(request)
         if gen.num_beams not in (None, 1) or (gen.num_return_sequences or 1) > 1:
             return "beam search and num_return_sequences > 1 are not supported"
+        eos = [] if gen.eos_token_id is None else ([gen.eos_token_id] if isinstance(gen.eos_token_id, int)
+                                                  else list(gen.eos_token_id))
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in eos):
+            return f"eos_token_id holds token ids outside the vocabulary [0, {vocab})"
         if gen.guidance_scale not in (None, 1, 1.0):
             return "guidance_scale (classifier-free guidance, a second forward per step) is not supported"
         if gen.stop_strings:

@@ -14,13 +14,14 @@ calls transformers' own manager, which refuses hybrid models), so this is a thin
 Per request: `max_tokens` / `max_completion_tokens` (omitted: 16 for completions, as OpenAI's; chat runs to eos or the
 context's end), `temperature` (0: greedy, exact), `top_p`, `stop` (up to 4 non-empty strings, cut from the text as
 OpenAI does), `stream` with `stream_options.include_usage`, `presence_penalty` / `frequency_penalty` (OpenAI's and
-vLLM's: over the generated tokens). Bodies are typed (pydantic): a value of the wrong type or out of range is a 400
-naming the field, never coerced; `n` > 1, `logprobs`, tools and `seed` are refused by name. Errors have OpenAI's shape
-(`{"error": {"message", "type", "param", "code"}}`); an unknown model is a 404, a body over `--max-body-mb` a 413, a
-missing or wrong key a 401 under `--api-key`. Nothing waits on a thread: outputs reach the event loop from the
-engine's thread (`add_request(on_output=...)`), and tokenizing runs off the loop. `/health`, `/metrics` (Prometheus
-text: running, waiting, finished, failed, tokens, steps, mean accepted length) and `/v1/models/{id}` as vLLM's and
-SGLang's servers.
+vLLM's: over the generated tokens), and vLLM's sampling extensions (`extra_body` in OpenAI's client): `top_k`, `min_p`,
+`repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`. Bodies are typed (pydantic): a value of the wrong
+type or out of range is a 400 naming the field, never coerced; `n` > 1, `logprobs`, tools and `seed` are refused by
+name. Errors have OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`); an unknown model is a 404, a body
+over `--max-body-mb` a 413, a missing or wrong key a 401 under `--api-key`. Nothing waits on a thread: outputs reach the
+event loop from the engine's thread (`add_request(on_output=...)`), and tokenizing runs off the loop. `/health`,
+`/metrics` (Prometheus text: running, waiting, finished, failed, tokens, steps, mean accepted length) and
+`/v1/models/{id}` as vLLM's and SGLang's servers.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import asyncio
 import json
 import time
 import uuid
+from typing import NamedTuple
 
 from transformers import GenerationConfig
 from transformers.generation.continuous_batching.requests import RequestStatus
@@ -52,6 +54,13 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 # Names pydantic puts in an error's location for the branch of a union it tried (not fields of the request).
 _TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+class Stops(NamedTuple):
+    """What ends a request early: stop strings (cut from the text) and token ids (eos and `stop_token_ids`)."""
+
+    strings: list[str]
+    ids: frozenset[int]
 
 
 class RequestError(ValueError):
@@ -88,6 +97,15 @@ def _request_models():
         stream_options: StreamOptions | None = None
         presence_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] | None = None
         frequency_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] | None = None
+        # vLLM's sampling extensions (a client's `extra_body`; Qwen3.5's model card asks for top_k and min_p so):
+        # top_k (-1 or 0: off), min_p, repetition_penalty (HF's and vLLM's: over the prompt and the completion),
+        # min_tokens (eos and stop_token_ids held back until then), ignore_eos, stop_token_ids (more eos ids).
+        top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
+        min_p: Annotated[Number, Field(ge=0.0, le=1.0)] | None = None
+        repetition_penalty: Annotated[Number, Field(gt=0.0, le=2.0)] | None = None
+        min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+        ignore_eos: StrictBool = False
+        stop_token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(max_length=64)] | None = None
         # vLLM's extension: the prompt's and the completion's token ids in the answer (each chunk's when streaming).
         return_token_ids: StrictBool = False
         # OpenAI's end-user id and SGLang's session id: either keys an agent's session (a cluster's routing).
@@ -151,7 +169,6 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
     app = FastAPI(title="hf_hybrid_spec", lifespan=lifespan)
     app.add_middleware(_BodyLimit, limit=max_body_bytes)
     eos = engine.eos_token_id
-    eos_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
     max_total = engine.max_total_tokens
     served = {"requests": 0}
 
@@ -183,7 +200,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
         if api_key is not None and authorization != f"Bearer {api_key}":
             raise RequestError("invalid or missing API key (Authorization: Bearer ...)", status=401)
 
-    def settings(body, prompt_tokens: int, default_new: int | None) -> tuple[int, GenerationConfig, list[str]]:
+    def settings(body, prompt_tokens: int, default_new: int | None) -> tuple[int, GenerationConfig, Stops]:
         extra = body.model_extra or {}
         bad = [k for k in _UNSUPPORTED if extra.get(k) not in (None, False, [], {})]
         if bad:
@@ -194,35 +211,43 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
             raise RequestError(f"model {body.model!r} is not served here (this server serves {model_name!r})",
                                "model", 404)
         new = body.max_completion_tokens or body.max_tokens or default_new or max(1, max_total - prompt_tokens)
+        if body.min_tokens is not None and body.min_tokens > new:
+            raise RequestError(f"min_tokens ({body.min_tokens}) must be at most max_tokens ({new})", "min_tokens")
         temperature = 1.0 if body.temperature is None else body.temperature
         top_p = 1.0 if body.top_p is None else body.top_p
         sample = temperature > 0
+        stops = [] if eos is None or body.ignore_eos else ([eos] if isinstance(eos, int) else list(eos))
+        stops += [t for t in body.stop_token_ids or [] if t not in stops]  # (they stop even with ignore_eos)
         gen = GenerationConfig(do_sample=sample, temperature=temperature if sample else 1.0,
-                               top_p=top_p if sample else 1.0, top_k=0 if sample else None, eos_token_id=eos,
+                               top_p=top_p if sample else 1.0, top_k=max(body.top_k or 0, 0) if sample else None,
+                               min_p=body.min_p if sample and body.min_p else None,
+                               repetition_penalty=body.repetition_penalty or 1.0,
+                               min_new_tokens=body.min_tokens or None,
+                               eos_token_id=stops or None,
                                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
         # Read by the engine (`serving.engine._processors`): OpenAI's penalties over the generated tokens.
         gen.presence_penalty, gen.frequency_penalty = body.presence_penalty or 0.0, body.frequency_penalty or 0.0
-        stop = [] if body.stop is None else ([body.stop] if isinstance(body.stop, str) else list(body.stop))
-        return int(new), gen, stop
+        strings = [] if body.stop is None else ([body.stop] if isinstance(body.stop, str) else list(body.stop))
+        return int(new), gen, Stops(strings, frozenset(stops))
 
-    def submit(ids: list[int], body, default_new: int | None) -> tuple[str, list[str], asyncio.Queue]:
+    def submit(ids: list[int], body, default_new: int | None) -> tuple[str, Stops, asyncio.Queue]:
         """Queue the request; its outputs arrive on the returned asyncio queue (no thread waits for them)."""
         new, gen, stop = settings(body, len(ids), default_new)
         loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
         # An agent's session: a cluster routes its calls to the replica that holds its prefix.
         session = body.session_id or body.user or None
-        rid = engine.submit(ids, new, gen, stop, body.stream,
+        rid = engine.submit(ids, new, gen, stop.strings, body.stream,
                             lambda output: loop.call_soon_threadsafe(outputs.put_nowait, output), session)
         served["requests"] += 1
         return rid, stop, outputs
 
-    def cut(text: str, stop: list[str]) -> tuple[str, bool]:
+    def cut(text: str, stop: Stops) -> tuple[str, bool]:
         """`text` up to the first stop string (excluded, as OpenAI returns it) and whether one was found."""
-        hits = [text.find(s) for s in stop if s in text]
+        hits = [text.find(s) for s in stop.strings if s in text]
         return (text[: min(hits)], True) if hits else (text, False)
 
-    def finish_reason(output, stopped: bool) -> str:
-        if stopped or (output.generated_tokens and output.generated_tokens[-1] in eos_ids):
+    def finish_reason(output, stopped: bool, stop: Stops) -> str:
+        if stopped or (output.generated_tokens and output.generated_tokens[-1] in stop.ids):
             return "stop"
         return "length"
 
@@ -254,7 +279,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
                 answer["choices"][0]["prompt_token_ids"] = list(output.prompt_ids)
         return answer
 
-    async def stream_text(rid: str, stop: list[str], outputs: asyncio.Queue, chunk, include_usage: bool,
+    async def stream_text(rid: str, stop: Stops, outputs: asyncio.Queue, chunk, include_usage: bool,
                           token_ids: bool = False):
         """SSE events of a streaming request: each new piece of text (decoded from every token so far, so a
         multi-token character arrives whole), then the finish reason, the usage when asked, then [DONE]. With
@@ -287,7 +312,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
                                                                 skip_special_tokens=True), stop)
                     # Hold back what may start a stop string, and an incomplete character.
                     done = stopped or output.is_finished()
-                    safe = len(text) if done else len(text) - max((len(s) - 1 for s in stop), default=0)
+                    safe = len(text) if done else len(text) - max((len(s) - 1 for s in stop.strings), default=0)
                     if text.endswith("\ufffd") and not done:
                         safe = min(safe, len(text) - 1)
                     if safe > len(sent):
@@ -296,7 +321,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
                 if output.is_finished():
                     finished = True
                     break
-            yield event("", finish_reason(output, stopped) if output else "stop")
+            yield event("", finish_reason(output, stopped, stop) if output else "stop")
             if include_usage and output is not None:
                 yield f"data: {json.dumps({**chunk('', None), 'choices': [], 'usage': usage(output)})}\n\n"
             yield "data: [DONE]\n\n"
@@ -353,7 +378,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
         output = await result(rid, outputs)
         text, stopped = cut(await asyncio.to_thread(tokenizer.decode, output.generated_tokens,
                                                     skip_special_tokens=True), stop)
-        out = extras(chunk(text, finish_reason(output, stopped)), output,
+        out = extras(chunk(text, finish_reason(output, stopped, stop)), output,
                      output.generated_tokens if body.return_token_ids else None, True)
         return {**out, "usage": usage(output)}
 
@@ -386,7 +411,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
                                                     skip_special_tokens=True), stop)
         answer = extras({"id": cid, "object": "chat.completion", "created": created, "model": model_name,
                          "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                      "finish_reason": finish_reason(output, stopped)}]}, output,
+                                      "finish_reason": finish_reason(output, stopped, stop)}]}, output,
                         output.generated_tokens if body.return_token_ids else None, True)
         return {**answer, "usage": usage(output)}
 

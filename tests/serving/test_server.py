@@ -362,3 +362,71 @@ def test_token_ids_and_cached_tokens(served):
     again = client.completions.create(model="tiny", prompt=follow, max_tokens=4, temperature=0, user="agent-1")
     assert again.usage.prompt_tokens_details.cached_tokens > 0
     assert not hasattr(again.choices[0], "token_ids") or again.choices[0].token_ids is None
+
+
+def test_vllm_sampling_extensions(served):
+    """vLLM's sampling fields (`extra_body`): a repetition penalty at temperature 0 gives plain generate's reply under
+    it; top_k=1 and min_p=1 sample the argmax only (greedy's reply); stop_token_ids end the reply at the first one
+    ("stop"), also with ignore_eos, and min_tokens holds them back as plain generate's min_new_tokens does."""
+    client, model, tokenizer, _ = served
+    ids = tokenizer(PROMPTS[0]).input_ids
+
+    def reply(**extra):
+        temperature = extra.pop("temperature", 0)
+        out = client.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=temperature,
+                                        extra_body={"return_token_ids": True, **extra})
+        return out.choices[0].token_ids, out.choices[0].finish_reason
+
+    def plain(**settings):
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id, **settings)
+        return out[0, len(ids):].tolist()
+
+    greedy = plain()
+    assert plain(repetition_penalty=1.3) != greedy  # (the penalty changes this reply: the check below can fail)
+    assert reply(repetition_penalty=1.3)[0] == plain(repetition_penalty=1.3)
+    assert reply(temperature=1.0, top_k=1)[0] == greedy
+    assert reply(temperature=1.0, min_p=1.0)[0] == greedy
+    stop_id = greedy[2]
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    tokens, reason = reply(stop_token_ids=[stop_id])
+    assert tokens == greedy[: greedy.index(stop_id) + 1] and reason == "stop"
+    tokens, _ = reply(stop_token_ids=[stop_id], min_tokens=8)
+    assert tokens == plain(eos_token_id=eos + [stop_id], min_new_tokens=8) and len(tokens) >= 8
+    tokens, reason = reply(ignore_eos=True, stop_token_ids=[stop_id])  # (stop ids stop even with ignore_eos)
+    assert tokens == greedy[: greedy.index(stop_id) + 1] and reason == "stop"
+
+
+def test_ignore_eos_runs_past_the_models_eos(target):
+    """A server whose eos is a token the greedy reply makes early: that reply stops there ("stop"), and with vLLM's
+    `ignore_eos` runs to max_tokens ("length") as plain generate without eos does."""
+    from transformers import GenerationConfig
+
+    model, tokenizer = target
+    ids = tokenizer(PROMPTS[0]).input_ids
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
+    greedy = out[0, len(ids):].tolist()
+    eos = greedy[3]
+    manager = init_continuous_batching(model, H.AssistantConfig(global_cache=False),
+                                       ServingConfig(max_slots=2, max_total_tokens=256),
+                                       GenerationConfig(do_sample=False, eos_token_id=eos,
+                                                        pad_token_id=tokenizer.pad_token_id))
+    with serving(manager, tokenizer) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        for extra, expected, reason in (({}, greedy[: greedy.index(eos) + 1], "stop"),
+                                        ({"ignore_eos": True}, greedy, "length")):
+            answer = client.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=0,
+                                               extra_body={"return_token_ids": True, **extra})
+            assert answer.choices[0].token_ids == expected and answer.choices[0].finish_reason == reason
+
+
+@pytest.mark.parametrize("field,value", [("top_k", -2), ("top_k", 1.5), ("min_p", 1.5), ("repetition_penalty", 0),
+                                         ("min_tokens", -1), ("min_tokens", 20), ("stop_token_ids", ["a"]),
+                                         ("ignore_eos", "yes")])
+def test_a_bad_vllm_sampling_value_gets_a_400_naming_its_field(served, field, value):
+    client, _, _, _ = served
+    status, answer = post(client.url, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 4,
+                                                          field: value})
+    assert status == 400 and field in answer["error"]["message"], answer
