@@ -18,17 +18,33 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from .engine import SpecGenerationOutput
 from .manager import ContinuousBatchingManager
 
-__all__ = ["EngineClient", "LocalEngine"]
+__all__ = ["EngineClient", "LocalEngine", "sampling_defaults", "SAMPLING_DEFAULTS"]
+
+# The sampling settings a model's generation config may recommend: a request that omits one gets the model's value
+# (vLLM's `--generation-config auto`, its default), else OpenAI's default.
+SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(generation_config: GenerationConfig | None) -> dict:
+    """The values of `SAMPLING_DEFAULTS` the model's generation config sets (those different from transformers'
+    defaults, as vLLM reads them): e.g. Qwen3.5's {"temperature": 0.6, "top_k": 20, "top_p": 0.95}."""
+    if generation_config is None:
+        return {}
+    given = generation_config.to_diff_dict()
+    return {k: given[k] for k in SAMPLING_DEFAULTS if given.get(k) is not None}
+
 
 OnOutput = Callable[[SpecGenerationOutput], None]
 
 
 class EngineClient(Protocol):
     """The engine behind a server. `eos_token_id`: the generation config's (an int, a list or None);
-    `max_total_tokens`: the longest request (prompt and new tokens)."""
+    `max_total_tokens`: the longest request (prompt and new tokens); `sampling_defaults`: the model's recommended
+    sampling settings (`sampling_defaults`), for requests that omit them."""
 
     eos_token_id: int | list[int] | None
     max_total_tokens: int
+    sampling_defaults: dict
 
     def start(self) -> None: ...
 
@@ -63,6 +79,7 @@ class LocalEngine:
         if self.eos_token_id is None:
             self.eos_token_id = tokenizer.eos_token_id
         self.max_total_tokens = manager.engine.serving.max_total_tokens
+        self.sampling_defaults = sampling_defaults(manager.engine.generation_config)
 
     def start(self) -> None:
         self.manager.start()

@@ -39,7 +39,7 @@ from transformers import GenerationConfig
 from transformers.generation.continuous_batching.requests import RequestStatus
 
 from .affinity import PrefixAffinity
-from .clients import LocalEngine, OnOutput
+from .clients import LocalEngine, OnOutput, sampling_defaults
 from .engine import ServingConfig, SpecGenerationOutput
 from .manager import ContinuousBatchingManager
 from .server import DEFAULT_MAX_BODY_BYTES, create_app, load_served
@@ -178,9 +178,10 @@ class RemoteEngine:
     `generate`, routed by the deployment's request router. A replica that dies before anything of a request was
     delivered gets the request sent once more (to another replica); after, the request fails naming the failure."""
 
-    def __init__(self, replicas, eos_token_id, max_total_tokens: int):
+    def __init__(self, replicas, eos_token_id, max_total_tokens: int, defaults: dict | None = None):
         self.replicas = replicas.options(stream=True, method_name="generate")
         self.eos_token_id, self.max_total_tokens = eos_token_id, max_total_tokens
+        self.sampling_defaults = dict(defaults or {})
         self.tasks: dict[str, asyncio.Task] = {}
         self.counts = {"finished": 0, "failed": 0, "retried": 0, "tokens": 0}
 
@@ -251,13 +252,14 @@ class OpenAIIngress:
     """The OpenAI server (`serving.server.create_app`) over `RemoteEngine`."""
 
     def __init__(self, replicas, model: str, model_name: str, eos_token_id, max_total_tokens: int,
-                 api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 defaults: dict | None = None):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         if eos_token_id is None:
             eos_token_id = self.tokenizer.eos_token_id
-        self.client = RemoteEngine(replicas, eos_token_id, max_total_tokens)
+        self.client = RemoteEngine(replicas, eos_token_id, max_total_tokens, defaults)
         self.model_name, self.api_key, self.max_body_bytes = model_name, api_key, max_body_bytes
 
     def __serve_build_asgi_app__(self):
@@ -276,7 +278,8 @@ def build_app(spec: ReplicaSpec, replicas: int = 1, routing: str = "affinity", s
         raise ValueError(f"routing must be one of {sorted(ROUTERS)}, got {routing!r}")
     if replicas < 1 and autoscaling is None:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
-    eos = _generation_config(spec.model).eos_token_id
+    generation_config = _generation_config(spec.model)
+    eos = generation_config.eos_token_id
     router = ROUTERS[routing]
     options = {"ray_actor_options": {"num_gpus": replica_gpus, "num_cpus": replica_cpus},
                "max_ongoing_requests": max_ongoing_requests or spec.serving.max_slots,
@@ -295,7 +298,7 @@ def build_app(spec: ReplicaSpec, replicas: int = 1, routing: str = "affinity", s
     ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress", ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=INGRESS_MAX_ONGOING)
     return ingress.bind(engine, spec.model, served_model_name or spec.model, eos, spec.serving.max_total_tokens,
-                        api_key, max_body_bytes)
+                        api_key, max_body_bytes, sampling_defaults(generation_config))
 
 
 def _generation_config(model: str) -> GenerationConfig:

@@ -36,7 +36,7 @@ from transformers import GenerationConfig
 from transformers.generation.continuous_batching.requests import RequestStatus
 from transformers.utils import logging
 
-from .clients import EngineClient, LocalEngine
+from .clients import SAMPLING_DEFAULTS, EngineClient, LocalEngine
 from .manager import ContinuousBatchingManager
 
 logger = logging.get_logger(__name__)
@@ -169,6 +169,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
     app = FastAPI(title="hf_hybrid_spec", lifespan=lifespan)
     app.add_middleware(_BodyLimit, limit=max_body_bytes)
     eos = engine.eos_token_id
+    defaults = dict(getattr(engine, "sampling_defaults", None) or {})
     max_total = engine.max_total_tokens
     served = {"requests": 0}
 
@@ -213,15 +214,17 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
         new = body.max_completion_tokens or body.max_tokens or default_new or max(1, max_total - prompt_tokens)
         if body.min_tokens is not None and body.min_tokens > new:
             raise RequestError(f"min_tokens ({body.min_tokens}) must be at most max_tokens ({new})", "min_tokens")
-        temperature = 1.0 if body.temperature is None else body.temperature
-        top_p = 1.0 if body.top_p is None else body.top_p
+        given = {k: getattr(body, k) for k in SAMPLING_DEFAULTS if getattr(body, k) is not None}
+        chosen = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                  **defaults, **given}
+        temperature, top_p, top_k = chosen["temperature"], chosen["top_p"], chosen["top_k"]
         sample = temperature > 0
         stops = [] if eos is None or body.ignore_eos else ([eos] if isinstance(eos, int) else list(eos))
         stops += [t for t in body.stop_token_ids or [] if t not in stops]  # (they stop even with ignore_eos)
         gen = GenerationConfig(do_sample=sample, temperature=temperature if sample else 1.0,
-                               top_p=top_p if sample else 1.0, top_k=max(body.top_k or 0, 0) if sample else None,
-                               min_p=body.min_p if sample and body.min_p else None,
-                               repetition_penalty=body.repetition_penalty or 1.0,
+                               top_p=top_p if sample else 1.0, top_k=max(top_k or 0, 0) if sample else None,
+                               min_p=chosen["min_p"] if sample and chosen["min_p"] else None,
+                               repetition_penalty=chosen["repetition_penalty"] or 1.0,
                                min_new_tokens=body.min_tokens or None,
                                eos_token_id=stops or None,
                                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)

@@ -430,3 +430,39 @@ def test_a_bad_vllm_sampling_value_gets_a_400_naming_its_field(served, field, va
     status, answer = post(client.url, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 4,
                                                           field: value})
     assert status == 400 and field in answer["error"]["message"], answer
+
+
+def test_omitted_sampling_settings_come_from_the_models_generation_config(target):
+    """As vLLM's `--generation-config auto`: a request that omits temperature / top_p / top_k / min_p /
+    repetition_penalty gets the model generation config's value, one that sets it its own. Here the model's config
+    asks for top_k=1 and a repetition penalty: an omitted temperature samples (OpenAI's 1.0) from the argmax only."""
+    from transformers import GenerationConfig
+
+    from hf_hybrid_spec.serving.clients import sampling_defaults
+
+    model, tokenizer = target
+    ids = tokenizer(PROMPTS[0]).input_ids
+    config = GenerationConfig(do_sample=True, top_k=1, repetition_penalty=1.3, pad_token_id=tokenizer.pad_token_id)
+    assert sampling_defaults(config) == {"top_k": 1, "repetition_penalty": 1.3}
+
+    def plain(**settings):
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=None, **settings)
+        return out[0, len(ids):].tolist()
+
+    penalized = plain(repetition_penalty=1.3)
+    assert penalized != plain()
+    manager = init_continuous_batching(model, H.AssistantConfig(global_cache=False),
+                                       ServingConfig(max_slots=2, max_total_tokens=256), config)
+    with serving(manager, tokenizer) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def reply(**fields):
+            answer = client.completions.create(model="tiny", prompt=ids, max_tokens=12,
+                                               extra_body={"return_token_ids": True, **fields})
+            return answer.choices[0].token_ids
+
+        assert reply() == penalized  # sampled at temperature 1 from top_k=1: the penalized argmax
+        assert reply(temperature=0) == penalized  # greedy, the model's penalty still on
+        assert reply(temperature=0, repetition_penalty=1.0) == plain()  # the request's own value wins
