@@ -390,6 +390,9 @@ class ServingEngine:
                                                   else list(gen.eos_token_id))
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in eos):
             return f"eos_token_id holds token ids outside the vocabulary [0, {vocab})"
+        seed = getattr(gen, "seed", None)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
+            return f"seed must be an integer in [0, 2**63), got {seed!r}"
         if gen.guidance_scale not in (None, 1, 1.0):
             return "guidance_scale (classifier-free guidance, a second forward per step) is not supported"
         if gen.stop_strings:
@@ -692,6 +695,11 @@ class ServingEngine:
         stopping.extend(request.stopping_criteria)
         drafter = make_drafter(self.config, self.model, self.draft_model) if self.serving.speculation else _NoDrafts()
         verifier = make_verifier(self.config, bool(gen.do_sample), drafter)
+        seed = getattr(gen, "seed", None)
+        if seed is not None and getattr(verifier, "seed", None) is not None:
+            # The request's own seed (vLLM's per-request `seed`): its tokens are keyed by (seed, position), so the
+            # same request samples the same reply whatever runs beside it and whatever was drafted.
+            verifier.seed = int(seed)
         processors = _processors(self.model, gen, request.input_ids, self.device)
         active = _Active(request, output, gen, drafter, verifier, processors, stopping, limit, self.device)
         if request.record_timestamps:

@@ -16,7 +16,7 @@ context's end), `temperature` (0: greedy, exact), `top_p`, `stop` (up to 4 non-e
 OpenAI does), `stream` with `stream_options.include_usage`, `presence_penalty` / `frequency_penalty` (OpenAI's and
 vLLM's: over the generated tokens), and vLLM's sampling extensions (`extra_body` in OpenAI's client): `top_k`, `min_p`,
 `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`. Bodies are typed (pydantic): a value of the wrong
-type or out of range is a 400 naming the field, never coerced; `n` > 1, `logprobs`, tools and `seed` are refused by
+type or out of range is a 400 naming the field, never coerced; `n` > 1, `logprobs` and tools are refused by
 name. Errors have OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`); an unknown model is a 404, a body
 over `--max-body-mb` a 413, a missing or wrong key a 401 under `--api-key`. Nothing waits on a thread: outputs reach the
 event loop from the engine's thread (`add_request(on_output=...)`), and tokenizing runs off the loop. `/health`,
@@ -44,8 +44,8 @@ logger = logging.get_logger(__name__)
 __all__ = ["create_app", "load_served"]
 
 # Fields of OpenAI requests the server does not implement: a request that sets them gets a 400 naming them.
-_UNSUPPORTED = ("logprobs", "top_logprobs", "tools", "tool_choice", "functions", "seed", "response_format", "suffix",
-                "echo", "best_of", "logit_bias")
+_UNSUPPORTED = ("logprobs", "top_logprobs", "tools", "tool_choice", "functions", "response_format", "suffix", "echo",
+                "best_of", "logit_bias")
 # OpenAI's default for /v1/completions when max_tokens is omitted (chat runs until eos or the context's end).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # The largest request body taken (a prompt of ~250k tokens); past it a 413, before anything is parsed.
@@ -106,6 +106,8 @@ def _request_models():
         min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
         ignore_eos: StrictBool = False
         stop_token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(max_length=64)] | None = None
+        # OpenAI's and vLLM's per-request seed: the same request samples the same reply (`serving.engine`).
+        seed: Annotated[StrictInt, Field(ge=0, lt=1 << 63)] | None = None
         # vLLM's extension: the prompt's and the completion's token ids in the answer (each chunk's when streaming).
         return_token_ids: StrictBool = False
         # OpenAI's end-user id and SGLang's session id: either keys an agent's session (a cluster's routing).
@@ -230,6 +232,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
                                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
         # Read by the engine (`serving.engine._processors`): OpenAI's penalties over the generated tokens.
         gen.presence_penalty, gen.frequency_penalty = body.presence_penalty or 0.0, body.frequency_penalty or 0.0
+        gen.seed = body.seed
         strings = [] if body.stop is None else ([body.stop] if isinstance(body.stop, str) else list(body.stop))
         return int(new), gen, Stops(strings, frozenset(stops))
 

@@ -355,6 +355,33 @@ def test_sampling_follows_the_targets_law():
         assert chi2_pvalue(count, sharper) < 1e-3
 
 
+def test_a_seeded_request_samples_the_same_reply_wherever_it_runs():
+    """A request's own seed (vLLM's `seed`): the same reply with speculation on or off, alone or beside others, in
+    any slot, now or later; another seed gives another reply. Its draws stay the target's law (the keyed draw of
+    `verification.noise`, tested in test_sampling_follows_the_targets_law without a seed)."""
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(4, seed=21)
+
+    def run(requests, speculation=True):
+        engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
+                               ServingConfig(max_slots=3, max_total_tokens=64, speculation=speculation))
+        for name, ids, seed in requests:
+            gen = GenerationConfig(do_sample=True, temperature=1.3, top_k=0, eos_token_id=None, pad_token_id=PAD)
+            gen.seed = seed
+            engine.add(ServingRequest(name, ids, max_new_tokens=12, generation_config=gen))
+        return {name: out.generated_tokens for name, out in drain(engine).items()}
+
+    alone = run([("a", inputs[0], 7)])["a"]
+    beside = run([("x", inputs[1], None), ("y", inputs[2], 3), ("a", inputs[0], 7), ("z", inputs[3], None)])
+    assert beside["a"] == alone
+    assert run([("a", inputs[0], 7), ("b", inputs[0], 7)], speculation=False) == {"a": alone, "b": alone}
+    assert run([("a", inputs[0], 8)])["a"] != alone
+    bad = GenerationConfig(do_sample=True)
+    bad.seed = -1
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=1))
+    assert "seed" in engine.add(ServingRequest("bad", inputs[0], 4, generation_config=bad)).error
+
+
 def test_a_thousand_requests_stay_bounded():
     model = tiny_model("qwen3_5_text")
     config = ServingConfig(max_slots=8, max_total_tokens=32, prefix_cache_bytes=1 << 18, prefix_cache_entries=16)

@@ -194,6 +194,17 @@ def test_sampling_requests_run(served):
     assert out.usage.completion_tokens >= 1
 
 
+def test_a_seed_makes_a_sampled_reply_repeat(served):
+    client, _, _, _ = served
+
+    def reply(seed):
+        return client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=10, temperature=1.2,
+                                         seed=seed, extra_body={"return_token_ids": True}).choices[0].token_ids
+
+    first = reply(11)
+    assert reply(11) == first and reply(12) != first
+
+
 def test_bad_requests_get_a_400_naming_the_problem(served):
     client, _, _, _ = served
     cases = [dict(model="tiny", prompt="x", max_tokens=4, n=2),
