@@ -168,6 +168,7 @@ def main(argv=None) -> dict:
         run()
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats("hf_hybrid_spec", 30)
     print(json.dumps(result))
     return result
 

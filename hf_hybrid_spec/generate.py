@@ -113,7 +113,12 @@ def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_confi
         raise ValueError("speculative_generate needs a non-empty prompt (input_ids of shape [batch, length >= 1])")
     unsupported = {
         "num_beams > 1": generation_config.num_beams > 1,
-        "num_return_sequences > 1": generation_config.num_return_sequences > 1,
+        # (with sampling, stock generate has already repeated each prompt num_return_sequences times: each copy is a
+        # row of the batch, sampled on its own)
+        "num_return_sequences > 1 without sampling": generation_config.num_return_sequences > 1
+        and not generation_config.do_sample,
+        "guidance_scale (classifier-free guidance: a second forward per step)":
+        generation_config.guidance_scale not in (None, 1, 1.0),
         "penalty_alpha (contrastive search)": generation_config.penalty_alpha is not None,
         "dola_layers": getattr(generation_config, "dola_layers", None) is not None,
         "assistant_early_exit (use AssistantConfig instead)": getattr(generation_config, "assistant_early_exit", None)

@@ -263,9 +263,8 @@ def test_unsupported_options_raise_clearly():
     with pytest.raises(NotImplementedError, match="output_attentions / output_hidden_states need the eager path"):
         model.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate, output_attentions=True,
                        return_dict_in_generate=True, assistant_config=H.AssistantConfig(compile=True))
-    with pytest.raises(NotImplementedError, match="num_return_sequences"):
-        model.generate(ids, max_new_tokens=4, do_sample=True, num_return_sequences=2,
-                       custom_generate=H.speculative_generate)
+    with pytest.raises(NotImplementedError, match="guidance_scale"):
+        model.generate(ids, max_new_tokens=4, guidance_scale=1.5, custom_generate=H.speculative_generate)
     with pytest.raises(ValueError, match="model drafter|draft model"):
         model.generate(ids, max_new_tokens=4, custom_generate=H.speculative_generate,
                        assistant_config=H.AssistantConfig(drafter="model"))
@@ -699,3 +698,31 @@ def test_every_package_folder_is_installed():
             rel = init.parent.relative_to(root / top).parts
             found.add(".".join((name, *rel)))
     assert found == listed
+
+
+def test_num_return_sequences_samples_each_copy_on_its_own():
+    """`num_return_sequences=n` with sampling: stock generate repeats each prompt n times, and each copy is a row that
+    samples on its own: the first two tokens of 1,200 copies of one prompt follow the target's joint law (chi-square,
+    p > 1e-3; a sharper law is rejected), and the call repeats under the same seed, as stock's does."""
+    from helpers import chi2_pvalue, target_joint
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper
+
+    vocab = 8
+    model = tiny_model("qwen3_5_text", vocab_size=vocab, seed=5)
+    ids = torch.tensor([[2, 5, 3, 2, 5, 3, 2]])
+    joint = target_joint(model, ids, LogitsProcessorList([TemperatureLogitsWarper(0.8)]))
+
+    def sample():
+        torch.manual_seed(3)
+        return model.generate(ids, max_new_tokens=2, do_sample=True, temperature=0.8, top_k=0, top_p=1.0,
+                              num_return_sequences=1200, eos_token_id=None, pad_token_id=1,
+                              custom_generate=H.speculative_generate)
+
+    out = sample()
+    assert out.shape == (1200, ids.shape[1] + 2)
+    counts = torch.zeros(vocab * vocab)
+    for a, c in out[:, ids.shape[1]:].tolist():
+        counts[a * vocab + c] += 1
+    assert chi2_pvalue(counts, joint) > 1e-3
+    assert chi2_pvalue(counts, torch.softmax(2.0 * torch.log(joint + 1e-12), dim=0)) < 1e-3
+    assert torch.equal(sample(), out)
