@@ -17,8 +17,8 @@ from hf_hybrid_spec.testing import tiny_model
 V = 8
 PAD = 1
 PROMPTS = ([2, 5, 3, 7, 2, 5, 3], [4, 6, 3, 4])  # the second left-padded to the first's length
-COPIES = 32  # rows per prompt in each call (each row draws with its own key)
-CALLS = 150  # 4,800 samples per prompt
+COPIES = 96  # rows per prompt in each call (each row draws with its own key)
+CALLS = 50  # 4,800 samples per prompt
 
 PRESETS = {
     # (generate kwargs, the processors stock builds from them for a row behind `padding` pad tokens, in its order:
@@ -66,17 +66,18 @@ def shifted(law: torch.Tensor, mass: float = 0.02) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset,drafter", [("sampling", "suffix"), ("penalties", "ngram"), ("sampling", "eagle")])
+@pytest.mark.parametrize("preset,drafter", [("sampling", "suffix"), ("penalties", "ngram"), ("sampling", "eagle"),
+                                            ("penalties", "layerskip")])
 def test_each_rows_tokens_follow_the_targets_law(preset, drafter):
     """Trees that are a function of the context (suffix matches; EAGLE's top-k expansion of a random head, batched)
-    and chains (n-gram): the keyed rule. (No built-in drafter samples its drafts; the lossless rule for drafts that
+    and chains (n-gram; layerskip's early exit, batched): the keyed rule. (No built-in drafter samples its drafts; the lossless rule for drafts that
     carry their distribution is tests/verification/test_sampling.py's, one request at a time.)"""
     model = tiny_model("qwen3_5_text", vocab_size=V, seed=3)
     width = max(len(p) for p in PROMPTS)
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in PROMPTS for _ in range(COPIES)])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS for _ in range(COPIES)])
     kwargs, processors = PRESETS[preset]
-    if drafter == "eagle":  # a random head
+    if drafter in ("eagle", "layerskip"):  # a random head, an early exit
         drafting = drafter_kwargs(drafter, model)
     else:
         drafting = dict(assistant_config=H.AssistantConfig(drafter=drafter, global_cache=False))
