@@ -29,7 +29,7 @@ from .outputs import SpecStats
 from .rows import BatchRecorder
 from .step import Choose, record_step, still_running
 
-__all__ = ["Choose", "PlainRun", "plain_step", "plain_steps", "runs_plain"]
+__all__ = ["Choose", "PlainRun", "plain_step", "plain_steps", "queue_plain_step", "runs_plain"]
 
 
 @dataclass
@@ -64,6 +64,16 @@ def plain_step(backend, roots: list[int], overlap=None, choose: Choose | None = 
     order), for the general batch step when the budget kept no draft: returns each running row's new token, as a list
     and as a device tensor [rows running]. `overlap()` (optional) runs on the host while the device computes.
     `choose` (None: the argmax) is given `lengths`, every runner row's length before the step."""
+    new = queue_plain_step(backend, roots, choose, lengths)
+    if overlap is not None:
+        overlap()
+    return new.tolist(), new
+
+
+def queue_plain_step(backend, roots: list[int], choose: Choose | None = None,
+                     lengths: list[int] | None = None) -> torch.Tensor:
+    """`plain_step` queued, not read: each running row's new token [rows running] on the device (the serving
+    engine reads it in the second half of its step)."""
     runner = backend.runner
     rows, device = runner.rows, runner.device
     slots = backend.running_slots
@@ -74,10 +84,7 @@ def plain_step(backend, roots: list[int], overlap=None, choose: Choose | None = 
     staged = staged.to(device, non_blocking=True)
     parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
     best = _queue(backend, staged[0], parent, staged[1], slots, choose=choose, lengths=lengths)
-    if overlap is not None:
-        overlap()
-    new = best[torch.tensor(slots, dtype=torch.long, device=device)]
-    return new.tolist(), new
+    return best[torch.tensor(slots, dtype=torch.long, device=device)]
 
 
 def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,

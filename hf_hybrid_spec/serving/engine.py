@@ -41,6 +41,7 @@ from ..drafters import DraftBudget, DraftContext, Drafter, RowTokens, make_draft
 from ..engine.batch import batch_buckets
 from ..engine.batch_static import BatchStaticBackend
 from ..engine.outputs import SpecStats
+from ..engine.plain import queue_plain_step, runs_plain
 from ..engine.request import propose
 from ..engine.rows import BatchRecorder
 from ..engine.static import DEFAULT_BUCKETS, StaticRunner
@@ -48,7 +49,7 @@ from ..engine.step import StepRows, apply_budget, batch_tree, record_step, step_
 from ..forward import forward_tokens
 from ..models import get_adapter
 from ..tree import DraftBatch, DraftTree, VerifyResult, VerifyTree, empty_draft
-from ..verification import FirstToken, make_verifier, row_processors
+from ..verification import FirstToken, batch_choices, choices_apply, make_verifier, row_processors
 from .penalties import OccurrencePenaltyLogitsProcessor
 from .prefix import PrefixHit, PrefixStore
 
@@ -217,6 +218,8 @@ class _Launched:
             runner's buffer: valid until this engine's next forward). failed: (slot, error) of requests that failed
             while drafting. best: the argmax [rows, n] on the host once `ready` (an event; None on the CPU) has
             fired, when every decoding row is greedy over raw logits. launch_seconds: the forward's launch.
+        plain: a plain step (`ServingEngine._launch_plain`): no tree nor logits; `best` holds each running
+            request's token, already committed.
     """
 
     slots: list[int]
@@ -224,12 +227,13 @@ class _Launched:
     decoding: list[int]
     drafts: list[DraftTree]
     rows: DraftBatch
-    tree: VerifyTree
-    logits: torch.Tensor
+    tree: VerifyTree | None
+    logits: torch.Tensor | None
     failed: list
     best: torch.Tensor | None
     ready: object | None
     launch_seconds: float
+    plain: bool = False
 
 
 @dataclass(frozen=True)
@@ -458,6 +462,11 @@ class ServingEngine:
             rows = DraftBatch.from_drafts(drafts)
         roots = [a.rec.host[0][-1] if a.pending is None else a.pending[0] for a in actives]
         t1 = time.perf_counter()
+        if len(decoding) == len(actives) and not any(rows.counts):
+            # No request drafts this step: a plain decode step, without the tree machinery (`engine.plain`).
+            launched = self._launch_plain(slots, actives, drafts, rows, roots, failed, t0, t1)
+            if launched is not None:
+                return updates, launched
         tree = batch_tree(roots, rows, self.backend.tree_device)
         try:
             verified = self.backend.forward(tree)
@@ -479,6 +488,46 @@ class ServingEngine:
         self.stats.draft_seconds += t1 - t0
         return updates, _Launched(slots, actives, decoding, drafts, rows, tree, verified.logits, failed, best, ready,
                                   time.perf_counter() - t1)
+
+    def _launch_plain(self, slots, actives, drafts, rows, roots, failed, t0, t1) -> _Launched | None:
+        """Queue a plain step of every running request (each decodes, none drafts): the forward of its root alone,
+        its token chosen on the device (the argmax, or its rule's keyed draw over its processed scores where
+        `verification.batch_choices` makes it: the token the verify step would choose there) and committed, and the
+        tokens' copy to the host. None where a request's rule or processors need the verify step (processors that
+        read the ids), or the plain step failed (nothing committed: the verify step runs instead)."""
+        if not runs_plain(self.backend, True):
+            return None
+        choose = None
+        if not all(a.raw_greedy for a in actives):
+            verifiers, per_row = [a.verifier for a in actives], [a.row_processors for a in actives]
+            if not choices_apply(verifiers, per_row):
+                return None
+            lengths = torch.tensor([a.length for a in actives])  # each root's position + 1 (no padding in a slot)
+            zeros = torch.zeros(len(actives), dtype=torch.long)
+
+            def choose(logits: torch.Tensor, _lengths, _roots) -> torch.Tensor:
+                # Every runner row's token [R]: the running ones' by their rules (each request its own stream, key
+                # 0, as in `_verify`), the free slots' the argmax (never committed).
+                at = torch.tensor(slots, dtype=torch.long, device=logits.device)
+                out = logits.argmax(dim=-1)
+                out[at] = batch_choices(verifiers, per_row, logits[at][:, None], lengths, zeros[:, None], zeros,
+                                        False)[:, 0]
+                return out
+
+        try:
+            new = queue_plain_step(self.backend, roots, choose)
+        except Exception as error:  # a request's processors: the verify step finds whose (`_verify`)
+            logger.debug("serving: the plain step failed (%r); verifying instead", error)
+            return None
+        best = self._best_host[: len(actives)]
+        best.copy_(new, non_blocking=True)
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        self.stats.draft_seconds += t1 - t0
+        return _Launched(slots, actives, list(range(len(actives))), drafts, rows, None, None, failed, best, ready,
+                         time.perf_counter() - t1, plain=True)
 
     @torch.inference_mode()
     def finish(self, launched: _Launched) -> list[SpecGenerationOutput]:
@@ -503,11 +552,16 @@ class ServingEngine:
                     failed.append((slots[row], f"drafter failed: {error!r}"))
         if launched.ready is not None:
             launched.ready.synchronize()
-        results = self._verify(launched.tree, launched.rows, launched.logits, actives, failed, slots, decoding,
-                               launched.best)
-        last = {row: launched.logits[row : row + 1, drafts[row].num_nodes].to(torch.float32)
-                for row, a in enumerate(actives) if a.pending is not None and len(a.pending) <= chunk}
-        self.backend.commit([r.path for r in results])
+        if launched.plain:  # committed on the device already
+            results = [VerifyResult(path=[0], tokens=torch.zeros(0), score_nodes=[0], token_list=[token])
+                       for token in launched.best.tolist()]
+            last = {}
+        else:
+            results = self._verify(launched.tree, launched.rows, launched.logits, actives, failed, slots, decoding,
+                                   launched.best)
+            last = {row: launched.logits[row : row + 1, drafts[row].num_nodes].to(torch.float32)
+                    for row, a in enumerate(actives) if a.pending is not None and len(a.pending) <= chunk}
+            self.backend.commit([r.path for r in results])
         t2 = time.perf_counter()
         self.stats.steps += 1
         self.stats.verify_seconds += launched.launch_seconds + t2 - t1
@@ -546,7 +600,7 @@ class ServingEngine:
             a.output.generated_tokens.extend(new)
             if a.output.timestamps is not None:
                 a.output.timestamps.extend([now] * len(new))
-            record_step(a.stats, None, [0], [len(result.token_list)], [draft.num_nodes])
+            record_step(a.stats, None, [0], [len(result.token_list)], [draft.num_nodes], plain=launched.plain)
             self.stats.new_tokens += len(new)
             self.stats.drafted_nodes += draft.num_nodes
             if a.finished:

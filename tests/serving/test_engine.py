@@ -382,6 +382,39 @@ def test_a_seeded_request_samples_the_same_reply_wherever_it_runs():
     assert "seed" in engine.add(ServingRequest("bad", inputs[0], 4, generation_config=bad)).error
 
 
+def test_steps_where_nobody_drafts_are_plain_steps(monkeypatch):
+    """A step where no request drafts (speculation off here) runs as a plain decode step (`engine.plain`: the
+    root's forward, the token chosen and committed on the device), for greedy requests and sampling ones (the keyed
+    draw the verify step would make there), with plain generate's greedy replies; a request whose processors read its
+    ids (a repetition penalty) sends its steps through verification, beside the others."""
+    from hf_hybrid_spec.serving import engine as engine_module
+
+    calls = []
+    real = engine_module.queue_plain_step
+    monkeypatch.setattr(engine_module, "queue_plain_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(3, seed=23)
+
+    def run(settings: list[dict], speculation: bool) -> dict:
+        calls.clear()
+        engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
+                               ServingConfig(max_slots=3, max_total_tokens=64, speculation=speculation))
+        for i, (ids, kw) in enumerate(zip(inputs, settings)):
+            gen = GenerationConfig(**{"do_sample": False, "eos_token_id": None, "pad_token_id": PAD, **kw})
+            gen.seed = 5
+            engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=10, generation_config=gen))
+        return {name: out.generated_tokens for name, out in drain(engine).items()}
+
+    greedy = run([{}, {}, {}], speculation=False)
+    assert len(calls) >= 9 and greedy == {f"r{i}": plain(model, ids, 10) for i, ids in enumerate(inputs)}
+    sampling = [{"do_sample": True, "temperature": 1.2, "top_k": 0}, {}, {"do_sample": True, "top_p": 0.9}]
+    sampled = run(sampling, speculation=False)
+    assert len(calls) >= 9
+    assert run(sampling, speculation=True) == sampled  # the verify step draws the same tokens
+    penalized = run([{}, {"repetition_penalty": 1.5}, {}], speculation=False)
+    assert len(calls) == 0 and penalized["r1"] == plain(model, inputs[1], 10, repetition_penalty=1.5)
+
+
 def test_a_thousand_requests_stay_bounded():
     model = tiny_model("qwen3_5_text")
     config = ServingConfig(max_slots=8, max_total_tokens=32, prefix_cache_bytes=1 << 18, prefix_cache_entries=16)
