@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests")
     parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
                         help="the largest request body taken (larger: 413)")
+    parser.add_argument("--generation-config", default="auto", choices=["auto", "vllm"],
+                        help="sampling settings a request omits: the model generation config's (auto), or OpenAI's "
+                             "defaults (vllm, as vLLM names it)")
     cluster = parser.add_argument_group("cluster (Ray Serve, the [cluster] extra; see docs/serving.md)")
     cluster.add_argument("--replicas", type=int, default=None,
                          help="serve N replicas on Ray Serve behind this endpoint (default: one engine in this "
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
                           host=args.host, port=args.port, served_model_name=name, api_key=args.api_key,
                           max_body_bytes=int(args.max_body_mb * 2**20), dtype=args.dtype, device=args.device,
                           draft_model=args.draft_model, replica_gpus=args.replica_gpus,
-                          replica_cpus=args.replica_cpus, address=args.ray_address, blocking=True)
+                          replica_cpus=args.replica_cpus, address=args.ray_address, blocking=True,
+                          model_defaults=args.generation_config == "auto")
         except (ImportError, OSError, ValueError) as err:
             parser.error(f"{type(err).__name__}: {err}")
         return
@@ -85,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
         manager = ContinuousBatchingManager(model, config, serving, draft_model=draft)
     except (OSError, ValueError, NotImplementedError, TypeError, json.JSONDecodeError) as err:
         parser.error(f"{type(err).__name__}: {err}")
-    app = create_app(manager, tokenizer, name, api_key=args.api_key, max_body_bytes=int(args.max_body_mb * 2**20))
+    app = create_app(manager, tokenizer, name, api_key=args.api_key, max_body_bytes=int(args.max_body_mb * 2**20),
+                     model_defaults=args.generation_config == "auto")
     uvicorn.run(app, host=args.host, port=args.port)
 
 

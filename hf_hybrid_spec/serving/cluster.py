@@ -270,7 +270,7 @@ class OpenAIIngress:
 def build_app(spec: ReplicaSpec, replicas: int = 1, routing: str = "affinity", served_model_name: str | None = None,
               api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               replica_gpus: float = 0.0, replica_cpus: float = 1.0, autoscaling: dict | None = None,
-              max_ongoing_requests: int | None = None):
+              max_ongoing_requests: int | None = None, model_defaults: bool = True):
     """The Ray Serve application (bound deployments) serving `spec` on `replicas` replicas (or `autoscaling`, Ray
     Serve's `autoscaling_config`), each with `replica_gpus` GPUs and `replica_cpus` cores. A replica takes up to
     `max_ongoing_requests` requests at once (default: the engine's slots), the room affinity routing respects."""
@@ -298,7 +298,7 @@ def build_app(spec: ReplicaSpec, replicas: int = 1, routing: str = "affinity", s
     ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress", ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=INGRESS_MAX_ONGOING)
     return ingress.bind(engine, spec.model, served_model_name or spec.model, eos, spec.serving.max_total_tokens,
-                        api_key, max_body_bytes, sampling_defaults(generation_config))
+                        api_key, max_body_bytes, sampling_defaults(generation_config) if model_defaults else {})
 
 
 def _generation_config(model: str) -> GenerationConfig:
@@ -318,11 +318,12 @@ def serve_cluster(model_id: str, assistant_config: str | dict | None = None,
                   served_model_name: str | None = None, api_key: str | None = None,
                   max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, dtype: str = "auto", device: str = "auto",
                   draft_model: str | None = None, replica_gpus: float | None = None, replica_cpus: float = 1.0,
-                  threads: int | None = None, address: str | None = None, blocking: bool = False) -> str:
+                  threads: int | None = None, address: str | None = None, blocking: bool = False,
+                  model_defaults: bool = True) -> str:
     """Serve `model_id` on Ray Serve (see the module docstring) and return the endpoint's base URL. Joins the Ray
     cluster at `address` (or RAY_ADDRESS; else starts a local one) unless Ray is already initialized.
     `replica_gpus`: default 1 where the cluster has GPUs, else 0 (CPU replicas). `blocking`: serve until
-    interrupted (the CLI), then shut the application down."""
+    interrupted (the CLI), then shut the application down. `model_defaults`: as `server.create_app`'s."""
     if not ray.is_initialized():
         ray.init(address=address or os.environ.get("RAY_ADDRESS"), include_dashboard=False,
                  log_to_driver=False)
@@ -332,7 +333,7 @@ def serve_cluster(model_id: str, assistant_config: str | dict | None = None,
     spec = ReplicaSpec(model_id, assistant_config, serving_config or ServingConfig(), dtype, device, draft_model,
                        threads)
     app = build_app(spec, replicas, routing, served_model_name, api_key, max_body_bytes, replica_gpus,
-                    replica_cpus, autoscaling)
+                    replica_cpus, autoscaling, model_defaults=model_defaults)
     host, port = _start_serve(host, port)
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     url = f"http://{host}:{port}"

@@ -144,11 +144,12 @@ def _request_models():
 
 def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, model_name: str,
                request_timeout: float = 600.0, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, model_defaults: bool = True):
     """The FastAPI app serving `engine` (a `clients.EngineClient`, or a manager in this process: `LocalEngine`;
     started by the app's lifespan, stopped at shutdown) with `tokenizer`'s text and chat template, under the model
     id `model_name`. `api_key`: the Bearer token every /v1 request must carry (None: open). Request bodies over
-    `max_body_bytes` get a 413."""
+    `max_body_bytes` get a 413. `model_defaults`: a request that omits a sampling setting gets the model generation
+    config's value (`clients.sampling_defaults`, vLLM's `--generation-config auto`); False: OpenAI's defaults."""
     from contextlib import asynccontextmanager
 
     from fastapi import Depends, FastAPI, Header
@@ -171,7 +172,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
     app = FastAPI(title="hf_hybrid_spec", lifespan=lifespan)
     app.add_middleware(_BodyLimit, limit=max_body_bytes)
     eos = engine.eos_token_id
-    defaults = dict(getattr(engine, "sampling_defaults", None) or {})
+    defaults = dict(getattr(engine, "sampling_defaults", None) or {}) if model_defaults else {}
     max_total = engine.max_total_tokens
     served = {"requests": 0}
 

@@ -477,3 +477,9 @@ def test_omitted_sampling_settings_come_from_the_models_generation_config(target
         assert reply() == penalized  # sampled at temperature 1 from top_k=1: the penalized argmax
         assert reply(temperature=0) == penalized  # greedy, the model's penalty still on
         assert reply(temperature=0, repetition_penalty=1.0) == plain()  # the request's own value wins
+    # `--generation-config vllm`: OpenAI's defaults instead (no penalty)
+    manager = init_continuous_batching(model, H.AssistantConfig(global_cache=False),
+                                       ServingConfig(max_slots=2, max_total_tokens=256), config)
+    with serving(manager, tokenizer, model_defaults=False) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        assert reply(temperature=0) == plain()
