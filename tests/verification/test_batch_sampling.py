@@ -66,18 +66,17 @@ def shifted(law: torch.Tensor, mass: float = 0.02) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset,drafter", [("sampling", "suffix"), ("penalties", "ngram"), ("sampling", "eagle"),
-                                            ("penalties", "layerskip")])
+@pytest.mark.parametrize("preset,drafter", [("sampling", "suffix"), ("penalties", "ngram"), ("sampling", "eagle")])
 def test_each_rows_tokens_follow_the_targets_law(preset, drafter):
     """Trees that are a function of the context (suffix matches; EAGLE's top-k expansion of a random head, batched)
-    and chains (n-gram; layerskip's early exit, batched): the keyed rule. (No built-in drafter samples its drafts; the lossless rule for drafts that
+    and chains (n-gram): the keyed rule. (No built-in drafter samples its drafts; the lossless rule for drafts that
     carry their distribution is tests/verification/test_sampling.py's, one request at a time.)"""
     model = tiny_model("qwen3_5_text", vocab_size=V, seed=3)
     width = max(len(p) for p in PROMPTS)
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in PROMPTS for _ in range(COPIES)])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS for _ in range(COPIES)])
     kwargs, processors = PRESETS[preset]
-    if drafter in ("eagle", "layerskip"):  # a random head, an early exit
+    if drafter == "eagle":  # a random head
         drafting = drafter_kwargs(drafter, model)
     else:
         drafting = dict(assistant_config=H.AssistantConfig(drafter=drafter, global_cache=False))
