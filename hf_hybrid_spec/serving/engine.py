@@ -55,7 +55,7 @@ from .prefix import PrefixHit, PrefixStore
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["ServingConfig", "ServingEngine", "ServingRequest", "ServingStats", "SpecGenerationOutput"]
+__all__ = ["ServingConfig", "ServingEngine", "ServingRequest", "ServingStats", "SpecGenerationOutput", "TokenLogprob"]
 
 
 @dataclass
@@ -127,12 +127,25 @@ class ServingRequest:
 @dataclass
 class SpecGenerationOutput(GenerationOutput):
     """transformers' continuous-batching result with the request's speculation statistics (`spec_stats`), how
-    many prompt tokens came from the prefix store (`reused_prefix_tokens`) and, in a cluster, the replica that
-    served it (`replica`, set by `serving.cluster`)."""
+    many prompt tokens came from the prefix store (`reused_prefix_tokens`), in a cluster the replica that served
+    it (`replica`, set by `serving.cluster`) and, when the request asks for them (its generation config's
+    `logprobs`), each generated token's log-probability (`logprobs`, one `TokenLogprob` per generated token)."""
 
     spec_stats: SpecStats | None = None
     reused_prefix_tokens: int = 0
     replica: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the target's raw logits (before any processor or temperature, as
+    vLLM's default `raw_logprobs`), and the `top` most likely tokens there, [(token id, log-probability)], most
+    likely first (as many as the request asked for)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass
@@ -191,6 +204,10 @@ class _Active:
                                  gen.pad_token_id, limit)
         self.row_processors = row_processors(processors, 0)
         self.raw_greedy = verifier.raw_greedy and not processors
+        # Log-probabilities of the generated tokens with this many alternatives each (None: not asked for).
+        self.logprobs: int | None = getattr(gen, "logprobs", None)
+        if self.logprobs is not None:
+            output.logprobs = []
         self.cached: list[int] = []  # the tokens the slot's cache has committed (for the prefix store)
         self.pending: list[int] | None = None  # chunked prefill: prompt tokens not in the cache yet
         self.stats = SpecStats(prefill_tokens=len(request.input_ids))
@@ -397,6 +414,10 @@ class ServingEngine:
         seed = getattr(gen, "seed", None)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
             return f"seed must be an integer in [0, 2**63), got {seed!r}"
+        logprobs = getattr(gen, "logprobs", None)
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= vocab):
+            return f"logprobs must be an integer in [0, {vocab}], got {logprobs!r}"
         if gen.guidance_scale not in (None, 1, 1.0):
             return "guidance_scale (classifier-free guidance, a second forward per step) is not supported"
         if gen.stop_strings:
@@ -495,8 +516,8 @@ class ServingEngine:
         `verification.batch_choices` makes it: the token the verify step would choose there) and committed, and the
         tokens' copy to the host. None where a request's rule or processors need the verify step (processors that
         read the ids), or the plain step failed (nothing committed: the verify step runs instead)."""
-        if not runs_plain(self.backend, True):
-            return None
+        if not runs_plain(self.backend, True) or any(a.logprobs is not None for a in actives):
+            return None  # (a plain step keeps no logits to read log-probabilities from)
         choose = None
         if not all(a.raw_greedy for a in actives):
             verifiers, per_row = [a.verifier for a in actives], [a.row_processors for a in actives]
@@ -598,6 +619,8 @@ class ServingEngine:
                 continue
             new = a.rec.host[0][before : a.length]
             a.output.generated_tokens.extend(new)
+            if a.logprobs is not None and new:  # the token at path node j was chosen from node j's logits
+                a.output.logprobs += _logprobs(launched.logits[row, result.path[: len(new)]], new, a.logprobs)
             if a.output.timestamps is not None:
                 a.output.timestamps.extend([now] * len(new))
             record_step(a.stats, None, [0], [len(result.token_list)], [draft.num_nodes], plain=launched.plain)
@@ -807,6 +830,8 @@ class ServingEngine:
         drafter.accept(active.ids(), VerifyResult(path=[0], tokens=first.tokens, score_nodes=[0],
                                                   token_list=first.token_list))
         output.generated_tokens.extend(active.rec.host[0][len(active.request.input_ids) :])
+        if active.logprobs is not None:
+            output.logprobs += _logprobs(logits, output.generated_tokens, active.logprobs)
         output.status = RequestStatus.DECODING
         t1 = time.perf_counter()
         output.lifespan = (t1, -1)
@@ -885,7 +910,20 @@ def _release(drafter, request_id: str) -> None:
 def _snapshot(output: SpecGenerationOutput) -> SpecGenerationOutput:
     """A copy of a running request's output for a stream (the engine keeps appending to its own)."""
     return dataclasses.replace(output, generated_tokens=list(output.generated_tokens),
-                               timestamps=None if output.timestamps is None else list(output.timestamps))
+                               timestamps=None if output.timestamps is None else list(output.timestamps),
+                               logprobs=None if output.logprobs is None else list(output.logprobs))
+
+
+def _logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """Each of `tokens`' log-probability under its row of raw `logits` [k, V] (k = len(tokens)), with the `top`
+    likeliest tokens of that row: one host read."""
+    logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    chosen = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None])[:, 0]
+    if top > 0:
+        values, ids = logp.topk(top, dim=-1)
+        chosen, values, ids = chosen.tolist(), values.tolist(), ids.tolist()
+        return [TokenLogprob(t, c, list(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids, values)]
+    return [TokenLogprob(t, c, []) for t, c in zip(tokens, chosen.tolist())]
 
 
 def _processors(model: nn.Module, gen: GenerationConfig, prompt: list[int], device) -> LogitsProcessorList:

@@ -15,13 +15,14 @@ Per request: `max_tokens` / `max_completion_tokens` (omitted: 16 for completions
 context's end), `temperature` (0: greedy, exact), `top_p`, `stop` (up to 4 non-empty strings, cut from the text as
 OpenAI does), `stream` with `stream_options.include_usage`, `presence_penalty` / `frequency_penalty` (OpenAI's and
 vLLM's: over the generated tokens), and vLLM's sampling extensions (`extra_body` in OpenAI's client): `top_k`, `min_p`,
-`repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`. Bodies are typed (pydantic): a value of the wrong
-type or out of range is a 400 naming the field, never coerced; `n` > 1, `logprobs` and tools are refused by
-name. Errors have OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`); an unknown model is a 404, a body
-over `--max-body-mb` a 413, a missing or wrong key a 401 under `--api-key`. Nothing waits on a thread: outputs reach the
-event loop from the engine's thread (`add_request(on_output=...)`), and tokenizing runs off the loop. `/health`,
-`/metrics` (Prometheus text: running, waiting, finished, failed, tokens, steps, mean accepted length) and
-`/v1/models/{id}` as vLLM's and SGLang's servers.
+`repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`; `logprobs` (completions: alternatives per token;
+chat: `logprobs` and `top_logprobs`), the target's raw log-probabilities as vLLM gives them. Bodies are typed
+(pydantic): a value of the wrong type or out of range is a 400 naming the field, never coerced; `n` > 1, `echo` and
+tools are refused by name. Errors have OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`); an unknown
+model is a 404, a body over `--max-body-mb` a 413, a missing or wrong key a 401 under `--api-key`. Nothing waits on a
+thread: outputs reach the event loop from the engine's thread (`add_request(on_output=...)`), and tokenizing runs off
+the loop. `/health`, `/metrics` (Prometheus text: running, waiting, finished, failed, tokens, steps, mean accepted
+length) and `/v1/models/{id}` as vLLM's and SGLang's servers.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ logger = logging.get_logger(__name__)
 __all__ = ["create_app", "load_served"]
 
 # Fields of OpenAI requests the server does not implement: a request that sets them gets a 400 naming them.
-_UNSUPPORTED = ("logprobs", "top_logprobs", "tools", "tool_choice", "functions", "response_format", "suffix", "echo",
-                "best_of", "logit_bias")
+_UNSUPPORTED = ("tools", "tool_choice", "functions", "response_format", "suffix", "echo", "best_of", "logit_bias")
+# The most alternatives per token `logprobs` / `top_logprobs` take (OpenAI's chat bound; vLLM's default max_logprobs).
+MAX_LOGPROBS = 20
 # OpenAI's default for /v1/completions when max_tokens is omitted (chat runs until eos or the context's end).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # The largest request body taken (a prompt of ~250k tokens); past it a 413, before anything is parsed.
@@ -122,6 +124,8 @@ def _request_models():
             return value
 
     class Completion(Sampling):
+        # Log-probabilities of the generated tokens with this many alternatives each (OpenAI's legacy field).
+        logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
         prompt: StrictStr | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)] | \
             Annotated[list[StrictStr], Field(min_length=1, max_length=1)] | \
             Annotated[list[Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]],
@@ -138,6 +142,9 @@ def _request_models():
 
     class Chat(Sampling):
         messages: Annotated[list[Message], Field(min_length=1)]
+        # OpenAI's chat fields: the generated tokens' log-probabilities, with `top_logprobs` alternatives each.
+        logprobs: StrictBool = False
+        top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
     return Completion, Chat
 
@@ -204,7 +211,8 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
         if api_key is not None and authorization != f"Bearer {api_key}":
             raise RequestError("invalid or missing API key (Authorization: Bearer ...)", status=401)
 
-    def settings(body, prompt_tokens: int, default_new: int | None) -> tuple[int, GenerationConfig, Stops]:
+    def settings(body, prompt_tokens: int, default_new: int | None,
+                 logprobs: int | None) -> tuple[int, GenerationConfig, Stops]:
         extra = body.model_extra or {}
         bad = [k for k in _UNSUPPORTED if extra.get(k) not in (None, False, [], {})]
         if bad:
@@ -234,12 +242,15 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
         # Read by the engine (`serving.engine._processors`): OpenAI's penalties over the generated tokens.
         gen.presence_penalty, gen.frequency_penalty = body.presence_penalty or 0.0, body.frequency_penalty or 0.0
         gen.seed = body.seed
+        gen.logprobs = logprobs  # (read by the engine: `SpecGenerationOutput.logprobs`)
         strings = [] if body.stop is None else ([body.stop] if isinstance(body.stop, str) else list(body.stop))
         return int(new), gen, Stops(strings, frozenset(stops))
 
-    def submit(ids: list[int], body, default_new: int | None) -> tuple[str, Stops, asyncio.Queue]:
-        """Queue the request; its outputs arrive on the returned asyncio queue (no thread waits for them)."""
-        new, gen, stop = settings(body, len(ids), default_new)
+    def submit(ids: list[int], body, default_new: int | None,
+               logprobs: int | None = None) -> tuple[str, Stops, asyncio.Queue]:
+        """Queue the request; its outputs arrive on the returned asyncio queue (no thread waits for them).
+        `logprobs`: alternatives per generated token whose log-probabilities the answer carries (None: none)."""
+        new, gen, stop = settings(body, len(ids), default_new, logprobs)
         loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
         # An agent's session: a cluster routes its calls to the replica that holds its prefix.
         session = body.session_id or body.user or None
@@ -286,22 +297,63 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
                 answer["choices"][0]["prompt_token_ids"] = list(output.prompt_ids)
         return answer
 
+    def token_text(token: int) -> str:
+        return tokenizer.decode([token])
+
+    def logprobs_of(entries: list, chat: bool, start: int = 0) -> tuple[dict, int]:
+        """OpenAI's `logprobs` object of generated tokens' `entries` (`serving.engine.TokenLogprob`): chat's
+        `{"content": [...]}`, or the legacy completions' (tokens, token_logprobs, top_logprobs with the chosen token
+        beside the alternatives, as vLLM gives them, text_offset counted from `start`); and the offset after them."""
+        texts = [token_text(e.token) for e in entries]
+        if chat:
+            def item(text: str, logprob: float) -> dict:
+                return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+            return {"content": [{**item(text, e.logprob), "top_logprobs": [item(token_text(t), lp) for t, lp in e.top]}
+                                for e, text in zip(entries, texts)]}, start
+        offsets = []
+        for text in texts:
+            offsets.append(start)
+            start += len(text)
+        return {"tokens": texts, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{**{token_text(t): lp for t, lp in e.top}, text: e.logprob}
+                                 for e, text in zip(entries, texts)],
+                "text_offset": offsets}, start
+
+    def kept_logprobs(output, text: str, stopped: bool, chat: bool) -> dict | None:
+        """A finished answer's `logprobs` (None where the request asked for none): the tokens of its text (those
+        before a stop string that cut it)."""
+        if output.logprobs is None:
+            return None
+        entries = output.logprobs
+        if stopped:
+            ends = logprobs_of(entries, False)[0]["text_offset"]
+            entries = entries[: sum(1 for offset in ends if offset < len(text))]
+        return logprobs_of(entries, chat)[0]
+
     async def stream_text(rid: str, stop: Stops, outputs: asyncio.Queue, chunk, include_usage: bool,
-                          token_ids: bool = False):
+                          token_ids: bool = False, chat: bool = False):
         """SSE events of a streaming request: each new piece of text (decoded from every token so far, so a
         multi-token character arrives whole), then the finish reason, the usage when asked, then [DONE]. With
-        `token_ids` each chunk carries the tokens generated since the last one (the first also the prompt's). A
-        client that goes away cancels its request (the slot is freed)."""
+        `token_ids` each chunk carries the tokens generated since the last one (the first also the prompt's), and
+        where the request asked for log-probabilities those of the tokens generated since the last chunk (`chat`:
+        in chat's form). A client that goes away cancels its request (the slot is freed)."""
         sent, stopped, output, finished = "", False, None, False
         ids_sent = -1  # tokens whose ids went out (-1: not even the prompt's)
+        logprobs_sent, offset = 0, 0  # tokens whose log-probabilities went out; the completions' text offset
 
         def event(text: str, reason: str | None) -> str:
-            nonlocal ids_sent
+            nonlocal ids_sent, logprobs_sent, offset
             ids, first = None, False
             if token_ids and output is not None:
                 ids, first = output.generated_tokens[max(ids_sent, 0):], ids_sent < 0
                 ids_sent = len(output.generated_tokens)
-            return f"data: {json.dumps(extras(chunk(text, reason), output, ids, first))}\n\n"
+            answer = chunk(text, reason)
+            if output is not None and output.logprobs is not None and answer["choices"]:
+                entries = output.logprobs[logprobs_sent:]
+                logprobs_sent = len(output.logprobs)
+                answer["choices"][0]["logprobs"], offset = logprobs_of(entries, chat, offset)
+            return f"data: {json.dumps(extras(answer, output, ids, first))}\n\n"
 
         try:
             while True:
@@ -371,7 +423,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
         ids = (await asyncio.to_thread(tokenizer, prompt)).input_ids if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise RequestError("prompt: the prompt is empty", "prompt")
-        rid, stop, outputs = submit(ids, body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        rid, stop, outputs = submit(ids, body, COMPLETIONS_DEFAULT_MAX_TOKENS, body.logprobs)
         created, cid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
 
         def chunk(text, reason):
@@ -387,6 +439,7 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
                                                     skip_special_tokens=True), stop)
         out = extras(chunk(text, finish_reason(output, stopped, stop)), output,
                      output.generated_tokens if body.return_token_ids else None, True)
+        out["choices"][0]["logprobs"] = kept_logprobs(output, text, stopped, chat=False)
         return {**out, "usage": usage(output)}
 
     async def chat(body: Chat):
@@ -398,7 +451,9 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
                                       tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
-        rid, stop, outputs = submit(list(ids), body, None)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
+        rid, stop, outputs = submit(list(ids), body, None, (body.top_logprobs or 0) if body.logprobs else None)
         created, cid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
             first = [True]
@@ -411,13 +466,14 @@ def create_app(engine: EngineClient | ContinuousBatchingManager, tokenizer, mode
                         "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
 
             include = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_text(rid, stop, outputs, chunk, include, body.return_token_ids),
+            return StreamingResponse(stream_text(rid, stop, outputs, chunk, include, body.return_token_ids, chat=True),
                                      media_type="text/event-stream")
         output = await result(rid, outputs)
         text, stopped = cut(await asyncio.to_thread(tokenizer.decode, output.generated_tokens,
                                                     skip_special_tokens=True), stop)
         answer = extras({"id": cid, "object": "chat.completion", "created": created, "model": model_name,
                          "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": kept_logprobs(output, text, stopped, chat=True),
                                       "finish_reason": finish_reason(output, stopped, stop)}]}, output,
                         output.generated_tokens if body.return_token_ids else None, True)
         return {**answer, "usage": usage(output)}

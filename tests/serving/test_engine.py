@@ -415,6 +415,35 @@ def test_steps_where_nobody_drafts_are_plain_steps(monkeypatch):
     assert len(calls) == 0 and penalized["r1"] == plain(model, inputs[1], 10, repetition_penalty=1.5)
 
 
+@pytest.mark.parametrize("prefill", ["eager", "chunked"])
+def test_logprobs_of_accepted_drafts_are_the_targets(prefill):
+    """A request's `logprobs` (its config's, as the server sets it) when drafts are accepted (the target drafting
+    for itself: every draft node is taken): each token's is the log-softmax of the target's raw logits after the
+    tokens before it, at the tree node it was chosen from, with the likeliest alternatives there."""
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(2, seed=31)
+    engine = ServingEngine(model, H.AssistantConfig(drafter="model", max_draft_tokens=4, max_depth=4,
+                                                    global_cache=False),
+                           ServingConfig(max_slots=2, max_total_tokens=64, prefill=prefill), greedy_config(),
+                           draft_model=model)
+    for i, ids in enumerate(inputs):
+        gen = greedy_config()
+        gen.logprobs = 3 if i == 0 else None
+        engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=10, generation_config=gen))
+    done = drain(engine)
+    assert done["r0"].spec_stats.mean_accepted_length > 1.5 and done["r1"].logprobs is None
+    ids, new = inputs[0], done["r0"].generated_tokens
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + new])).logits[0, len(ids) - 1 : len(ids) - 1 + len(new)].float()
+    expected = torch.log_softmax(logits, dim=-1)
+    entries = done["r0"].logprobs
+    assert [e.token for e in entries] == new
+    chosen = expected.gather(1, torch.tensor(new)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor([e.logprob for e in entries]), chosen, atol=1e-4)
+    top = expected.topk(3, dim=-1)
+    assert [[t for t, _ in e.top] for e in entries] == top.indices.tolist()
+
+
 def test_a_thousand_requests_stay_bounded():
     model = tiny_model("qwen3_5_text")
     config = ServingConfig(max_slots=8, max_total_tokens=32, prefix_cache_bytes=1 << 18, prefix_cache_entries=16)
@@ -522,8 +551,8 @@ def test_generate_batch_decodes_every_prompt_at_once_by_default(monkeypatch):
 
 def test_settings_the_engine_cannot_honour_are_refused_by_name():
     model = tiny_model("qwen3_5_text")
-    engine = ServingEngine(model, H.AssistantConfig(global_cache=False), ServingConfig(max_slots=2, max_total_tokens=64),
-                           greedy_config())
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
+                           ServingConfig(max_slots=2, max_total_tokens=64), greedy_config())
     ids = prompts(1)[0]
     out = engine.add(ServingRequest("cfg", ids, 4, generation_config=greedy_config(guidance_scale=2.0)))
     assert out.status == RequestStatus.FAILED and "guidance_scale" in out.error

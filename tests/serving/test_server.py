@@ -208,9 +208,9 @@ def test_a_seed_makes_a_sampled_reply_repeat(served):
 def test_bad_requests_get_a_400_naming_the_problem(served):
     client, _, _, _ = served
     cases = [dict(model="tiny", prompt="x", max_tokens=4, n=2),
-             dict(model="tiny", prompt="x", max_tokens=4, logprobs=2),
+             dict(model="tiny", prompt="x", max_tokens=4, echo=True),
              dict(model="tiny", prompt="x" * 10, max_tokens=1000)]
-    for case, word in zip(cases, ["n > 1", "logprobs", "max_total_tokens"]):
+    for case, word in zip(cases, ["n > 1", "echo", "max_total_tokens"]):
         with pytest.raises(openai.BadRequestError, match=word):
             client.completions.create(**case)
     with pytest.raises(openai.NotFoundError, match="not served"):  # an unknown model is a 404, as OpenAI's
@@ -483,3 +483,49 @@ def test_omitted_sampling_settings_come_from_the_models_generation_config(target
     with serving(manager, tokenizer, model_defaults=False) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
         assert reply(temperature=0) == plain()
+
+
+def test_logprobs_are_the_targets_raw_log_probabilities(served):
+    """OpenAI's `logprobs` (completions: the count of alternatives; chat: `logprobs` / `top_logprobs`), whole and
+    streamed: each generated token's log-softmax of the target's raw logits given the tokens before it (vLLM's
+    default), its alternatives the likeliest there, greedy's token the likeliest; a stop string keeps only the
+    tokens of the text it leaves."""
+    client, model, tokenizer, _ = served
+    ids = tokenizer(PROMPTS[0]).input_ids
+    _, new = plain_text(model, tokenizer, ids, 8)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + new])).logits[0, len(ids) - 1 : len(ids) - 1 + len(new)].float()
+    expected = torch.log_softmax(logits, dim=-1)
+    top = expected.topk(3, dim=-1)
+
+    reply = client.completions.create(model="tiny", prompt=ids, max_tokens=8, temperature=0, logprobs=3)
+    got = reply.choices[0].logprobs
+    assert got.tokens == [tokenizer.decode([t]) for t in new]
+    assert torch.allclose(torch.tensor(got.token_logprobs), expected.gather(1, torch.tensor(new)[:, None])[:, 0],
+                          atol=1e-4)
+    for k, alternatives in enumerate(got.top_logprobs):  # (a dict by text: tokens that decode alike share a key)
+        assert 1 <= len(alternatives) <= 4
+        assert max(alternatives.values()) == pytest.approx(float(top.values[k, 0]), abs=1e-4)
+    assert got.text_offset[0] == 0 and got.text_offset == sorted(got.text_offset)
+
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.logprob == pytest.approx(c.top_logprobs[0].logprob, abs=1e-5) for c in content)  # greedy's: top
+    streamed = [c.choices[0] for c in client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0, logprobs=True,
+        top_logprobs=2, stream=True) if c.choices]
+    pieces = [item for c in streamed if c.logprobs for item in c.logprobs.content]
+    assert [(p.token, round(p.logprob, 4)) for p in pieces] == [(c.token, round(c.logprob, 4)) for c in content]
+    # Without asking: none. A stop string: the tokens of the text before it.
+    assert client.completions.create(model="tiny", prompt=ids, max_tokens=4, temperature=0).choices[0].logprobs is None
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    stop = text[len(tokenizer.decode(new[:3])):][:2]
+    if stop.strip():
+        cut = client.completions.create(model="tiny", prompt=ids, max_tokens=8, temperature=0, logprobs=0,
+                                        stop=[stop]).choices[0]
+        assert all(offset < len(cut.text) for offset in cut.logprobs.text_offset)
+    status, answer = post(client.url, "/v1/chat/completions", {"model": "tiny", "max_tokens": 2, "top_logprobs": 2,
+                                                               "messages": [{"role": "user", "content": "x"}]})
+    assert status == 400 and "top_logprobs" in answer["error"]["message"]
