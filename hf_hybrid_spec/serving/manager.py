@@ -33,12 +33,16 @@ from .lanes import make_engine
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["ContinuousBatchingManager", "init_continuous_batching", "generate_batch", "GENERATE_BATCH_SLOTS"]
+__all__ = ["ContinuousBatchingManager", "init_continuous_batching", "generate_batch", "GENERATE_BATCH_SLOTS",
+           "GENERATE_BATCH_TOKENS"]
 
 # `generate_batch`'s slots when the caller gives no ServingConfig: an offline call hands over all its prompts at
 # once, and a batch decodes them together as batched `generate` would (the engine's own default, 8, is sized for a
-# server's arrivals); transformers' `generate_batch` likewise sizes its batch to the memory it finds.
+# server's arrivals), up to GENERATE_BATCH_SLOTS and GENERATE_BATCH_TOKENS tokens of slots in all (the attention
+# layers' KV is allocated for every slot's full length: long requests get fewer slots, never fewer than the
+# engine's default); transformers' `generate_batch` likewise sizes its batch to the memory it finds.
 GENERATE_BATCH_SLOTS = 64
+GENERATE_BATCH_TOKENS = 1 << 18
 
 _IDS = itertools.count()
 
@@ -274,8 +278,9 @@ def generate_batch(model: nn.Module, inputs: list[list[int]], generation_config:
                    draft_model: nn.Module | None = None) -> dict[str, SpecGenerationOutput]:
     """Generate for every prompt of `inputs` with continuous batching and speculation, on the calling thread.
     Returns {request id: output} (ids `req_0`, `req_1`, ... in input order), as transformers' `generate_batch`.
-    Without `serving_config`, up to `GENERATE_BATCH_SLOTS` prompts decode at once (the rest join as slots free), each
-    slot sized for the longest prompt and its new tokens."""
+    Without `serving_config`, up to `GENERATE_BATCH_SLOTS` prompts decode at once (fewer for long requests: see
+    `GENERATE_BATCH_TOKENS`; the rest join as slots free), each slot sized for the longest prompt and its new
+    tokens."""
     from tqdm.auto import tqdm
 
     if not inputs:
@@ -284,8 +289,10 @@ def generate_batch(model: nn.Module, inputs: list[list[int]], generation_config:
     if serving_config is None:
         gen = generation_config or model.generation_config
         new = max_new_tokens if max_new_tokens is not None else (gen.max_new_tokens or 0)
-        serving_config = ServingConfig(max_slots=min(len(inputs), GENERATE_BATCH_SLOTS),
-                                       max_total_tokens=max(longest + max(new, 1), 2))
+        total = max(longest + max(new, 1), 2)
+        slots = min(len(inputs), GENERATE_BATCH_SLOTS,
+                    max(ServingConfig.max_slots, GENERATE_BATCH_TOKENS // total))
+        serving_config = ServingConfig(max_slots=slots, max_total_tokens=total)
     engine = make_engine(model, assistant_config, serving_config, generation_config, draft_model)
     results: dict[str, SpecGenerationOutput] = {}
     for i, ids in enumerate(inputs):

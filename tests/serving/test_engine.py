@@ -547,6 +547,11 @@ def test_generate_batch_decodes_every_prompt_at_once_by_default(monkeypatch):
     monkeypatch.setattr(manager, "GENERATE_BATCH_SLOTS", 4)
     out = generate_batch(model, inputs[:6], greedy_config(), H.AssistantConfig(global_cache=False), max_new_tokens=3)
     assert seen[-1] == 4 and len(out) == 6
+    # Long requests get fewer slots (never fewer than the engine's default): the tokens of all slots are bounded.
+    monkeypatch.setattr(manager, "GENERATE_BATCH_SLOTS", 64)
+    monkeypatch.setattr(manager, "GENERATE_BATCH_TOKENS", 9 * max(len(ids) for ids in inputs) + 9 * 3)
+    generate_batch(model, inputs, greedy_config(), H.AssistantConfig(global_cache=False), max_new_tokens=3)
+    assert seen[-1] == 9
 
 
 def test_settings_the_engine_cannot_honour_are_refused_by_name():
