@@ -17,8 +17,8 @@ from hf_hybrid_spec.testing import tiny_model
 V = 8
 PAD = 1
 PROMPTS = ([2, 5, 3, 7, 2, 5, 3], [4, 6, 3, 4])  # the second left-padded to the first's length
-COPIES = 96  # rows per prompt in each call (each row draws with its own key)
-CALLS = 50  # 4,800 samples per prompt
+COPIES = 32  # rows per prompt in each call (each row draws with its own key)
+CALLS = 150  # 4,800 samples per prompt
 
 PRESETS = {
     # (generate kwargs, the processors stock builds from them for a row behind `padding` pad tokens, in its order:
