@@ -466,21 +466,24 @@ def static_runner(model: nn.Module, rows: int, static_length: int, buckets: tupl
     """A `StaticRunner` of `rows` rows with an empty static cache of at least `static_length` slots per row for `model`
     (reused when it fits), leased to `owner` (`graphs.Leased`) when given; hand it back with `release_runner`.
 
-    Runners are kept per (rows, buckets, the hidden states they keep, fuse, rope_rows, `capture_key(model)`); one that
-    is too short for a call is replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL` settings the least recently
-    used is dropped. A runner leased to a call still running (another thread) is never handed out twice: that call
-    gets a runner of its own, not kept (correct, but it captures its own graphs)."""
+    Runners are kept per (rows, buckets, the hidden states they keep, fuse, rope_rows, `capture_key(model)`, inference
+    mode or not); one that is too short for a call is replaced by a longer one, and beyond `MAX_RUNNERS_PER_MODEL`
+    settings the least recently used is dropped. A runner leased to a call still running (another thread) is never
+    handed out twice: that call gets a runner of its own, not kept (correct, but it captures its own graphs)."""
     hidden_layers = tuple(int(i) for i in hidden_layers)
     history_layers = tuple(int(i) for i in history_layers)
     settings = dict(hidden_layers=hidden_layers, fuse=bool(fuse), all_hidden=bool(all_hidden),
                     history_layers=history_layers, rope_rows=int(rope_rows))
-    key = (int(rows), tuple(sorted({int(b) for b in buckets})), *settings.values(), capture_key(model))
+    # (a runner whose cache was filled under inference mode, a serving engine's, cannot be updated outside it)
+    key = (int(rows), tuple(sorted({int(b) for b in buckets})), *settings.values(), capture_key(model),
+           torch.is_inference_mode_enabled())
     with _RUNNERS_LOCK:
         runners = _RUNNERS.setdefault(model, {})
         runner = runners.get(key)
         if runner is not None and runner.in_use:
-            logger.warning_once("a static runner of this model is in use by another generate call: this call builds "
-                                "its own (concurrent calls with compile=True each capture their own graphs)")
+            logger.warning_once("a static runner of this model is in use by another generate call or serving "
+                                "engine: this one builds its own (concurrent users of one model each capture their "
+                                "own graphs)")
             runner = StaticRunner(model, rows, static_length, buckets, **settings)
         else:
             runners.pop(key, None)

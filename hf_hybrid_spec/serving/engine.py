@@ -44,7 +44,7 @@ from ..engine.outputs import SpecStats
 from ..engine.plain import queue_plain_step, runs_plain
 from ..engine.request import propose
 from ..engine.rows import BatchRecorder
-from ..engine.static import DEFAULT_BUCKETS, StaticRunner
+from ..engine.static import DEFAULT_BUCKETS, StaticRunner, release_runner, static_runner
 from ..engine.step import StepRows, apply_budget, batch_tree, record_step, step_cost, verify_batch
 from ..forward import forward_tokens
 from ..models import get_adapter
@@ -321,8 +321,15 @@ class ServingEngine:
             buckets = tuple(sorted(set(buckets) | {self.serving.prefill_chunk}))
         self.max_width = max(buckets)
         slots = self.serving.max_slots
-        runner = StaticRunner(model, slots, self.serving.max_total_tokens + self.max_width, buckets,
-                              use_graphs=modes.graphs, fuse=modes.fuse)
+        static_length = self.serving.max_total_tokens + self.max_width
+        if modes.graphs == (self.device.type == "cuda"):
+            # The model's pooled runner of these sizes (`static.static_runner`), leased for the engine's life: an
+            # engine made per call (`generate_batch`) reuses the graphs the last one captured.
+            with torch.inference_mode():  # (the engine's steps run in it: its runners are pooled apart)
+                runner = static_runner(model, slots, static_length, buckets, owner=self, fuse=modes.fuse)
+        else:  # (compile=False on a GPU: a runner of its own without graphs)
+            runner = StaticRunner(model, slots, static_length, buckets, use_graphs=False, fuse=modes.fuse)
+        self._runner = runner
         self.backend = BatchStaticBackend(model, slots, runner.static_length, buckets, owner=None, runner=runner)
         # A launched step's argmax, read back by `finish` (one step in flight per engine).
         self._best_host = torch.zeros(slots * self.max_width, dtype=torch.long, pin_memory=self.device.type == "cuda")
@@ -335,6 +342,11 @@ class ServingEngine:
         self._ids: set[str] = set()
         self._cost = None
         self.stats = ServingStats()
+
+    def release(self) -> None:
+        """Hand the engine's runner back to the model's pool (the engine serves nothing after: `generate_batch` at
+        its end; an engine dropped without it hands it back when it is collected)."""
+        release_runner(self.model, self._runner)
 
     # ------------------------------------------------------------------ requests
     @property

@@ -62,6 +62,11 @@ class ServingLanes:
         self._turn = 0
         self._held: list[SpecGenerationOutput] = []  # outputs of steps finished outside `step` (a cancel)
 
+    def release(self) -> None:
+        """Each lane's runner back to the model's pool (`ServingEngine.release`)."""
+        for engine in self.engines:
+            engine.release()
+
     @property
     def prefixes(self):
         return self.engines[0].prefixes

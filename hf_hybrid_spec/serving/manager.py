@@ -300,12 +300,15 @@ def generate_batch(model: nn.Module, inputs: list[list[int]], generation_config:
         output = engine.add(ServingRequest(f"req_{i}", ids, max_new_tokens, record_timestamps=record_timestamps))
         if output.is_finished():
             results[output.request_id] = output
-    with tqdm(total=len(inputs), disable=not progress_bar, desc=f"Solving {len(inputs)} requests",
-              unit="request") as bar:
-        bar.update(len(results))
-        while engine.has_work:
-            for output in engine.step():
-                if output.is_finished():
-                    results[output.request_id] = output
-                    bar.update(1)
+    try:
+        with tqdm(total=len(inputs), disable=not progress_bar, desc=f"Solving {len(inputs)} requests",
+                  unit="request") as bar:
+            bar.update(len(results))
+            while engine.has_work:
+                for output in engine.step():
+                    if output.is_finished():
+                        results[output.request_id] = output
+                        bar.update(1)
+    finally:
+        engine.release()  # its runner (and captured graphs) back to the model's pool, for the next call
     return {f"req_{i}": results[f"req_{i}"] for i in range(len(inputs))}

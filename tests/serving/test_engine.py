@@ -535,18 +535,25 @@ def test_generate_batch_decodes_every_prompt_at_once_by_default(monkeypatch):
     seen = []
     real = manager.make_engine
 
+    engines = []
+
     def spy(model, assistant_config, serving_config, *args):
         seen.append(serving_config.max_slots)
-        return real(model, assistant_config, serving_config, *args)
+        engines.append(real(model, assistant_config, serving_config, *args))
+        return engines[-1]
 
     monkeypatch.setattr(manager, "make_engine", spy)
     inputs = prompts(10, seed=12)
     out = generate_batch(model, inputs, greedy_config(), H.AssistantConfig(global_cache=False), max_new_tokens=3)
     assert seen == [10]
     assert [out[f"req_{i}"].generated_tokens for i in range(10)] == [plain(model, ids, 3) for ids in inputs]
+    # The next call of the same sizes runs on the same runner (the model's pool: graphs captured once on a GPU).
+    again = generate_batch(model, inputs, greedy_config(), H.AssistantConfig(global_cache=False), max_new_tokens=3)
+    assert engines[1]._runner is engines[0]._runner and again["req_3"].generated_tokens == out["req_3"].generated_tokens
+    seen.clear()
     monkeypatch.setattr(manager, "GENERATE_BATCH_SLOTS", 4)
     out = generate_batch(model, inputs[:6], greedy_config(), H.AssistantConfig(global_cache=False), max_new_tokens=3)
-    assert seen[-1] == 4 and len(out) == 6
+    assert seen == [4] and len(out) == 6
     # Long requests get fewer slots (never fewer than the engine's default): the tokens of all slots are bounded.
     monkeypatch.setattr(manager, "GENERATE_BATCH_SLOTS", 64)
     monkeypatch.setattr(manager, "GENERATE_BATCH_TOKENS", 9 * max(len(ids) for ids in inputs) + 9 * 3)
