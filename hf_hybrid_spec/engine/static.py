@@ -416,6 +416,7 @@ class StaticRunner(Leased):
         capture_bucket(self, bucket, lambda: self._forward_and_leave(bucket), lambda: self._commit_and_leave(bucket))
         logger.info("captured the verify forward for %d row(s) of %d nodes", self.rows, bucket.n)
 
+
 def capture_bucket(runner, bucket, forward, commit) -> None:
     """Capture one bucket of a static runner (`StaticRunner`; the serving engine's too): `forward()` (one
     verify forward that leaves the cache out of tree mode) into `bucket.graph` / `bucket.out`, and, where the commit
