@@ -537,12 +537,12 @@ class ServingEngine:
                 return None
             lengths = torch.tensor([a.length for a in actives])  # each root's position + 1 (no padding in a slot)
             zeros = torch.zeros(len(actives), dtype=torch.long)
+            at = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
 
             def choose(logits: torch.Tensor, _lengths, _roots) -> torch.Tensor:
                 # Every runner row's token [R]: the running ones' by their rules (each request its own stream, key
-                # 0, as in `_verify`), the free slots' the argmax (never committed).
-                at = torch.tensor(slots, dtype=torch.long, device=logits.device)
-                out = logits.argmax(dim=-1)
+                # 0, as in `_verify`); the free slots commit nothing, whatever they hold.
+                out = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
                 out[at] = batch_choices(verifiers, per_row, logits[at][:, None], lengths, zeros[:, None], zeros,
                                         False)[:, 0]
                 return out
