@@ -12,7 +12,7 @@ from torch import nn
 
 from ..config import AssistantConfig
 from ..registry import DRAFTERS
-from .base import DraftBudget, DraftContext, Drafter, HistoryHidden, TargetHidden, check_top_k, propose_within
+from .base import DraftBudget, DraftContext, Drafter, TargetHidden, check_top_k, propose_within
 from .batch import BatchDrafter, BatchHidden, PerRowDrafters, RowTokens
 from .model import ModelDrafter, check_same_vocabulary
 from .ngram import NgramDrafter
@@ -28,7 +28,6 @@ __all__ = [
     "propose_within",
     "DraftBudget",
     "DraftContext",
-    "HistoryHidden",
     "TargetHidden",
     "SuffixDrafter",
     "NgramDrafter",

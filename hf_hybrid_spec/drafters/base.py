@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..cache import HybridTreeCache
     from ..models import ModelAdapter
 
-__all__ = ["Drafter", "DraftBudget", "DraftContext", "HistoryHidden", "TargetHidden", "check_top_k", "committed_since",
+__all__ = ["Drafter", "DraftBudget", "DraftContext", "TargetHidden", "check_top_k", "committed_since",
            "propose_within"]
 
 
@@ -76,40 +76,6 @@ class TargetHidden:
 
     layers: tuple[int, ...]
     states: tuple[torch.Tensor, ...]
-
-
-class HistoryHidden(TargetHidden):
-    """`TargetHidden` of committed positions `start .. end` that a buffer keeps for the whole request (the static
-    runner's hidden-state history): `read(start, end)` slices it on first access of `states`.
-
-    The loop hands one to the drafter every step; a drafter that defers its accepts (HVD while it verifies cache
-    drafts) hands many at once to its model drafter, and `merge` turns contiguous ones into one slice instead of a
-    concatenation of per-step pieces. Valid while the buffer is (the runner's request).
-    """
-
-    def __init__(self, layers: tuple[int, ...], read, start: int, end: int):
-        self.layers, self.read, self.start, self.end = layers, read, start, end
-        self._states: tuple[torch.Tensor, ...] | None = None
-
-    @property
-    def states(self) -> tuple[torch.Tensor, ...]:
-        if self._states is None:
-            self._states = self.read(self.start, self.end)
-        return self._states
-
-    @staticmethod
-    def merge(parts: list[TargetHidden]) -> HistoryHidden | None:
-        """One `HistoryHidden` covering `parts` in order when they are consecutive ranges of one buffer, else None."""
-        first = parts[0] if parts else None
-        if not isinstance(first, HistoryHidden):
-            return None
-        end = first.end
-        for part in parts[1:]:
-            if not isinstance(part, HistoryHidden) or part.read != first.read or part.layers != first.layers \
-                    or part.start != end:
-                return None
-            end = part.end
-        return HistoryHidden(first.layers, first.read, first.start, end)
 
 
 @dataclass

@@ -28,23 +28,37 @@ __all__ = ["BatchStaticBackend"]
 
 
 class BatchStaticBackend:
-    """The batch loop's backend on a leased `StaticRunner` (the interface of `backend.BatchEagerBackend`).
+    """The static backend (the protocol of `backend.BatchEagerBackend`) on a leased `StaticRunner`: a batch of R rows,
+    one request being a batch of one.
 
     Rows that leave the batch (`select_rows`) keep their slot in the runner and get empty trees that commit nothing.
+
+    Args:
+        model: the target. rows: R. static_length: slots per row (prompt, new tokens, one tree). buckets: the tree
+            widths captured. owner: the lease holder (lives as long as the call). runner: a runner of the caller's
+            own (a serving engine's), instead of one leased from the pool.
+        hidden_layers: hidden-state indices the drafters read (each row's accepted path's, from `commit`).
+        fuse: the runner's compiled regions (`compile_verify`).
+        all_hidden: every forward returns every layer's hidden states (a rule that reads them).
+        offsets: [R', R] multimodal RoPE offsets of the rows, or None.
     """
 
     tree_device = torch.device("cpu")  # the runner stages host trees in one copy
     # Capabilities (see `backend.BatchEagerBackend`).
-    queues_plain = device_drafts = prefills_chunked = True
+    static = queues_plain = device_drafts = prefills_chunked = True
     draft_forwards = False
 
     def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...], owner,
-                 runner: StaticRunner | None = None, hidden_layers: tuple[int, ...] = (), fuse: bool = False):
+                 runner: StaticRunner | None = None, hidden_layers: tuple[int, ...] = (), fuse: bool = False,
+                 all_hidden: bool = False, offsets: torch.Tensor | None = None):
         self.model = model
         self.hidden_layers = tuple(hidden_layers)
+        self.all_hidden = all_hidden
+        self.offsets = offsets
         # A runner of the caller's own (a serving engine's, kept for its lifetime), else one leased from the pool.
-        self.runner = runner if runner is not None else static_runner(model, rows, static_length, buckets, owner,
-                                                                      hidden_layers=self.hidden_layers, fuse=fuse)
+        self.runner = runner if runner is not None else static_runner(
+            model, rows, static_length, buckets, owner, hidden_layers=self.hidden_layers, fuse=fuse,
+            all_hidden=all_hidden, rope_rows=0 if offsets is None else offsets.shape[0])
         if self.runner.hidden_layers != self.hidden_layers:
             raise ValueError(f"the runner returns hidden layers {self.runner.hidden_layers}, not "
                              f"{self.hidden_layers}")
@@ -57,15 +71,28 @@ class BatchStaticBackend:
         self._roots: list[int] = []
         self._rows: list[int] = list(range(rows))  # runner row of each running row
 
+    @property
+    def captures(self) -> int:
+        """CUDA graphs the runner has captured."""
+        return self.runner.captures
+
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
-                chunked: bool = False):
-        """The left-padded prompts [B, L]: one eager forward, exactly as stock generate runs them, or (`chunked`)
-        `prefill_chunked`. Returns what the model's forward returns (logits [B, 1, V]; the hidden states the
-        drafter reads, indexed by layer)."""
+                chunked: bool = False, past: CommittedState | None = None, **prompt_inputs):
+        """The left-padded prompts [B, L]: one eager forward, exactly as stock generate runs them (with `past`, one
+        row's committed state of its first `past.length` tokens, only the rest; `prompt_inputs`, a multimodal
+        prompt's inputs), or (`chunked`) `prefill_chunked`. Returns what the model's forward returns (logits
+        [B, 1, V]; the hidden states the drafter reads, indexed by layer)."""
         if chunked:
             return self.prefill_chunked(input_ids, attention_mask)
-        out = forward_tokens(self.model, input_ids, self.cache, position_ids=positions, attention_mask=attention_mask,
-                             logits_to_keep=1, output_hidden_states=bool(self.hidden_layers))
+        start = 0
+        if past is not None:
+            import_committed(self.cache, past)
+            start = past.length
+        out = forward_tokens(self.model, input_ids[:, start:], self.cache, position_ids=positions[..., start:],
+                             attention_mask=attention_mask, logits_to_keep=1,
+                             output_hidden_states=bool(self.hidden_layers) or self.all_hidden, **prompt_inputs)
+        if self.offsets is not None:
+            self.runner.set_position_offsets(self.offsets)
         self.runner.set_prompt_mask(attention_mask)
         self.runner.capture_all(input_ids.shape[1])
         self.valid = attention_mask.sum(-1).tolist()
@@ -136,15 +163,25 @@ class BatchStaticBackend:
     def forward(self, tree: VerifyTree) -> VerifyOutputs:
         rows = self.runner.rows
         width = tree.num_nodes
-        tokens = torch.zeros(rows, width, dtype=torch.long)
-        parent = torch.full((rows, width), -1, dtype=torch.long)  # rows not running: lone nodes, nothing committed
-        index = torch.tensor(self._rows, dtype=torch.long)
-        tokens[index] = tree.tokens
-        parent[index] = tree.parent
-        logits = self.runner.forward(tokens, parent, self._lengths, self._roots)
-        if self._rows != list(range(rows)):  # rows left, or joined out of slot order (serving)
-            logits = logits.index_select(0, index.to(logits.device))
-        return VerifyOutputs(logits=logits[:, :width])
+        every = self._rows == list(range(rows))
+        if every and tree.tokens.device.type != "cpu":  # a drafter's device tree: copied on the device
+            logits = self.runner.forward_device(tree.tokens, tree.parent, self._lengths, self._roots)
+        elif every:
+            logits = self.runner.forward(tree.tokens.cpu(), tree.parent.cpu(), self._lengths, self._roots)
+        else:  # rows not running: lone nodes, nothing committed
+            tokens = torch.zeros(rows, width, dtype=torch.long)
+            parent = torch.full((rows, width), -1, dtype=torch.long)
+            index = torch.tensor(self._rows, dtype=torch.long)
+            tokens[index] = tree.tokens.cpu()
+            parent[index] = tree.parent.cpu()
+            logits = self.runner.forward(tokens, parent, self._lengths, self._roots)
+        hidden = self.runner.all_hidden_states() if self.all_hidden else None
+        if not every:  # rows left, or joined out of slot order (serving)
+            index = torch.tensor(self._rows, dtype=torch.long).to(logits.device)
+            logits = logits.index_select(0, index)
+            hidden = None if hidden is None else tuple(h.index_select(0, index) for h in hidden)
+        return VerifyOutputs(logits=logits[:, :width],
+                             hidden_states=None if hidden is None else tuple(h[:, :width] for h in hidden))
 
     def commit(self, paths: list[list[int]]) -> BatchHidden | None:
         hidden = None

@@ -10,8 +10,9 @@
         recorder.append(result.tokens); drafter.accept(...)  # stopping criteria, streamer, outputs; the drafter learns
 
 `decode` runs one request (`Request`); `speculative_generate` (the API) builds the request from what transformers'
-`generate` prepared. The backend (eager or static: `backend.py`) and the verification rule (`verification/`) are the
-only things that vary. Greedy over raw logits and the one-pass choice (`verification.verify_at_once`) verify the tree
+`generate` prepared. It runs on the batch's backends as a batch of one (`backend.BatchEagerBackend`, or
+`batch_static.BatchStaticBackend` on a one-row runner); they and the verification rule (`verification/`) are the only
+things that vary. Greedy over raw logits and the one-pass choice (`verification.verify_at_once`) verify the tree
 directly; anything else (kept scores, lossy rules, sampled drafts, a rule that reads hidden states) goes through the
 batch step's `step.verify_batch` as a batch of one.
 """
@@ -25,18 +26,20 @@ from transformers.utils import logging
 
 from ..cache import CommittedState, committed_length, export_committed
 from ..config import AssistantConfig
-from ..drafters import DraftBudget, DraftContext
+from ..drafters import DraftBudget, DraftContext, TargetHidden
 from ..staging import device_busy
 from ..tree import DraftBatch, VerifyResult, build_verify_tree
 from ..verification import (FirstToken, StepInputs, Verifier, choices_apply, make_verifier, row_processors,
                             verify_at_once)
-from .backend import PREFILL_CHUNK, EagerBackend, StaticBackend, TreeBackend, chunked_prefill
+from .backend import PREFILL_CHUNK, BatchEagerBackend, chunked_prefill
+from .batch_static import BatchStaticBackend
 from .outputs import (
     CACHE_FIELD,
     Recorder,
     SpecStats,
     SpeculativeDecoderOnlyOutput,
     count_arbiter,
+    path_attentions,
     path_outputs,
     prompt_outputs,
     target_hidden,
@@ -83,9 +86,15 @@ def decode(request: Request):
     try:
         # ---- prefill and the first token
         mask = request.model_kwargs.get("attention_mask")
+        mask = torch.ones_like(input_ids) if mask is None else mask.to(device)
+        pads = int((mask == 0).sum())
         prompt_inputs = {k: v for k, v in request.model_kwargs.items() if k in PROMPT_INPUTS and v is not None}
-        out = backend.prefill(input_ids, mask, positions, output_attentions=want_attentions, past=past,
-                              **prompt_inputs)
+        # The prompt as chains through the runner's captured forward where nothing but plain tokens goes in.
+        if (backend.prefills_chunked and chunked_prefill(config.prefill, 1, input_ids.shape[1]) and past is None
+                and not prompt_inputs and offsets is None and not pads and not backend.all_hidden):
+            out = backend.prefill(input_ids, mask, positions, chunked=True)
+        else:
+            out = backend.prefill(input_ids, mask, positions, past=past, **prompt_inputs)
         del past
         del prompt_inputs
         layers = tuple(drafter.target_hidden_layers)
@@ -140,15 +149,21 @@ def decode(request: Request):
                                              hidden=verified.hidden_states)
                     if chosen:
                         kept_scores, kept_logits, _ = chosen[0]
-                step_attentions, step_states = None, None
-                if want_attentions or want_states:
-                    step_attentions, step_states = path_outputs(verified, result, length - 1, want_attentions,
-                                                                want_states)
+                step_attentions = step_states = None
+                if want_states:
+                    step_states = path_outputs(verified, result)
+                if want_attentions:  # [1, heads, 1, keys] per layer, as stock's decode steps give them
+                    step_attentions = [tuple(None if a is None else a[None, :, None] for a in token)
+                                       for token in path_attentions(verified.attentions, 0, result.path,
+                                                                    result.score_nodes, backend.slots,
+                                                                    backend.valid[0], pads)]
                 del verified
             except BaseException:
                 backend.abort()
                 raise
             path_hidden = backend.commit([result.path])
+            if path_hidden is not None:  # one row's path: [1, len(path), H] per layer
+                path_hidden = TargetHidden(path_hidden.layers, path_hidden.states)
             t2 = time.perf_counter()
 
             stats.draft_seconds += t1 - t0
@@ -233,33 +248,35 @@ def _positions(request: Request) -> tuple[torch.Tensor | None, torch.Tensor]:
     return None, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def _backend(request: Request, verifier: Verifier, offsets, owner, want_attentions: bool,
-             want_states: bool) -> TreeBackend:
+def _backend(request: Request, verifier: Verifier, offsets, owner, want_attentions: bool, want_states: bool):
+    """The request's backend, a batch of one: a one-row static runner when the config compiles, else the eager
+    backend (whose forwards return attentions and every hidden state, when the call asks for them)."""
     config, drafter = request.config, request.drafter
     layers = tuple(drafter.target_hidden_layers)
     if config.compile:
         chunked = chunked_prefill(config.prefill, 1, request.input_ids.shape[1])
-        widest = max(max(config.compile_buckets), PREFILL_CHUNK if chunked else 0)
-        static_length = request.generation_config.max_length + widest
-        return StaticBackend(request.model, layers, verifier.uses_target_hidden, offsets, static_length,
-                             config.compile_buckets, config.compile_verify, owner, chunked=chunked)
-    return EagerBackend(request.model, layers, verifier.uses_target_hidden or want_states, offsets, want_attentions)
+        buckets = tuple(sorted(set(config.compile_buckets) | ({PREFILL_CHUNK} if chunked else set())))
+        static_length = request.generation_config.max_length + max(buckets)
+        return BatchStaticBackend(request.model, 1, static_length, buckets, owner, hidden_layers=layers,
+                                  fuse=config.compile_verify, all_hidden=verifier.uses_target_hidden, offsets=offsets)
+    return BatchEagerBackend(request.model, layers, verifier.uses_target_hidden or want_states, want_attentions,
+                             offsets)
 
 
-def _node_budget(config: AssistantConfig, backend: TreeBackend, stats: SpecStats) -> int:
-    """Draft nodes per tree: the config's budget, capped by `max_verify_nodes` (said in the stats) and by the
-    backend's largest tree."""
+def _node_budget(config: AssistantConfig, backend, stats: SpecStats) -> int:
+    """Draft nodes per tree: the config's budget, capped by `max_verify_nodes` (said in the stats) and, on a static
+    runner, by the config's widest bucket (a chunked prefill's wider chains are not for trees)."""
     budget = min(config.max_draft_tokens, config.max_verify_nodes)
     if budget < config.max_draft_tokens:
         stats.budget_capped = True
         logger.warning_once(f"max_draft_tokens={config.max_draft_tokens} is above max_verify_nodes="
                             f"{config.max_verify_nodes}: every verified tree is capped at {budget} draft nodes")
-    if backend.max_nodes is not None:
-        budget = min(budget, backend.max_nodes - 1)
+    if backend.static:
+        budget = min(budget, max(config.compile_buckets) - 1)
     return budget
 
 
-def _verify_tree(draft, ids: torch.Tensor, rec: Recorder, backend: TreeBackend, device):
+def _verify_tree(draft, ids: torch.Tensor, rec: Recorder, backend, device):
     """The verify tree: the root (last committed token) and the draft. A host draft (cache drafters) is laid out on the
     host, root included (known there): the static runner stages it in one copy, the eager forward gets it moved
     without waiting on the stream."""

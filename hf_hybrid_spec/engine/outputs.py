@@ -265,31 +265,16 @@ def prompt_outputs(out, want_attentions: bool, want_states: bool) -> tuple[list 
     return attentions, states
 
 
-def path_outputs(out, result: VerifyResult, prefix_length: int, want_attentions: bool,
-                  want_states: bool) -> tuple[list | None, list | None]:
-    """Per committed token, the verify forward's attentions and hidden states at the node that chose it, as a chain
-    forward would have produced them: the node's row, and of its attention row the committed prefix and the node's
-    own root path in order (a chain's keys), never the other branches' columns.
-
-    Token k was chosen at node path[k] (accepted draft tokens, then the bonus token at the leaf): its attention row is
-    [1, H, 1, prefix_length + k + 1], its hidden states [1, 1, D] per layer."""
-    attentions = [] if want_attentions else None
-    states = [] if want_states else None
-    path = result.path
-    if want_attentions:
-        device = next((a.device for a in out.attentions if a is not None), None)
-        nodes = torch.tensor(path, dtype=torch.long)
-        columns = torch.cat([torch.arange(prefix_length), prefix_length + nodes]).to(device) if device else None
+def path_outputs(out, result: VerifyResult) -> list[tuple[torch.Tensor, ...]]:
+    """Per committed token, the verify forward's hidden states at the node that chose it, as a chain forward would
+    have produced them: token k was chosen at node path[k] (accepted draft tokens, then the bonus token at the
+    leaf); [1, 1, D] per layer."""
+    states = []
     for k, node in enumerate(result.score_nodes):
-        if node != path[k]:
-            raise RuntimeError(f"token {k} was chosen at node {node}, off the accepted path {path}")
-        if want_attentions:
-            keep = columns[: prefix_length + k + 1] if columns is not None else None
-            attentions.append(tuple(None if a is None else a[:, :, node : node + 1].index_select(-1, keep)
-                                    for a in out.attentions))
-        if want_states:
-            states.append(tuple(h[:, node : node + 1] for h in out.hidden_states))
-    return attentions, states
+        if node != result.path[k]:
+            raise RuntimeError(f"token {k} was chosen at node {node}, off the accepted path {result.path}")
+        states.append(tuple(h[:, node : node + 1] for h in out.hidden_states))
+    return states
 
 
 def path_attentions(attentions: tuple, row: int, path: list[int], nodes: list[int], slots: int, valid: int,

@@ -18,12 +18,8 @@ realignment:
   next slots at fixed size (the whole bucket is copied; slots past the path land beyond the committed length, where
   the next tree overwrites or the mask hides them) and runs one commit kernel per recurrent layer; the host only
   writes the leaves;
-- drafters that read the target's hidden states get them two ways: the forward's states of the layers they name
-  (`hidden_layers`, graph outputs of the bucket, from which a batch backend gathers each row's accepted path), or,
-  for one row (`history_layers`), those of every committed token kept by the commit graph in a per-token history
-  buffer, like the keys and values, so a step needs no gather launched from the host and the hidden states of every
-  committed token stay readable for the rest of the request (HVD hands them to its model drafter only when it next
-  drafts with it);
+- drafters that read the target's hidden states get the forward's states of the layers they name (`hidden_layers`,
+  graph outputs of the bucket, from which the backend gathers each row's accepted path);
 - with `fuse=True` (`AssistantConfig.compile_verify`, on by default on a GPU) the model's pure regions (norms, MLPs,
   gate math) run Inductor-compiled inside the forward, its independent projections side by side and its attention
   on the tree-attention kernel, so the captured graph replays fused kernels (`hf_hybrid_spec.fusion`);
@@ -49,7 +45,6 @@ from ..forward import forward_tokens
 from ..fusion import fusable_modules, fused_regions, parallel_enabled
 from ..graphs import Leased, capture
 from ..kernels.backend import resolve
-from ..kernels.rows import gather_rows
 from ..kernels.tree import ancestor_mask
 from ..models import get_adapter
 from ..models.tree_attention import routed_attention, tree_attention_enabled
@@ -143,18 +138,13 @@ class StaticRunner(Leased):
         fuse: the model's pure regions Inductor-compiled in the verify forward (`hf_hybrid_spec.fusion`), its
             independent projections side by side and its attention on the tree-attention kernel.
         all_hidden: each forward keeps every layer's hidden states (`all_hidden_states`: a rule that reads them).
-        history_layers: one row only: hidden-state indices whose values for the committed tokens the commit writes
-            into a per-token history (`committed_hidden`), for a request's drafter that reads them.
         rope_rows: rows of multimodal RoPE position ids (Qwen3.5's vision-language model: 4), 0 for plain positions;
             each request's offsets are set with `set_position_offsets`.
     """
 
     def __init__(self, model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
                  use_graphs: bool | None = None, hidden_layers: tuple[int, ...] = (), fuse: bool = False,
-                 all_hidden: bool = False, history_layers: tuple[int, ...] = (), rope_rows: int = 0):
-        history_layers = tuple(int(i) for i in history_layers)
-        if history_layers and rows != 1:
-            raise ValueError(f"history_layers keep one row's committed hidden states; this runner has {rows} rows")
+                 all_hidden: bool = False, rope_rows: int = 0):
         adapter = get_adapter(model)  # route the recurrent mixers (else a tree forward would run the stock one)
         # The model and its modules are held weakly: the pool keeps runners per model, and a runner must not be what
         # keeps a deleted model (and its static cache) alive.
@@ -162,7 +152,6 @@ class StaticRunner(Leased):
         self.rows = rows
         self.hidden_layers = tuple(int(i) for i in hidden_layers)
         self.all_hidden = all_hidden
-        self.history_layers = history_layers
         self.fuse = fuse
         self._fused = FusedForward(model, adapter) if fuse else None
         self.device = model.device
@@ -177,12 +166,6 @@ class StaticRunner(Leased):
         self.key_valid = torch.ones(rows, static_length, dtype=torch.bool, device=self.device)
         self._buckets = {n: _Bucket(rows, n, self.device, self.key_valid, model.dtype, self._offsets)
                          for n in self.buckets}
-        # [layers, 1, static_length, hidden]: the history layers' hidden states of the committed tokens, by position.
-        self.history = None
-        if history_layers:
-            size = model.config.get_text_config().hidden_size
-            self.history = torch.zeros(len(history_layers), 1, static_length, size, dtype=model.dtype,
-                                       device=self.device)
         self._pool = None
         # The commit graph needs graph-safe commit ops: the Triton kernels (the PyTorch commit reads the path back to
         # the host). Decided once per runner, as the kernel backend is per call of generate.
@@ -315,15 +298,6 @@ class StaticRunner(Leased):
             raise RuntimeError("all_hidden_states() needs a pending tree from a runner built with all_hidden")
         return tuple(bucket.out.hidden_states)
 
-    def committed_hidden(self, start: int, end: int) -> tuple[torch.Tensor, ...]:
-        """Hidden states [1, end - start, H] of committed positions start .. end, one per history layer (views of
-        the history buffer: valid until the runner's next request; committed positions are never rewritten)."""
-        if self.history is None:
-            raise RuntimeError("this runner keeps no hidden-state history (built without history_layers)")
-        if not 0 <= start <= end <= self.static_length:
-            raise ValueError(f"positions {start}..{end} outside the runner's {self.static_length} slots")
-        return tuple(self.history[j, :, start:end] for j in range(len(self.history_layers)))
-
     def commit(self, leaves: list[int], committed_length: int) -> None:
         """Keep each row's root->leaf path (`leaves[b]`, -1: nothing) of the pending trees; the longest row then holds
         `committed_length` slots. One graph replay on CUDA (the host writes the leaves)."""
@@ -362,8 +336,7 @@ class StaticRunner(Leased):
             with self._fused.regions(self.model) if self._fused is not None else contextlib.nullcontext():
                 out = forward_tokens(self.model, bucket.tokens, self.cache, position_ids=positions,
                                      attention_mask=mask, logits_to_keep=0,
-                                     output_hidden_states=bool(self.hidden_layers or self.history_layers)
-                                     or self.all_hidden)
+                                     output_hidden_states=bool(self.hidden_layers) or self.all_hidden)
         except BaseException:
             self.cache.abort()
             raise
@@ -385,13 +358,6 @@ class StaticRunner(Leased):
         at_depth = on_path[:, None, :] & (bucket.depth[:, None, :] == nodes.view(1, n, 1))  # [R, depth, node]
         order = at_depth.to(torch.int32).argmax(-1)
         self.cache.commit(leaf, on_path, bucket.lengths[:, None] + order, bucket.write_pos)
-        if self.history is not None:
-            # The path's hidden states by depth, at the positions its keys and values went to (rows past the leaf
-            # land beyond the committed length, as there). One launch for all layers where the Triton kernel applies
-            # (a model split over devices, eager static path, has its layers' states on their own devices: the
-            # PyTorch path reads each on its own).
-            states = bucket.out.hidden_states
-            gather_rows(self.history, tuple(states[i] for i in self.history_layers), order[0], bucket.write_pos[0])
 
     def _forward_and_leave(self, bucket: _Bucket):
         """One forward of `bucket`'s trees, the cache back out of tree mode after it (nothing committed): what a
@@ -463,7 +429,7 @@ def capture_key(model: nn.Module) -> tuple:
 
 def static_runner(model: nn.Module, rows: int, static_length: int, buckets: tuple[int, ...], owner=None,
                   hidden_layers: tuple[int, ...] = (), fuse: bool = False, all_hidden: bool = False,
-                  history_layers: tuple[int, ...] = (), rope_rows: int = 0) -> StaticRunner:
+                  rope_rows: int = 0) -> StaticRunner:
     """A `StaticRunner` of `rows` rows with an empty static cache of at least `static_length` slots per row for `model`
     (reused when it fits), leased to `owner` (`graphs.Leased`) when given; hand it back with `release_runner`.
 
@@ -472,9 +438,8 @@ def static_runner(model: nn.Module, rows: int, static_length: int, buckets: tupl
     settings the least recently used is dropped. A runner leased to a call still running (another thread) is never
     handed out twice: that call gets a runner of its own, not kept (correct, but it captures its own graphs)."""
     hidden_layers = tuple(int(i) for i in hidden_layers)
-    history_layers = tuple(int(i) for i in history_layers)
     settings = dict(hidden_layers=hidden_layers, fuse=bool(fuse), all_hidden=bool(all_hidden),
-                    history_layers=history_layers, rope_rows=int(rope_rows))
+                    rope_rows=int(rope_rows))
     # (a runner whose cache was filled under inference mode, a serving engine's, cannot be updated outside it)
     key = (int(rows), tuple(sorted({int(b) for b in buckets})), *settings.values(), capture_key(model),
            torch.is_inference_mode_enabled())

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import logging
 
-from ..drafters.base import DraftBudget, DraftContext, Drafter, HistoryHidden, TargetHidden
+from ..drafters.base import DraftBudget, DraftContext, Drafter, TargetHidden
 from ..tree import DraftTree, VerifyResult, empty_draft
 from .cost import CostProfile
 from .features import CACHE_FEATURES, History, cache_features, model_features, tree_shape
@@ -226,9 +226,8 @@ class HybridDrafter(Drafter):
             chain = list(range(tokens.shape[0] + 1))
             result = VerifyResult(path=chain, tokens=tokens, score_nodes=chain[:-1])
             # The first accept of a request (the prefill's token) carries no hidden states: the prompt's came at begin.
-            # On the static path they are consecutive ranges of the runner's history: one slice, no concatenation.
             parts = [h for _, h in deferred if h is not None]
-            hidden = None if not parts else HistoryHidden.merge(parts) or TargetHidden(
+            hidden = None if not parts else TargetHidden(
                 layers=parts[0].layers,
                 states=tuple(torch.cat([h.states[i] for h in parts], dim=1) for i in range(len(parts[0].states))),
             )

@@ -1,23 +1,17 @@
 """The host side of a step, made cheaper for HVD's and the serving engine's per-step cost: drafts built from lists,
-their memoized host lists, the batch of them walked on the host lists, the list walk of `realized_payoff`, the lazily
-sliced history hidden states, and the one-launch copy of the history rows (`kernels.rows`; Triton in the interpreter
-on CPU, compiled on a GPU)."""
+their memoized host lists, the batch of them walked on the host lists, and the list walk of `realized_payoff`."""
 
 import dataclasses
 import random
 
-import helpers  # noqa: F401  (on CPU: runs Triton in the interpreter, set before the kernel module loads)
 import pytest
 import torch
-from hf_hybrid_spec.kernels.rows import gather_rows, torch_gather_rows
 
-from hf_hybrid_spec.drafters import DraftBudget, HistoryHidden, TargetHidden
+from hf_hybrid_spec.drafters import DraftBudget
 from hf_hybrid_spec.drafters.suffix import SuffixDrafter
 from hf_hybrid_spec.hvd.merge import realized_payoff
 from hf_hybrid_spec.tree import DraftBatch, DraftTree, _prior_scores, empty_draft
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 
 
 def random_tree(rng: random.Random, m: int, vocab: int = 5) -> tuple[list[int], list[int], list[float]]:
@@ -138,60 +132,6 @@ def test_a_subclass_that_overrides_propose_makes_no_budget_promise():
     out = model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None,
                          custom_generate=H.speculative_generate, drafter=Oracle(use_global=False))
     assert out[0].tolist() == ref[: ids.shape[1] + 5]
-
-
-def test_history_hidden_reads_lazily_and_merges_consecutive_ranges():
-    buffer = torch.arange(2 * 10 * 3, dtype=torch.float32).view(2, 1, 10, 3)
-    reads = []
-
-    def read(start, end):
-        reads.append((start, end))
-        return tuple(buffer[j, :, start:end] for j in range(2))
-
-    parts = [HistoryHidden((1, 2), read, 2, 4), HistoryHidden((1, 2), read, 4, 5), HistoryHidden((1, 2), read, 5, 8)]
-    assert reads == []
-    merged = HistoryHidden.merge(parts)
-    assert (merged.start, merged.end) == (2, 8) and reads == []
-    assert torch.equal(merged.states[1], buffer[1, :, 2:8]) and reads == [(2, 8)]
-    assert isinstance(merged, TargetHidden) and merged.layers == (1, 2)
-    assert HistoryHidden.merge([parts[0], parts[2]]) is None  # a gap
-    assert HistoryHidden.merge([parts[0], TargetHidden((1, 2), parts[1].states)]) is None
-    assert HistoryHidden.merge([HistoryHidden((1, 2), lambda s, e: (), 4, 5), parts[1]]) is None  # another buffer
-
-
-@pytest.mark.parametrize("layers,n,hidden,dtype", [
-    (3, 8, 64, torch.float32),     # EAGLE-3's three layers, the 8-node bucket
-    (1, 5, 48, torch.float16),     # one layer, hidden size not a power of 2
-    (6, 16, 40, torch.float32),    # more sources than one launch takes
-    (2, 4, 4096, torch.float32),   # several programs along the hidden size
-])
-def test_gather_rows_kernel_matches_the_reference(layers, n, hidden, dtype):
-    gen = torch.Generator().manual_seed(layers + n)
-    sources = tuple(torch.randn(1, n, hidden, generator=gen).to(DEVICE, dtype) for _ in range(layers))
-    order = torch.tensor([0, 2, 1, 0, 0][: min(n, 5)] + [0] * max(0, n - 5), device=DEVICE)
-    dst = torch.randperm(30, generator=gen)[:n].to(DEVICE)
-    expected = torch.zeros(layers, 1, 30, hidden, dtype=dtype, device=DEVICE)
-    torch_gather_rows(expected, sources, order, dst)
-    got = torch.zeros_like(expected)
-    gather_rows(got, sources, order, dst)  # the dispatcher (Triton on a GPU, PyTorch on CPU)
-    assert torch.equal(got, expected)
-    assert torch.equal(expected[layers - 1, 0, dst[1]], sources[-1][0, 2])
-    if layers <= 4:
-        pytest.importorskip("triton", reason="the Triton form needs triton: pip install -e '.[triton]'")
-        from hf_hybrid_spec.kernels.triton_rows import triton_gather_rows
-
-        got.zero_()
-        triton_gather_rows(got, sources, order, dst)
-        assert torch.equal(got, expected)
-
-
-def test_gather_rows_checks_shapes():
-    out = torch.zeros(2, 1, 10, 4)
-    with pytest.raises(ValueError, match="2 output layers"):
-        gather_rows(out, (torch.zeros(1, 3, 4),), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))
-    with pytest.raises(ValueError, match="sources must be"):
-        gather_rows(out, (torch.zeros(1, 3, 5),) * 2, torch.zeros(3, dtype=torch.long),
-                    torch.zeros(3, dtype=torch.long))
 
 
 def test_a_batch_of_host_drafts_is_the_tensor_walks_batch_to_the_bit():

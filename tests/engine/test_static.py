@@ -316,7 +316,7 @@ class HiddenRecorder(RandomTreeDrafter):
 
     def accept(self, input_ids, result, hidden=None):
         if hidden is not None:
-            # Copies: static-path states are views of the runner's history, reused by its next request.
+            # Copies: static-path states may be views of the runner's buffers, reused by its next step.
             self.parts.append(tuple(s.clone() for s in hidden.states))
 
     def states(self):
@@ -353,13 +353,13 @@ def test_drafters_get_the_committed_tokens_hidden_states(family, device):
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1", "nemotron_h"])
 def test_the_chunked_prefill_gives_what_the_eager_prefill_gives(family, monkeypatch):
     """`prefill="chunked"` at batch size 1: the prompt as chains through the runner's forward (three chunks here),
-    from an empty state: the last logits and the drafter's hidden states of the prompt (from the runner's history)
+    from an empty state: the last logits and the drafter's hidden states of the prompt (from the chunks' forwards)
     are the eager prefill's; the next tree's logits too (the cache holds the same prompt); and a second chunked
     prefill on the kept runner gives them again."""
     import hf_hybrid_spec.engine.backend as B
+    from hf_hybrid_spec.engine.batch_static import BatchStaticBackend
     from hf_hybrid_spec.tree import VerifyTree
 
-    monkeypatch.setattr(B, "PREFILL_CHUNK", 4)
     model = tiny_model(family)
     layers = (1, model.config.get_text_config().num_hidden_layers)
     ids = ids_of(11, seed=4)
@@ -367,13 +367,13 @@ def test_the_chunked_prefill_gives_what_the_eager_prefill_gives(family, monkeypa
     tree = VerifyTree(tokens=torch.tensor([[5, 9, 17]]), parent=torch.tensor([[-1, 0, 0]]))
 
     def run(chunked):
-        backend = B.StaticBackend(model, layers, False, None, 40, (4,), False, None, chunked=chunked)
+        backend = BatchStaticBackend(model, 1, 40, (4,), None, hidden_layers=layers)
         try:
-            out = backend.prefill(ids, None, positions)
+            out = backend.prefill(ids, torch.ones_like(ids), positions, chunked=chunked)
             assert isinstance(out, B.PrefillOutputs) == chunked
             states = {i: out.hidden_states[i][:, -11:].clone() for i in layers}
             logits = out.logits[:, -1].clone()
-            assert backend.valid == 11
+            assert backend.valid == [11]
             after = backend.forward(tree).logits.clone()
             backend.abort()
             return logits, states, after
@@ -394,14 +394,15 @@ def test_the_chunked_prefill_gives_what_the_eager_prefill_gives(family, monkeypa
 def test_one_request_with_the_chunked_prefill_matches_stock(family, name, monkeypatch):
     """Whole calls at batch size 1 with `prefill="chunked"` (chains of 4 tokens: several per prompt) give stock greedy
     decoding, on a fresh runner and on the kept one; a prompt with padding prefills eagerly and does too."""
-    import hf_hybrid_spec.engine.backend as B
+    import hf_hybrid_spec.engine.loop as L
     from helpers import drafter_kwargs
+    from hf_hybrid_spec.engine.batch_static import BatchStaticBackend
 
-    monkeypatch.setattr(B, "PREFILL_CHUNK", 4)
+    monkeypatch.setattr(L, "PREFILL_CHUNK", 4)
     chunked = []
-    spied = B.StaticBackend._prefill_chunked
-    monkeypatch.setattr(B.StaticBackend, "_prefill_chunked",
-                        lambda self, ids: chunked.append(ids.shape) or spied(self, ids))
+    spied = BatchStaticBackend.prefill_chunked
+    monkeypatch.setattr(BatchStaticBackend, "prefill_chunked",
+                        lambda self, ids, mask: chunked.append(ids.shape) or spied(self, ids, mask))
     model = tiny_model(family)
     ids = ids_of(13, seed=5)
     ref = model.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None)
@@ -429,7 +430,7 @@ def test_one_request_with_the_chunked_prefill_matches_stock(family, name, monkey
 def test_the_chunked_prefill_on_a_fixture_with_its_trained_eagle(name):
     """A trained model and its committed EAGLE-3 drafter, a 150-token prompt (three chains of 64 and less): the
     chunked and the eager prefill give stock greedy output and the same accepted length at every step (the drafter
-    reads the prompt's hidden states from the runner's history, and a wrong one would draft otherwise)."""
+    reads the prompt's hidden states from the chunks' forwards, and a wrong one would draft otherwise)."""
     from pathlib import Path
 
     from hf_hybrid_spec.eagle import EagleDrafter
