@@ -4,9 +4,9 @@
     while rows are running:
         drafts = drafter.propose(running, ...)              # one BatchDrafter: per-row drafters, or one batched one
         drafts = apply_budget(drafts, cost)                 # the batch-wide budget: global top-n by path value
-        verified = backend.forward(batch tree)              # every row's tree in one forward, padded to the widest
-        results = per-row verification                      # greedy: one argmax and one host read for the batch
-        backend.commit(paths)                               # each row keeps its own path; rows right-aligned again
+        step = launch_step(backend, drafts, roots)          # every row's tree in one forward, padded to the widest
+        finish_step(backend, step, rows_verifier(rows))     # each row's path (greedy: one argmax, one host read);
+                                                            # each row keeps its own path; rows right-aligned again
         rows that stopped leave the batch (no more verify work)
 
 The drafter is a `drafters.BatchDrafter`: one drafter per row behind `PerRowDrafters` (suffix tries, n-gram indexes,
@@ -47,8 +47,8 @@ from .pipeline import LONGEST_PLAIN_RUN, PATIENCE, PLAIN_RUN, PipelineInputs, pi
 from .plain import Choose, plain_step, plain_steps, runs_plain
 from .request import Request
 from .rows import BatchRecorder
-from .step import (StepRows, apply_budget, batch_tree, plain_choice, record_step, step_cost, still_running,
-                   verify_batch)
+from .step import (StepRows, apply_budget, batch_tree, finish_step, launch_step, plain_choice, record_step,
+                   rows_verifier, step_cost, still_running)
 
 logger = logging.get_logger(__name__)
 
@@ -198,24 +198,21 @@ def decode_batch(request: Request):
                            for i, t in enumerate(news)]
                 hidden = None
             else:
-                tree = batch_tree([rec.host[b][-1] for b in running], drafts, backend.tree_device)
-                verified = backend.forward(tree)
-                try:
-                    overlap()
-                    chosen = [] if kept is not None else None
-                    step_rows = StepRows(_row_tokens(rec, running), verifier, [per_row[b] for b in running],
-                                         raw_greedy, [pads[b] for b in running], running)
-                    results = verify_batch(tree, drafts, verified.logits, step_rows, chosen=chosen,
-                                           hidden=verified.hidden_states if all_hidden else None)
-                except BaseException:
-                    backend.abort()
-                    raise
-                if want_attentions:  # each row's, before the commit moves the rows' committed slots
-                    attentions = [path_attentions(verified.attentions, i, r.path, r.score_nodes, backend.slots,
+                step = launch_step(backend, drafts, [rec.host[b][-1] for b in running])
+                chosen = [] if kept is not None else None
+                step_rows = StepRows(_row_tokens(rec, running), verifier, [per_row[b] for b in running],
+                                     raw_greedy, [pads[b] for b in running], running)
+
+                def read(step, results):  # each row's attention rows, before the commit moves its committed slots
+                    nonlocal attentions
+                    attentions = [path_attentions(step.outputs.attentions, i, r.path, r.score_nodes, backend.slots,
                                                   backend.valid[i], pads[b])
                                   for i, (b, r) in enumerate(zip(running, results))]
-                del verified
-                hidden = backend.commit([r.path for r in results])
+
+                finished = finish_step(backend, step, rows_verifier(step_rows, chosen, all_hidden), overlap,
+                                       read if want_attentions else None)
+                del step
+                results, hidden = finished.results, finished.hidden
             before = [rec.lengths[b] for b in running]
             rec.append(running, [r.token_list for r in results])
             if kept is not None:

@@ -45,7 +45,7 @@ from .outputs import (
     target_hidden,
 )
 from .request import Request, propose
-from .step import StepRows, record_step, verify_batch
+from .step import LaunchedStep, StepRows, finish_step, launch_step, record_step, verify_batch
 
 logger = logging.get_logger(__name__)
 
@@ -124,6 +124,38 @@ def decode(request: Request):
         at_once = rec.scores is None and rec.logits is None
         stats.setup_seconds = time.perf_counter() - start
 
+        # The step's verification and what the call reads off it before the commit (closures over the loop's
+        # draft, ids and length of the step): the committed tokens' scores and logits, attentions and hidden states.
+        kept_scores = kept_logits = step_attentions = step_states = None
+        draft = ids = length = None
+
+        def verify(step: LaunchedStep) -> list[VerifyResult]:
+            nonlocal kept_scores, kept_logits
+            tree, verified = step.tree, step.outputs
+            if raw_greedy:
+                return [verifier.verify(tree, verified.logits[0], StepInputs(length, verified.hidden_states))]
+            if at_once and choices_apply(verifier, [processors], draft.probs is not None, contexts=True):
+                return [verify_at_once(verifier, processors, ids, tree, verified.logits)]
+            # The batch step's verification, for a batch of one (each committed token's scores kept).
+            chosen = [] if rec.scores is not None or rec.logits is not None else None
+            results = verify_batch(tree, DraftBatch.from_drafts([draft]), verified.logits,
+                                   StepRows([ids], verifier, [processors]), chosen=chosen,
+                                   hidden=verified.hidden_states)
+            if chosen:
+                kept_scores, kept_logits, _ = chosen[0]
+            return results
+
+        def read(step: LaunchedStep, results: list[VerifyResult]) -> None:
+            nonlocal step_attentions, step_states
+            (result,) = results
+            if want_states:
+                step_states = path_outputs(step.outputs, result)
+            if want_attentions:  # [1, heads, 1, keys] per layer, as stock's decode steps give them
+                step_attentions = [tuple(None if a is None else a[None, :, None] for a in token)
+                                   for token in path_attentions(step.outputs.attentions, 0, result.path,
+                                                                result.score_nodes, backend.slots,
+                                                                backend.valid[0], pads)]
+
         # ---- draft, verify, accept, commit, record
         while not rec.finished:
             ids = rec.input_ids
@@ -133,35 +165,13 @@ def decode(request: Request):
             t0 = time.perf_counter()
             draft = propose(drafter, ids, budget, verifier)
             t1 = time.perf_counter()
-            tree = _verify_tree(draft, ids, rec, backend, device)
-            verified = backend.forward(tree)
-            try:
-                drafter.overlap()  # (the host's idle time while a GPU runs the forward)
-                kept_scores = kept_logits = None  # the committed tokens' scores and logits, when the call keeps them
-                if raw_greedy:
-                    result = verifier.verify(tree, verified.logits[0], StepInputs(length, verified.hidden_states))
-                elif at_once and choices_apply(verifier, [processors], draft.probs is not None, contexts=True):
-                    result = verify_at_once(verifier, processors, ids, tree, verified.logits)
-                else:  # the batch step's verification, for a batch of one (each committed token's scores kept)
-                    chosen = [] if rec.scores is not None or rec.logits is not None else None
-                    (result,) = verify_batch(tree, DraftBatch.from_drafts([draft]), verified.logits,
-                                             StepRows([ids], verifier, [processors]), chosen=chosen,
-                                             hidden=verified.hidden_states)
-                    if chosen:
-                        kept_scores, kept_logits, _ = chosen[0]
-                step_attentions = step_states = None
-                if want_states:
-                    step_states = path_outputs(verified, result)
-                if want_attentions:  # [1, heads, 1, keys] per layer, as stock's decode steps give them
-                    step_attentions = [tuple(None if a is None else a[None, :, None] for a in token)
-                                       for token in path_attentions(verified.attentions, 0, result.path,
-                                                                    result.score_nodes, backend.slots,
-                                                                    backend.valid[0], pads)]
-                del verified
-            except BaseException:
-                backend.abort()
-                raise
-            path_hidden = backend.commit([result.path])
+            step = launch_step(backend, None, tree=_verify_tree(draft, ids, rec, backend, device))
+            kept_scores = kept_logits = step_attentions = step_states = None
+            finished = finish_step(backend, step, verify, drafter.overlap,  # (the host's idle time meanwhile)
+                                   read if want_states or want_attentions else None)
+            del step
+            (result,) = finished.results
+            path_hidden = finished.hidden
             if path_hidden is not None:  # one row's path: [1, len(path), H] per layer
                 path_hidden = TargetHidden(path_hidden.layers, path_hidden.states)
             t2 = time.perf_counter()

@@ -1,12 +1,11 @@
-"""One verify step over rows of trees, the pieces every batch caller drives: `generate`'s batch loop (`engine.batch`),
-its plain and pipelined strategies' bookkeeping (`engine.plain`, `engine.pipeline`) and the serving engine
-(`serving.engine`, each request a row with its own rule and processors).
+"""One verify step over rows of trees, the step every caller drives: `generate` for one request (`engine.loop`, a
+batch of one) and for a batch (`engine.batch`), its plain and pipelined strategies' bookkeeping (`engine.plain`,
+`engine.pipeline`) and the serving engine (`serving.engine`, each request a row with its own rule and processors;
+it launches a step, runs other host work, then finishes it).
 
     drafts = apply_budget(drafts, cost, config, stats, widths)   # the batch-wide budget: global top-n by value
-    tree = batch_tree(roots, drafts, backend.tree_device)        # one verify tree [R, N], root first in each row
-    verified = backend.forward(tree)                             # every row's tree in one forward
-    results = verify_batch(tree, drafts, verified.logits, rows)  # each row's accepted path and tokens
-    backend.commit([r.path for r in results])                    # each row keeps its own path
+    step = launch_step(backend, drafts, roots)                   # one verify tree [R, N], every row's in one forward
+    done = finish_step(backend, step, rows_verifier(rows))       # each row's accepted path (verify_batch), committed
     record_step(stats, row_stats, running, accepted, drafted)    # the statistics, once (the budget's cost: step_cost)
     running = still_running(rec, running, backend, max_length)   # rows that stopped leave the batch
 """
@@ -28,7 +27,8 @@ from .rows import BatchRecorder
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["StepRows", "Choose", "apply_budget", "batch_tree", "verify_batch", "plain_choice", "greedy_rows",
+__all__ = ["StepRows", "Choose", "LaunchedStep", "FinishedStep", "apply_budget", "batch_tree", "launch_step",
+           "finish_step", "rows_verifier", "verify_batch", "plain_choice", "greedy_rows",
            "record_step", "still_running", "step_cost", "measure_verify_cost", "CALIBRATION_WIDTHS"]
 
 # Widths (nodes per row, root included) at which the eager path's verify cost is measured; a static runner is
@@ -195,6 +195,100 @@ def _verify_at_once(tree: VerifyTree, drafts: DraftBatch, logits: torch.Tensor, 
         for row, result in enumerate(results):
             chosen.append((scores[row, result.score_nodes], logits[row, result.score_nodes].float(), None))
     return results
+
+
+# ---------------------------------------------------------------------- the verify step
+@dataclass
+class LaunchedStep:
+    """A verify step queued on the device and not read yet (`launch_step`).
+
+    Attributes:
+        tree: the verify tree [R, N], root first in each row.
+        drafts: the rows' drafts after the budget (a one-row batch's may be None: its caller verifies the tree).
+        outputs: the forward's outputs (`backend.VerifyOutputs`: logits [R, >= N, V]; hidden states and attention
+            weights where the backend keeps them), unread.
+        best: each node's argmax [R, N] on the host, its copy queued behind the forward (`launch_step(best=...)`).
+        ready: an event recorded after that copy on CUDA (None elsewhere): `finish_step` waits for this step alone.
+    """
+
+    tree: VerifyTree
+    drafts: DraftBatch | None
+    outputs: object
+    best: torch.Tensor | None = None
+    ready: object = None
+
+
+@dataclass
+class FinishedStep:
+    """A verify step read and committed (`finish_step`).
+
+    Attributes:
+        results: each row's accepted path and tokens.
+        hidden: the accepted paths' hidden states of the layers the drafter reads (`drafters.BatchHidden`), None
+            where the backend keeps none.
+    """
+
+    results: list[VerifyResult]
+    hidden: object = None
+
+
+Verify = Callable[[LaunchedStep], list[VerifyResult]]
+"""A caller's verification of a launched step: each row's result (`verify_batch` over the step's rows, or one
+request's own rule)."""
+
+
+def launch_step(backend, drafts: DraftBatch | None, roots: list[int] | None = None, tree: VerifyTree | None = None,
+                best: torch.Tensor | None = None) -> LaunchedStep:
+    """Queue the verify forward of every row's tree: `tree`, or the one `batch_tree` lays out from the rows' `roots`
+    and `drafts`. The one place every caller (one request, a batch, the serving engine) reaches the verify forward.
+
+    `best`: a host buffer (pinned on CUDA) of at least R x N elements into which the forward's argmax [R, N] is
+    copied behind it, for callers whose rows are all greedy over raw logits. The cache is back out of its tree mode
+    if the forward fails."""
+    if tree is None:
+        tree = batch_tree(roots, drafts, backend.tree_device)
+    try:
+        outputs = backend.forward(tree)
+        ready = None
+        if best is not None:
+            logits = outputs.logits
+            best = best.view(-1)[: logits.shape[0] * logits.shape[1]].view(logits.shape[0], -1)
+            best.copy_(logits.argmax(dim=-1), non_blocking=True)
+            if logits.device.type == "cuda":
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(logits.device))
+    except BaseException:
+        backend.abort()
+        raise
+    return LaunchedStep(tree, drafts, outputs, best, ready)
+
+
+def finish_step(backend, step: LaunchedStep, verify: Verify, overlap: Callable[[], None] | None = None,
+                read: Callable[[LaunchedStep, list[VerifyResult]], None] | None = None) -> FinishedStep:
+    """Read a launched step and commit it: `overlap()` first (the host's work while the device runs the forward),
+    then each row's result (`verify(step)`), what the caller reads off the forward before the commit moves the
+    rows' slots (`read(step, results)`: attention rows, log-probabilities, a prefill chunk's last logits), and every
+    row's accepted path committed. On failure before the commit the cache leaves its tree mode, nothing committed."""
+    try:
+        if overlap is not None:
+            overlap()
+        if step.ready is not None:
+            step.ready.synchronize()
+        results = verify(step)
+        if read is not None:
+            read(step, results)
+    except BaseException:
+        backend.abort()
+        raise
+    return FinishedStep(results, backend.commit([r.path for r in results]))
+
+
+def rows_verifier(rows: StepRows, chosen: list | None = None, hidden: bool = False,
+                  on_error: Callable[[int | None, BaseException], None] | None = None) -> Verify:
+    """A batch's verification of a launched step: `verify_batch` over `rows` (the forward's hidden states handed to
+    a rule that reads them when `hidden`; the host argmax where `launch_step` copied it)."""
+    return lambda step: verify_batch(step.tree, step.drafts, step.outputs.logits, rows, best=step.best, chosen=chosen,
+                                     hidden=step.outputs.hidden_states if hidden else None, on_error=on_error)
 
 
 def plain_choice(verifier, per_row: list, pads: list[int], kept, rec: BatchRecorder) -> Choose | None:

@@ -27,6 +27,7 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -45,10 +46,11 @@ from ..engine.plain import queue_plain_step, runs_plain
 from ..engine.request import propose
 from ..engine.rows import BatchRecorder
 from ..engine.static import DEFAULT_BUCKETS, StaticRunner, release_runner, static_runner
-from ..engine.step import StepRows, apply_budget, batch_tree, record_step, step_cost, verify_batch
+from ..engine.step import (LaunchedStep, StepRows, apply_budget, finish_step, launch_step, record_step, step_cost,
+                           verify_batch)
 from ..forward import forward_tokens
 from ..models import get_adapter
-from ..tree import DraftBatch, DraftTree, VerifyResult, VerifyTree, empty_draft
+from ..tree import DraftBatch, DraftTree, VerifyResult, empty_draft
 from ..verification import FirstToken, batch_choices, choices_apply, make_verifier, row_processors
 from .penalties import OccurrencePenaltyLogitsProcessor
 from .prefix import PrefixHit, PrefixStore
@@ -231,26 +233,23 @@ class _Launched:
     Attributes:
         slots / actives: the running slots and their requests, in the forward's row order. decoding: the rows that
             decode (the others run a prefill chunk). drafts: each row's draft (a chunk's chain for prefilling rows).
-        rows: the drafts as one batch. tree: the verify tree [rows, n]. logits: the forward's [rows, n, V] (the
-            runner's buffer: valid until this engine's next forward). failed: (slot, error) of requests that failed
-            while drafting. best: the argmax [rows, n] on the host once `ready` (an event; None on the CPU) has
-            fired, when every decoding row is greedy over raw logits. launch_seconds: the forward's launch.
-        plain: a plain step (`ServingEngine._launch_plain`): no tree nor logits; `best` holds each running
-            request's token, already committed.
+        step: the verify step (`engine.step.launch_step`: its tree, drafts as one batch, the forward's logits
+            [rows, n, V], the runner's buffer valid until this engine's next forward, and the argmax [rows, n] on the
+            host when every decoding row is greedy over raw logits); None for a plain step
+            (`ServingEngine._launch_plain`), whose `tokens` on the host (once `ready`, an event, None on the CPU, has
+            fired) are each running request's token, already committed. failed: (slot, error) of requests that
+            failed while drafting. launch_seconds: the forward's launch.
     """
 
     slots: list[int]
     actives: list[_Active]
     decoding: list[int]
     drafts: list[DraftTree]
-    rows: DraftBatch
-    tree: VerifyTree | None
-    logits: torch.Tensor | None
+    step: LaunchedStep | None
     failed: list
-    best: torch.Tensor | None
-    ready: object | None
     launch_seconds: float
-    plain: bool = False
+    tokens: torch.Tensor | None = None
+    ready: object | None = None
 
 
 @dataclass(frozen=True)
@@ -500,27 +499,16 @@ class ServingEngine:
             launched = self._launch_plain(slots, actives, drafts, rows, roots, failed, t0, t1)
             if launched is not None:
                 return updates, launched
-        tree = batch_tree(roots, rows, self.backend.tree_device)
+        # Where every decoding request is greedy over raw logits, the argmax's copy to the host is queued right
+        # behind the forward: `finish` waits for this step alone, not for a forward queued after it.
+        greedy = bool(decoding) and all(actives[row].raw_greedy for row in decoding)
         try:
-            verified = self.backend.forward(tree)
+            step = launch_step(self.backend, rows, roots, best=self._best_host if greedy else None)
         except Exception as error:
-            self.backend.abort()
             logger.error("serving: the verify forward failed (%r); failing the running requests", error)
             return updates + self.fail_all(f"forward failed: {error!r}"), None
-        best = ready = None
-        if decoding and all(actives[row].raw_greedy for row in decoding):
-            # The argmax's copy to the host queued right behind the forward: `finish` waits for this step alone,
-            # not for a forward queued after it.
-            logits = verified.logits
-            flat = self._best_host.view(-1)[: logits.shape[0] * logits.shape[1]].view(logits.shape[0], -1)
-            flat.copy_(logits.argmax(dim=-1), non_blocking=True)
-            best = flat
-            if self.device.type == "cuda":
-                ready = torch.cuda.Event()
-                ready.record(torch.cuda.current_stream(self.device))
         self.stats.draft_seconds += t1 - t0
-        return updates, _Launched(slots, actives, decoding, drafts, rows, tree, verified.logits, failed, best, ready,
-                                  time.perf_counter() - t1)
+        return updates, _Launched(slots, actives, decoding, drafts, step, failed, time.perf_counter() - t1)
 
     def _launch_plain(self, slots, actives, drafts, rows, roots, failed, t0, t1) -> _Launched | None:
         """Queue a plain step of every running request (each decodes, none drafts): the forward of its root alone,
@@ -552,15 +540,15 @@ class ServingEngine:
         except Exception as error:  # a request's processors: the verify step finds whose (`_verify`)
             logger.debug("serving: the plain step failed (%r); verifying instead", error)
             return None
-        best = self._best_host[: len(actives)]
-        best.copy_(new, non_blocking=True)
+        tokens = self._best_host[: len(actives)]
+        tokens.copy_(new, non_blocking=True)
         ready = None
         if self.device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
         self.stats.draft_seconds += t1 - t0
-        return _Launched(slots, actives, list(range(len(actives))), drafts, rows, None, None, failed, best, ready,
-                         time.perf_counter() - t1, plain=True)
+        return _Launched(slots, actives, list(range(len(actives))), drafts, None, failed, time.perf_counter() - t1,
+                         tokens, ready)
 
     @torch.inference_mode()
     def finish(self, launched: _Launched) -> list[SpecGenerationOutput]:
@@ -570,31 +558,38 @@ class ServingEngine:
         slots, actives, decoding, drafts = launched.slots, launched.actives, launched.decoding, launched.drafts
         failed, updates = launched.failed, []
         chunk = self.serving.prefill_chunk
-        for row in decoding:
-            try:
-                actives[row].drafter.overlap()
-            except BaseException as error:  # its drafter: it fails alone
-                _raise_engine_exit(error)
-                failed.append((slots[row], f"drafter failed: {error!r}"))
-        for row, a in enumerate(actives):
-            if a.pending is not None:  # its drafter's begin, a chunk at a time, while the device runs the forward
+
+        def overlap() -> None:  # the host's work while the device runs the forward
+            for row in decoding:
                 try:
-                    a.drafter.prefeed(a.request.input_ids[: len(a.cached) + drafts[row].num_nodes + 1])
-                except BaseException as error:
+                    actives[row].drafter.overlap()
+                except BaseException as error:  # its drafter: it fails alone
                     _raise_engine_exit(error)
                     failed.append((slots[row], f"drafter failed: {error!r}"))
-        if launched.ready is not None:
-            launched.ready.synchronize()
-        if launched.plain:  # committed on the device already
+            for row, a in enumerate(actives):
+                if a.pending is not None:  # its drafter's begin, a chunk at a time
+                    try:
+                        a.drafter.prefeed(a.request.input_ids[: len(a.cached) + drafts[row].num_nodes + 1])
+                    except BaseException as error:
+                        _raise_engine_exit(error)
+                        failed.append((slots[row], f"drafter failed: {error!r}"))
+
+        last = {}  # a request whose prompt's last chunk went in: its logits at its last prompt token
+
+        def read(step: LaunchedStep, results: list[VerifyResult]) -> None:
+            logits = step.outputs.logits
+            last.update({row: logits[row : row + 1, drafts[row].num_nodes].to(torch.float32)
+                         for row, a in enumerate(actives) if a.pending is not None and len(a.pending) <= chunk})
+
+        if launched.step is None:  # a plain step, committed on the device already
+            overlap()
+            if launched.ready is not None:
+                launched.ready.synchronize()
             results = [VerifyResult(path=[0], tokens=torch.zeros(0), score_nodes=[0], token_list=[token])
-                       for token in launched.best.tolist()]
-            last = {}
+                       for token in launched.tokens.tolist()]
         else:
-            results = self._verify(launched.tree, launched.rows, launched.logits, actives, failed, slots, decoding,
-                                   launched.best)
-            last = {row: launched.logits[row : row + 1, drafts[row].num_nodes].to(torch.float32)
-                    for row, a in enumerate(actives) if a.pending is not None and len(a.pending) <= chunk}
-            self.backend.commit([r.path for r in results])
+            verify = partial(self._verify, actives=actives, failed=failed, slots=slots, decoding=decoding)
+            results = finish_step(self.backend, launched.step, verify, overlap, read).results
         t2 = time.perf_counter()
         self.stats.steps += 1
         self.stats.verify_seconds += launched.launch_seconds + t2 - t1
@@ -632,10 +627,12 @@ class ServingEngine:
             new = a.rec.host[0][before : a.length]
             a.output.generated_tokens.extend(new)
             if a.logprobs is not None and new:  # the token at path node j was chosen from node j's logits
-                a.output.logprobs += _logprobs(launched.logits[row, result.path[: len(new)]], new, a.logprobs)
+                a.output.logprobs += _logprobs(launched.step.outputs.logits[row, result.path[: len(new)]], new,
+                                               a.logprobs)
             if a.output.timestamps is not None:
                 a.output.timestamps.extend([now] * len(new))
-            record_step(a.stats, None, [0], [len(result.token_list)], [draft.num_nodes], plain=launched.plain)
+            record_step(a.stats, None, [0], [len(result.token_list)], [draft.num_nodes],
+                        plain=launched.step is None)
             self.stats.new_tokens += len(new)
             self.stats.drafted_nodes += draft.num_nodes
             if a.finished:
@@ -656,12 +653,13 @@ class ServingEngine:
         """Drop a launched step unread (an engine-wide failure or stop follows): the cache leaves its tree mode."""
         self.backend.abort()
 
-    def _verify(self, tree: VerifyTree, rows: DraftBatch, logits, actives: list[_Active], failed: list,
-                slots: list[int], decoding: list[int], best: torch.Tensor | None) -> list[VerifyResult]:
+    def _verify(self, step: LaunchedStep, actives: list[_Active], failed: list, slots: list[int],
+                decoding: list[int]) -> list[VerifyResult]:
         """Each running request's result: a prefill chunk's whole chain; the verified path of a decoding request
-        (root only for one that failed this step: its slot commits nothing that anyone keeps). `rows` are the step's
-        drafts, one row per running request; `best` the logits' argmax [rows, n] on the host, which `launch` copies
+        (root only for one that failed this step: its slot commits nothing that anyone keeps). The step's drafts are
+        one row per running request; its `best` the logits' argmax [rows, n] on the host, which `launch` copies
         whenever every decoding request is greedy over raw logits (else None: each request's own rule)."""
+        tree, rows, logits, best = step.tree, step.drafts, step.outputs.logits, step.best
         drafts = rows.drafts
         results: list[VerifyResult | None] = [
             None if a.pending is None else VerifyResult(path=list(range(d.num_nodes + 1)), tokens=torch.zeros(0),

@@ -1,5 +1,6 @@
-"""One verify step for every caller (`engine.step`): generate's batch loop, whatever its decoding mode, the serving
-engine and one request's general verification reach it through `step.verify_batch`; a row whose processors raise
+"""One verify step for every caller (`engine.step`): generate at B = 1 and B > 1 and the serving engine reach the
+verify forward through `step.launch_step` alone; generate's batch loop, whatever its decoding mode, the serving
+engine and one request's general verification verify through `step.verify_batch`; a row whose processors raise
 fails alone where the caller asks for it; and every static caller (one request, a batch, the serving engine) runs
 its verify forward on the one runner (`static.StaticRunner`)."""
 
@@ -35,6 +36,51 @@ def calls_of(function):
         yield calls
     finally:
         sys.setprofile(before)
+
+
+@contextmanager
+def callers_of(*functions):
+    """The names of the functions that call any of `functions` (by their code objects), in this thread."""
+    codes, callers, before = {f.__code__ for f in functions}, [], sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            callers.append(frame.f_back.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        yield callers
+    finally:
+        sys.setprofile(before)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "static"])
+def test_every_caller_reaches_the_verify_forward_through_the_one_step(compile):
+    """generate at B = 1 and at B > 1 (greedy and sampling) and the serving engine: every verify forward of either
+    backend is launched by `step.launch_step`, and generate's tokens are plain generate's."""
+    from hf_hybrid_spec.engine import BatchEagerBackend, BatchStaticBackend
+
+    model = tiny_model("qwen3_5_text", vocab_size=V)
+    ids = torch.tensor([[PAD, PAD, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3]])
+    forwards = (BatchEagerBackend.forward, BatchStaticBackend.forward)
+    for batch in (ids[1:], ids):
+        for sample in (False, True):
+            kw = dict(attention_mask=(batch != PAD).long(), pad_token_id=PAD, max_new_tokens=8, eos_token_id=None,
+                      do_sample=sample, top_k=6 if sample else None)
+            with callers_of(*forwards) as callers:
+                got = model.generate(batch, custom_generate=H.speculative_generate,
+                                     assistant_config=H.AssistantConfig(compile=compile), **kw)
+            assert callers and set(callers) == {"launch_step"}, (batch.shape, sample, callers)
+            if not sample:
+                assert torch.equal(got, model.generate(batch, **kw))
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False, compile=compile), ServingConfig(max_slots=2),
+                           GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=PAD))
+    for i, prompt in enumerate([[2, 5, 3, 2, 5, 3, 2], [4, 6, 4, 6, 4]]):
+        engine.add(ServingRequest(f"r{i}", prompt, max_new_tokens=6))
+    with callers_of(*forwards) as callers:
+        while engine.has_work:
+            engine.step()
+    assert callers and set(callers) == {"launch_step"}, callers
 
 
 @pytest.mark.parametrize("mode", ["greedy", "sampling", "penalty"])
