@@ -57,6 +57,8 @@ __all__ = ["StaticRunner", "FusedForward", "DEFAULT_BUCKETS", "static_runner", "
            "capture_bucket"]
 
 DEFAULT_BUCKETS = (8, 16, 32, 64)
+# Trees of at most this many padded nodes (rows x bucket) are staged from host lists, larger ones with tensor ops.
+SMALL_STAGE = 128
 
 
 @dataclass
@@ -206,12 +208,23 @@ class StaticRunner(Leased):
         bucket = self.bucket_for(width)
         self._active = None
         n, rows = bucket.n, self.rows
-        padded_tokens = torch.zeros(rows, n, dtype=torch.long)
-        padded_parent = torch.full((rows, n), -1, dtype=torch.long)
-        padded_tokens[:, :width] = tokens
-        padded_parent[:, :width] = parent
-        bucket.staging.host().copy_(torch.cat([padded_tokens.view(-1), padded_parent.view(-1),
-                                               torch.tensor(lengths + roots, dtype=torch.long)]))
+        if rows * n <= SMALL_STAGE:
+            # A few rows (one request): one tensor made from host lists costs a few tensor ops less than the padding
+            # below, and a request's step is short enough for them to show.
+            pad, values = n - width, []
+            for row in tokens.tolist():
+                values += row + [0] * pad
+            for row in parent.tolist():
+                values += row + [-1] * pad
+            staged = torch.tensor(values + lengths + roots, dtype=torch.long)
+        else:
+            padded_tokens = torch.zeros(rows, n, dtype=torch.long)
+            padded_parent = torch.full((rows, n), -1, dtype=torch.long)
+            padded_tokens[:, :width] = tokens
+            padded_parent[:, :width] = parent
+            staged = torch.cat([padded_tokens.view(-1), padded_parent.view(-1),
+                                torch.tensor(lengths + roots, dtype=torch.long)])
+        bucket.staging.host().copy_(staged)
         bucket.staging.send(bucket.inputs)
         return self._launch(bucket)
 
