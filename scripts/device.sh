@@ -28,7 +28,8 @@
 #             random weights (seed 0: its text is noise, its costs the fixture's). CLUSTER_STAGES="cpu gpu" by
 #             default, but each stage fills a device call: run CLUSTER_STAGES=cpu and =gpu as two calls (on one core a
 #             replica's run of 24 sessions took ~3.5 min, so the CPU stage runs 16 sessions of 24 new tokens);
-#             CPU_ARGS / GPU_ARGS more bench flags, CPU_SECONDS / GPU_SECONDS the bounds
+#             CPU_RUNS the CPU stage's runs (each its own process), CPU_ARGS / GPU_ARGS more bench flags,
+#             CPU_SECONDS (per CPU run) / GPU_SECONDS the bounds
 #   (batch and serve: WITH_BASE=1 runs the same bench again with the code of .carry/base, after
 #    `bash scripts/device_prepare.sh FIXTURE BASE_REF`: an A/B of two commits within one lease)
 set -uo pipefail
@@ -151,9 +152,15 @@ for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"
     shutil.copy(f".carry/cluster/fixture/{name}", "/tmp/cluster_model")
 PY
     S=" ${CLUSTER_STAGES:-cpu gpu} "
-    [[ "$S" == *" cpu "* ]] && TAILN=8 run "${CPU_SECONDS:-540}" cluster_cpu python3 benchmarks/cluster_bench.py \
-        --model /tmp/cluster_model --device cpu --dtype float32 --replica-cpus 1 --sessions 16 --rates 2 \
-        --max-new-tokens 24 --runs 1 affinity round_robin ${CPU_ARGS:-} --out "$OUT/cluster_cpu"
+    # Each CPU run in a process of its own (a fresh Ray): the next application of one process took 80-110 s to
+    # deploy after the last was deleted, on this machine and on the lent one.
+    if [[ "$S" == *" cpu "* ]]; then
+      for r in ${CPU_RUNS:-1 affinity round_robin}; do
+        TAILN=4 run "${CPU_SECONDS:-540}" "cluster_cpu_$r" python3 benchmarks/cluster_bench.py \
+            --model /tmp/cluster_model --device cpu --dtype float32 --replica-cpus 1 --sessions 16 --rates 2 \
+            --max-new-tokens 24 --runs "$r" ${CPU_ARGS:-} --out "$OUT/cluster_cpu_$r"
+      done
+    fi
     [[ "$S" == *" gpu "* ]] && TAILN=8 run "${GPU_SECONDS:-540}" cluster_gpu python3 benchmarks/cluster_bench.py \
         --model /tmp/cluster_model --device cuda --dtype bfloat16 --sessions 48 --rates 16 --max-new-tokens 64 \
         --runs server 1 ${GPU_ARGS:-} --out "$OUT/cluster_gpu"
