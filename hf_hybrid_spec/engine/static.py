@@ -317,8 +317,11 @@ class StaticRunner(Leased):
         bucket = self._active
         if bucket is None or self.cache.tree is None:
             raise RuntimeError("commit called without a pending tree from this runner's forward")
-        bucket.leaf_staging.host().copy_(torch.tensor(leaves, dtype=torch.long))
-        bucket.leaf_staging.send(bucket.leaf)
+        if self.rows == 1:  # one request: its leaf written on the device, no host buffer to stage and wait for
+            bucket.leaf.fill_(leaves[0])
+        else:
+            bucket.leaf_staging.host().copy_(torch.tensor(leaves, dtype=torch.long))
+            bucket.leaf_staging.send(bucket.leaf)
         self.commit_device(bucket.leaf)
         self.finish_commit(committed_length)
 
