@@ -2,12 +2,13 @@
 
 A batch (`batch.decode_batch`, any B > 1; the serving engine's steps too) verifies every row's tree in one forward
 on `backend.BatchEagerBackend` or, compiled, `batch_static.BatchStaticBackend` (captured CUDA graphs over a static
-cache), which also runs plain steps (`plain`) and the pipelined step (`pipeline`); the step's pieces (budget, tree,
-verification, records) are `step`'s, shared with the serving engine's steps; the batch step asks a backend
+cache), which also runs plain steps (`plain`) and the pipelined step (`pipeline`); the verify step is `step`'s
+(`launch_step` queues every caller's verify forward, `finish_step` verifies and commits; with it the budget, tree
+and records), shared with one request's loop and the serving engine's steps; the batch step asks a backend
 what it can do through its capability flags (`queues_plain`, `device_drafts`, `prefills_chunked`,
 `draft_forwards`). One request (`loop.decode`) runs on the same backends as a batch of one (on the static path a
-one-row `static.StaticRunner`, the runner every static path uses), its own loop until a request runs through the
-batch step. What they return and record: `outputs`."""
+one-row `static.StaticRunner`, the runner every static path uses), its own loop around the same step for the
+per-request features a batch does not have yet (a streamer, a continued cache, multimodal prompts). What they return and record: `outputs`."""
 
 from .backend import BatchEagerBackend, VerifyOutputs
 from .batch_static import BatchStaticBackend
