@@ -306,6 +306,42 @@ def test_static_commit_matches_the_dynamic_commit(family):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_both_stagings_of_a_host_tree_give_the_same_inputs(rows, monkeypatch):
+    """A few rows' trees are staged from host lists, larger ones with tensor ops (`static.SMALL_STAGE`): both lay
+    out the same bucket inputs (tokens and parents padded with 0 / -1, then lengths and root positions)."""
+    import hf_hybrid_spec.engine.static as static
+
+    model = tiny_model("qwen3_5_text")
+    runner = static.StaticRunner(model, rows, 64, buckets=(8, 16))
+    _fill_buffers(model, runner, rows)
+    generator = torch.Generator().manual_seed(rows)
+    tokens = torch.randint(2, 90, (rows, 11), generator=generator)
+    parent = torch.tensor([-1] + [int(torch.randint(j, (1,), generator=generator)) for j in range(1, 11)])
+    parent = parent.expand(rows, 11).clone()
+    lengths, roots = [5 + r for r in range(rows)], [4 + r for r in range(rows)]
+    staged = []
+    for small in (static.SMALL_STAGE, 0):  # lists where rows x 16 fit, then tensor ops for every size
+        monkeypatch.setattr(static, "SMALL_STAGE", small)
+        runner.forward(tokens, parent, lengths, roots)
+        staged.append(runner._active.inputs.clone())
+        runner.abort()
+    assert torch.equal(staged[0], staged[1])
+    bucket = runner.bucket_for(11)
+    assert torch.equal(bucket.tokens[:, :11], tokens) and not bucket.tokens[:, 11:].any()
+    assert torch.equal(bucket.parent[:, :11], parent) and (bucket.parent[:, 11:] == -1).all()
+    assert bucket.lengths.tolist() == lengths and bucket.roots.tolist() == roots
+
+
+def _fill_buffers(model, runner, rows: int) -> None:
+    """The runner's cache buffers made by a prompt of 4 tokens per row."""
+    from hf_hybrid_spec.forward import forward_tokens
+
+    ids = torch.full((rows, 4), 3, dtype=torch.long)
+    forward_tokens(model, ids, runner.cache, position_ids=torch.arange(4).expand(rows, 4),
+                   attention_mask=torch.ones_like(ids), logits_to_keep=1)
+
+
 class HiddenRecorder(RandomTreeDrafter):
     """Random trees; keeps the target hidden states it is handed (prompt at begin, accepted path at each accept)."""
 
