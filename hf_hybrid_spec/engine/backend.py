@@ -26,7 +26,8 @@ from ..drafters import BatchHidden
 from ..forward import forward_tokens, forward_tree
 from ..tree import VerifyTree
 
-__all__ = ["BatchEagerBackend", "VerifyOutputs", "PrefillOutputs", "gather_paths", "chunked_prefill"]
+__all__ = ["BatchEagerBackend", "VerifyOutputs", "PrefillOutputs", "prompt_forward", "gather_paths",
+           "chunked_prefill"]
 
 # The width of a chunked prefill's chains (`AssistantConfig(prefill="chunked")`), captured besides the buckets (a narrow
 # bucket would take a replay per few prompt tokens; the tree kernels hold at most 128 nodes).
@@ -121,14 +122,8 @@ class BatchEagerBackend:
         self.valid = attention_mask.sum(-1).tolist()
         self.slots = input_ids.shape[1]
         self._key_valid = attention_mask.bool()
-        start = 0
-        if past is not None:
-            import_committed(self.cache, past)
-            start = past.length
-        return forward_tokens(self.model, input_ids[:, start:], self.cache, position_ids=positions[..., start:],
-                              attention_mask=attention_mask, logits_to_keep=1,
-                              output_hidden_states=bool(self.hidden_layers) or self.all_hidden,
-                              output_attentions=self.attentions, **prompt_inputs)
+        return prompt_forward(self.model, self.cache, input_ids, attention_mask, positions, past,
+                              bool(self.hidden_layers) or self.all_hidden, self.attentions, **prompt_inputs)
 
     def forward(self, tree: VerifyTree) -> VerifyOutputs:
         """Run the rows' trees [R, N] (roots first); the cache stays in tree mode (commit or abort next)."""
@@ -171,6 +166,21 @@ class BatchEagerBackend:
 
     def release(self) -> None:
         self._last = None
+
+
+def prompt_forward(model: nn.Module, cache: HybridTreeCache, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   positions: torch.Tensor, past: CommittedState | None, output_hidden_states: bool,
+                   output_attentions: bool = False, **prompt_inputs):
+    """The prompts' forward [B, L] into `cache`, exactly as stock generate runs it (the last position's logits). With
+    `past` (one row: the committed state of the prompt's first `past.length` tokens, a continued call) the cache
+    starts from it and only the rest of the prompt runs, as stock generate runs a prompt after a filled cache."""
+    start = 0
+    if past is not None:
+        import_committed(cache, past)
+        start = past.length
+    return forward_tokens(model, input_ids[:, start:], cache, position_ids=positions[..., start:],
+                          attention_mask=attention_mask, logits_to_keep=1, output_hidden_states=output_hidden_states,
+                          output_attentions=output_attentions, **prompt_inputs)
 
 
 def gather_paths(states: tuple[torch.Tensor, ...], paths: list[list[int]], offsets: list[int],

@@ -19,7 +19,7 @@ from ..cache.layers import buffers_missing
 from ..drafters import BatchHidden
 from ..forward import forward_tokens
 from ..tree import VerifyTree
-from .backend import PrefillOutputs, VerifyOutputs, gather_paths
+from .backend import PrefillOutputs, VerifyOutputs, gather_paths, prompt_forward
 from .static import StaticRunner, release_runner, static_runner
 
 logger = logging.get_logger(__name__)
@@ -84,13 +84,8 @@ class BatchStaticBackend:
         [B, 1, V]; the hidden states the drafter reads, indexed by layer)."""
         if chunked:
             return self.prefill_chunked(input_ids, attention_mask)
-        start = 0
-        if past is not None:
-            import_committed(self.cache, past)
-            start = past.length
-        out = forward_tokens(self.model, input_ids[:, start:], self.cache, position_ids=positions[..., start:],
-                             attention_mask=attention_mask, logits_to_keep=1,
-                             output_hidden_states=bool(self.hidden_layers) or self.all_hidden, **prompt_inputs)
+        out = prompt_forward(self.model, self.cache, input_ids, attention_mask, positions, past,
+                             bool(self.hidden_layers) or self.all_hidden, **prompt_inputs)
         if self.offsets is not None:
             self.runner.set_position_offsets(self.offsets)
         self.runner.set_prompt_mask(attention_mask)

@@ -4,9 +4,9 @@
     first = verifier.first_token(scores)                    # the drafter begun on the prompt beforehand
     while not recorder.finished:
         draft = drafter.propose(committed, budget)           # a token tree hanging off the root (last token)
-        verified = backend.forward(root + draft)             # one forward; recurrent layers solve the tree exactly
-        result = verifier.verify(tree, scores)               # greedy / lossless sampling / an opt-in lossy rule
-        hidden = backend.commit([result.path])               # keep the accepted path's KV, rebuild its recurrent state
+        step = launch_step(backend, tree=root + draft)       # one forward; recurrent layers solve the tree exactly
+        done = finish_step(backend, step, verify)            # greedy / lossless sampling / an opt-in lossy rule, then
+                                                             # keep the accepted path's KV, rebuild its recurrent state
         recorder.append(result.tokens); drafter.accept(...)  # stopping criteria, streamer, outputs; the drafter learns
 
 `decode` runs one request (`Request`); `speculative_generate` (the API) builds the request from what transformers'
@@ -26,7 +26,7 @@ from transformers.utils import logging
 
 from ..cache import CommittedState, committed_length, export_committed
 from ..config import AssistantConfig
-from ..drafters import DraftBudget, DraftContext, TargetHidden
+from ..drafters import DraftBudget, DraftContext
 from ..staging import device_busy
 from ..tree import DraftBatch, VerifyResult, build_verify_tree
 from ..verification import (FirstToken, StepInputs, Verifier, choices_apply, make_verifier, row_processors,
@@ -171,9 +171,7 @@ def decode(request: Request):
                                    read if want_states or want_attentions else None)
             del step
             (result,) = finished.results
-            path_hidden = finished.hidden
-            if path_hidden is not None:  # one row's path: [1, len(path), H] per layer
-                path_hidden = TargetHidden(path_hidden.layers, path_hidden.states)
+            path_hidden = None if finished.hidden is None else finished.hidden.row(0)  # [1, len(path), H] per layer
             t2 = time.perf_counter()
 
             stats.draft_seconds += t1 - t0
