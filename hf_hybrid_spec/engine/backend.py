@@ -24,6 +24,7 @@ from torch import nn
 from ..cache import CommittedState, HybridTreeCache, commit_paths, import_committed
 from ..drafters import BatchHidden
 from ..forward import forward_tokens, forward_tree
+from ..models import get_adapter
 from ..tree import VerifyTree
 
 __all__ = ["BatchEagerBackend", "VerifyOutputs", "PrefillOutputs", "prompt_forward", "gather_paths",
@@ -101,6 +102,7 @@ class BatchEagerBackend:
 
     def __init__(self, model: nn.Module, hidden_layers: tuple[int, ...], all_hidden: bool = False,
                  attentions: bool = False, offsets: torch.Tensor | None = None):
+        get_adapter(model)  # route the recurrent mixers (else a tree forward would run the stock one on the states)
         self.model = model
         self.hidden_layers = tuple(hidden_layers)
         self.all_hidden = all_hidden
