@@ -5,8 +5,8 @@ between caches (`transfer`)."""
 from .layers import StaticCursor, StaticKVLayer, StaticKVMixin, StaticLinearKVLayer
 from .state import CacheSnapshot, CommitsPath, PendingRecurrent, TreeState
 from .transfer import CommittedState, committed_length, export_committed, import_committed, zero_states
-from .tree_cache import HybridTreeCache, commit_paths
+from .tree_cache import HybridTreeCache, check_paths, commit_paths
 
-__all__ = ["HybridTreeCache", "commit_paths", "TreeState", "PendingRecurrent", "CommitsPath", "CacheSnapshot",
+__all__ = ["HybridTreeCache", "check_paths", "commit_paths", "TreeState", "PendingRecurrent", "CommitsPath", "CacheSnapshot",
            "StaticCursor", "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer", "CommittedState",
            "committed_length", "export_committed", "import_committed", "zero_states"]

@@ -43,7 +43,7 @@ from .layers import (
 )
 from .state import CacheSnapshot, PendingRecurrent, TreeState
 
-__all__ = ["HybridTreeCache", "commit_paths", "right_aligned_index"]
+__all__ = ["HybridTreeCache", "check_paths", "commit_paths", "right_aligned_index"]
 
 
 @dataclass
@@ -296,6 +296,14 @@ def right_aligned_index(paths: list[list[int]], valid: list[int], prefix: int) -
     return torch.where(t < 0, 0, index)
 
 
+def check_paths(paths: list[list[int]], nodes: int) -> None:
+    """Raise a ValueError unless every path starts at the root (node 0) and goes down a tree of `nodes` nodes in
+    increasing node order (as every verifier returns them): a commit must never read another path."""
+    for path in paths:
+        if not path or path[0] != 0 or path[-1] >= nodes or any(y <= x for x, y in zip(path, path[1:])):
+            raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
+
+
 def commit_paths(cache: HybridTreeCache, paths: list[list[int]], valid: list[int]) -> int:
     """Commit a dynamic cache's pending tree from each row's accepted path and leave tree mode. Returns the number of
     key slots S' the attention layers hold after.
@@ -320,9 +328,7 @@ def commit_paths(cache: HybridTreeCache, paths: list[list[int]], valid: list[int
     if len(paths) != b or len(valid) != b:
         raise ValueError(f"commit_paths needs one path and one valid count per row ({b}), got {len(paths)} and "
                          f"{len(valid)}")
-    for path in paths:
-        if not path or path[0] != 0 or path[-1] >= n or any(y <= x for x, y in zip(path, path[1:])):
-            raise ValueError(f"path must start at the root (node 0) and go down the tree, got {path}")
+    check_paths(paths, n)
     index = right_aligned_index(paths, valid, tree.prefix_length)
     on_path = torch.zeros(b, n, dtype=torch.bool)
     for row, path in enumerate(paths):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from ..cache import CommittedState, export_committed, import_committed, zero_states
+from ..cache import CommittedState, check_paths, export_committed, import_committed, zero_states
 from ..cache.layers import buffers_missing
 from ..drafters import BatchHidden
 from ..forward import forward_tokens
@@ -70,6 +70,7 @@ class BatchStaticBackend:
         self._lengths: list[int] = []  # committed slots per runner row (prompt padding included)
         self._roots: list[int] = []
         self._rows: list[int] = list(range(rows))  # runner row of each running row
+        self._width = 0  # nodes per row of the pending trees
 
     @property
     def captures(self) -> int:
@@ -157,7 +158,7 @@ class BatchStaticBackend:
 
     def forward(self, tree: VerifyTree) -> VerifyOutputs:
         rows = self.runner.rows
-        width = tree.num_nodes
+        width = self._width = tree.num_nodes
         every = self._rows == list(range(rows))
         if every and tree.tokens.device.type != "cpu":  # a drafter's device tree: copied on the device
             logits = self.runner.forward_device(tree.tokens, tree.parent, self._lengths, self._roots)
@@ -179,6 +180,7 @@ class BatchStaticBackend:
                              hidden_states=None if hidden is None else tuple(h[:, :width] for h in hidden))
 
     def commit(self, paths: list[list[int]]) -> BatchHidden | None:
+        check_paths(paths, self._width)  # (the runner commits whatever leaf it is given)
         hidden = None
         if self.hidden_layers:
             # Each running row's path, gathered from the forward's hidden states (the runner's rows, bucket width n).

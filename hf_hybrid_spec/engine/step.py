@@ -268,7 +268,8 @@ def finish_step(backend, step: LaunchedStep, verify: Verify, overlap: Callable[[
     """Read a launched step and commit it: `overlap()` first (the host's work while the device runs the forward),
     then each row's result (`verify(step)`), what the caller reads off the forward before the commit moves the
     rows' slots (`read(step, results)`: attention rows, log-probabilities, a prefill chunk's last logits), and every
-    row's accepted path committed. On failure before the commit the cache leaves its tree mode, nothing committed."""
+    row's accepted path committed. On failure (a path that is not one, too) the cache leaves its tree mode, nothing
+    committed."""
     try:
         if overlap is not None:
             overlap()
@@ -277,10 +278,10 @@ def finish_step(backend, step: LaunchedStep, verify: Verify, overlap: Callable[[
         results = verify(step)
         if read is not None:
             read(step, results)
+        return FinishedStep(results, backend.commit([r.path for r in results]))
     except BaseException:
-        backend.abort()
+        backend.abort()  # (a commit that failed has left its tree mode already, or refused before starting)
         raise
-    return FinishedStep(results, backend.commit([r.path for r in results]))
 
 
 def rows_verifier(rows: StepRows, chosen: list | None = None, hidden: bool = False,

@@ -198,3 +198,41 @@ def test_the_serving_engine_budgets_with_the_steps_cost_model():
         plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
                                eos_token_id=None, pad_token_id=PAD)
         assert outputs[f"r{i}"].generated_tokens == plain[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_a_path_that_is_not_one_is_refused_and_the_backend_goes_on(static):
+    """A rule that returns a path off the tree (a custom verification) gets a clear error from either backend's
+    commit, nothing committed and the cache out of tree mode; the next step commits as a fresh backend's would."""
+    from hf_hybrid_spec.engine import BatchEagerBackend, BatchStaticBackend
+    from hf_hybrid_spec.tree import VerifyResult
+
+    model = tiny_model("qwen3_5_text", vocab_size=V)
+    ids = torch.tensor([[2, 5, 3, 7, 2]])
+    draft = DraftBatch.from_drafts([DraftTree(tokens=torch.tensor([[5, 3]]), parents=torch.tensor([[-1, 0]]))])
+    rows = step.StepRows([ids], ExactVerifier(False), [None], raw_greedy=True)
+
+    def backend():
+        made = BatchStaticBackend(model, 1, 64, (8,), None) if static else BatchEagerBackend(model, ())
+        made.prefill(ids, torch.ones_like(ids), torch.arange(5)[None])
+        return made
+
+    def good_step(made):
+        """One step committed as the rule finds it, then the next tree's logits (a copy: a runner's are its own)."""
+        done = step.finish_step(made, step.launch_step(made, draft, [2]), step.rows_verifier(rows)).results[0]
+        after = made.forward(step.batch_tree([done.token_list[-1]], draft, made.tree_device)).logits.clone()
+        made.abort()
+        made.release()
+        return done.path, list(made.valid), after
+
+    tried = backend()
+    for bad in ([0, 2, 1], [1, 2], [0, 5]):
+        launched = step.launch_step(tried, draft, [2])
+        with pytest.raises(ValueError, match="path must start at the root"):
+            step.finish_step(tried, launched, lambda s: [VerifyResult(path=bad, tokens=torch.zeros(0),
+                                                                      score_nodes=[], token_list=[])])
+        assert tried.cache.tree is None and tried.valid == [5]
+    path, valid, after = good_step(tried)
+    fresh_path, fresh_valid, fresh_after = good_step(backend())
+    assert path == fresh_path and valid == fresh_valid
+    torch.testing.assert_close(after, fresh_after)
