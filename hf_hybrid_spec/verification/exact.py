@@ -283,6 +283,58 @@ def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor, contexts
     return _without_eos(processor, scores, None if bool(active.all()) else to_device(active, scores.device))
 
 
+def _process_grouped(processors: list, scores: torch.Tensor, ids_length: torch.Tensor, contexts,
+                     aligned: _Aligned | None) -> torch.Tensor:
+    """Each row's own processors over its nodes' scores [R, N, V] (in place), rows whose processors at one stage have
+    the same settings (`_stage_key`) in one call: a serving engine's requests each hold their own processor objects,
+    mostly with the same sampling settings, so a step applies each setting once for the batch, not once per request.
+    Exact: a processor's output for a row depends on its settings and that row's scores and ids alone (stock applies
+    one object to every row of a batch)."""
+    r, n, v = scores.shape
+    for stage in range(max(len(procs) if procs else 0 for procs in processors)):
+        groups: dict[tuple, list[int]] = {}
+        for row, procs in enumerate(processors):
+            if procs and stage < len(procs):
+                groups.setdefault(_stage_key(procs[stage]), []).append(row)
+        for members in groups.values():
+            first = processors[members[0]][stage]
+            every = len(members) == r
+            at = None if every else to_device(torch.tensor(members), scores.device)
+            part = (scores if every else scores[at]).reshape(-1, v)
+            if type(first) in POSITIONAL:  # each row's own bound (a request's prompt length), one eos removal
+                active = torch.cat([_before_bound(processors[row][stage], ids_length[row]) for row in members])
+                if not bool(active.any()):
+                    continue
+                part = _without_eos(first, part, None if bool(active.all()) else to_device(active, scores.device))
+            else:
+                part = _process(first, part, ids_length[members].reshape(-1), contexts, members, n, aligned)
+            if every:
+                scores = part.view(r, n, v)
+            else:
+                scores[at] = part.view(len(members), n, v)
+    return scores
+
+
+# Each processor's `_stage_key`, worked out once per object (a bad-words list can hold thousands of sequences).
+_STAGE_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _stage_key(processor) -> tuple:
+    """What tells processors apart for `_process_grouped`: the type and settings of one we batch (a positional one's
+    eos tokens only: each row's bound is its own), the object itself for any other (its state is its own)."""
+    key = _STAGE_KEYS.get(processor)
+    if key is None:
+        kind = type(processor)
+        if kind in POSITIONAL:
+            key = (kind.__name__, tuple(processor.eos_token_id.flatten().tolist()))
+        elif _context_free(processor) or kind in IDS_READING + ALIGNED:
+            key = _settings(processor)
+        else:
+            key = ("object", id(processor))
+        _STAGE_KEYS[processor] = key
+    return key
+
+
 def _process_contexts(processor, scores: torch.Tensor, ids_length: torch.Tensor,
                       aligned: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """A processor that reads the ids, over many nodes' scores [M, V] given their contexts right-aligned (`aligned`:
@@ -348,16 +400,13 @@ def batch_choices(verifiers, processors: list, logits: torch.Tensor, lengths: to
         # The length of the ids stock's processors would see at each node (host; positional processors read it).
         ids_length = lengths.cpu()[:, None] + depth.cpu() + (0 if pads is None else pads.cpu()[:, None])
     aligned = None if contexts is None else _Aligned(contexts, n, scores.device)
-    for procs, at in ([(processors[0], slice(None))] if shared else [(p, i) for i, p in enumerate(processors)]):
-        if procs:
-            part = scores[at].reshape(-1, v)
-            these = list(range(r)) if shared else [at]
-            for processor in procs:
-                part = _process(processor, part, ids_length[at].reshape(-1), contexts, these, n, aligned)
-            if shared:
-                scores = part.view(r, n, v)
-            else:
-                scores[at] = part.view(n, v)
+    if shared and processors[0]:
+        part = scores.reshape(-1, v)
+        for processor in processors[0]:
+            part = _process(processor, part, ids_length.reshape(-1), contexts, list(range(r)), n, aligned)
+        scores = part.view(r, n, v)
+    elif not shared:
+        scores = _process_grouped(processors, scores, ids_length, contexts, aligned)
     drawing = [i for i, rule in enumerate(rules) if rule.do_sample]
     # Greedy rows take the argmax (not computed when every row samples).
     choices = scores.argmax(dim=-1) if len(drawing) < r else None

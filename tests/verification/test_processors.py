@@ -154,3 +154,57 @@ def test_a_device_choice_is_told_apart_by_its_settings():
         ExactVerifier(False), MinNewTokensLengthLogitsProcessor(5, 4, eos))
     assert key(sampler, RepetitionPenaltyLogitsProcessor(1.1)) is None
     assert key(sampler, PenalizeLast()) is None
+
+
+def test_rows_with_their_own_processors_of_equal_settings_are_processed_together(monkeypatch):
+    """A serving engine's requests each hold their own processor objects: rows whose processors at a stage have the
+    same settings are processed in one call (a minimum-new-tokens bound still each row's own), and every row's
+    choices are those of its own processors alone, greedy and sampling, beside rows with other settings, other
+    orders, an unknown processor and none."""
+    from transformers import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
+
+    eos = torch.tensor([4])
+
+    def usual(prompt):  # a chat client's sampling settings, a request's own objects
+        return LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3), MinNewTokensLengthLogitsProcessor(
+            prompt, 6, eos), TemperatureLogitsWarper(0.7), TopKLogitsWarper(5), TopPLogitsWarper(0.9)])
+
+    rows, width = 8, 6
+    lists = [usual(2), usual(5), usual(9), usual(4), usual(3),
+             LogitsProcessorList([TopKLogitsWarper(5), TemperatureLogitsWarper(0.5)]),  # another order, other values
+             LogitsProcessorList([PenalizeLast(), NoRepeatNGramLogitsProcessor(2)]), None]
+    calls = {}
+
+    def counted(cls):
+        real = cls.__call__
+
+        def call(self, input_ids, scores):
+            calls[cls.__name__] = calls.get(cls.__name__, 0) + 1
+            return real(self, input_ids, scores)
+        return call
+
+    for cls in (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper):
+        monkeypatch.setattr(cls, "__call__", counted(cls))
+    gen = torch.Generator().manual_seed(5)
+    tokens, parent, row_ids, depth = random_trees(gen, rows, width, 3)
+    tree = VerifyTree.from_parents(tokens, parent)
+    logits = torch.randn(rows, width + 1, V, generator=gen) * 3
+    logits[..., 4] += 6.0  # the eos often the likeliest: where each row's minimum-new-tokens bound falls matters
+    lengths = torch.tensor([ids.shape[1] for ids in row_ids])
+    rules = [ExactVerifier(True, seed=7 + r) if r % 2 else ExactVerifier(False) for r in range(rows)]
+    args = (logits, lengths, depth, torch.arange(rows), False, None, NodeContexts(row_ids, tree))
+    together = batch_choices(rules, lists, *args)
+    counts, calls = dict(calls), {}
+    # The five requests of the usual settings: each temperature, top-k and top-p setting applied once for them all.
+    assert counts == {"TemperatureLogitsWarper": 2, "TopKLogitsWarper": 2, "TopPLogitsWarper": 1}
+    for r in range(rows):
+        alone = batch_choices([rules[r]], [lists[r]], logits[r : r + 1], lengths[r : r + 1], depth[r : r + 1],
+                              torch.tensor([r]), False, None, NodeContexts([row_ids[r]], tree, [r]))
+        assert torch.equal(together[r], alone[0]), r
+        one = VerifyTree.from_parents(tokens[r : r + 1], parent[r : r + 1])
+        scores = process_tree_logits(row_ids[r], one, logits[r : r + 1], lists[r])
+        if rules[r].do_sample:
+            keys = (torch.tensor([[7 + r]]), torch.tensor([[r]]), lengths[r] + depth[r : r + 1])
+            assert torch.equal(together[r], keyed_choice(scores, *keys).view(-1)), r
+        else:
+            assert torch.equal(together[r], scores.argmax(-1)), r
