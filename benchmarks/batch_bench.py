@@ -200,22 +200,32 @@ def method_kwargs(name: str, reference: torch.Tensor, vocab: int, max_new: int, 
 def serve_call(model, ids: torch.Tensor, mask: torch.Tensor, gen: dict, kwargs: dict):
     """`generate_batch` over the batch's prompts (each row's tokens without its padding), every prompt in a slot of
     its own, read back as `generate`'s output: sequences [B, L + new] (left-padded as the batch) and `spec_stats`
-    summed over the requests (the engine's timings per step are not in them: NaN)."""
+    summed over the requests, with the engine's own timings (`ServingStats`: its steps' drafting, verification and
+    records, its prefills and drafters' begins as the set-up) and `engine_steps` / `record_seconds`."""
     from types import SimpleNamespace
 
     from transformers import GenerationConfig
 
     from hf_hybrid_spec.engine.outputs import SpecStats
+    from hf_hybrid_spec.serving import manager
 
     rows = [ids[b][mask[b].bool()].tolist() for b in range(ids.shape[0])]
     new = gen["max_new_tokens"]
     config = GenerationConfig(**{k: v for k, v in gen.items() if k != "attention_mask"})
     serving = ServingConfig(max_slots=len(rows), max_total_tokens=ids.shape[1] + new,
                             speculation=kwargs.pop("speculation", True))
-    results = generate_batch(model, rows, generation_config=config, serving_config=serving, **kwargs)
+    made, make = [], manager.make_engine
+    manager.make_engine = lambda *a, **k: made.append(make(*a, **k)) or made[-1]  # its engine, for its timings
+    try:
+        results = generate_batch(model, rows, generation_config=config, serving_config=serving, **kwargs)
+    finally:
+        manager.make_engine = make
     sequences = torch.full((ids.shape[0], ids.shape[1] + new), gen["pad_token_id"], dtype=ids.dtype)
     sequences[:, : ids.shape[1]] = ids.cpu()
-    stats = SpecStats(draft_seconds=float("nan"), verify_seconds=float("nan"), setup_seconds=float("nan"))
+    own = made[0].stats
+    stats = SpecStats(draft_seconds=own.draft_seconds, verify_seconds=own.verify_seconds,
+                      setup_seconds=own.prefill_seconds + own.begin_seconds)
+    stats.engine_steps, stats.record_seconds = own.steps, own.record_seconds
     for b in range(len(rows)):
         out = results[f"req_{b}"]
         if out.error:
@@ -390,10 +400,12 @@ def run(argv: list[str] | None = None) -> dict:
             entry[f"{name}.mean_accepted"] = stats.mean_accepted_length
             entry[f"{name}.plain_steps"] = stats.plain_steps / max(stats.target_forwards, 1)
             entry[f"{name}.identical_rows"] = same
-            steps = max(stats.target_forwards, 1)
+            steps = max(getattr(stats, "engine_steps", stats.target_forwards), 1)  # a serving engine's own steps
+            if hasattr(stats, "engine_steps"):
+                entry[f"{name}.record_ms_per_step"] = 1000 * stats.record_seconds / steps
             entry[f"{name}.draft_ms_per_step"] = 1000 * stats.draft_seconds / steps
             entry[f"{name}.verify_ms_per_step"] = 1000 * stats.verify_seconds / steps
-            entry[f"{name}.steps"] = stats.target_forwards
+            entry[f"{name}.steps"] = steps
             # The call's wall time outside its steps: before the first (prefill, first token, drafter's begin, cost
             # model) and around the loop (generate's own set-up, the output's assembly).
             entry[f"{name}.call_ms"] = 1000 * seconds
