@@ -27,7 +27,8 @@
 #             and on its GPU (hf-hybrid-spec-serve alone against one replica); the fixture's config and tokenizer with
 #             random weights (seed 0: its text is noise, its costs the fixture's). CLUSTER_STAGES="cpu gpu" by
 #             default, but each stage fills a device call: run CLUSTER_STAGES=cpu and =gpu as two calls (on one core a
-#             replica's run of 24 sessions took ~3.5 min, so the CPU stage runs 16 sessions of 24 new tokens);
+#             replica's run of 24 sessions took ~3.5 min, so the CPU stage runs 16 sessions of 24 new tokens; three
+#             runs of 160 s each in one call did not get past their deployment: give a call one run, CPU_RUNS=affinity);
 #             CPU_RUNS the CPU stage's runs (each its own process), CPU_ARGS / GPU_ARGS more bench flags,
 #             CPU_SECONDS (per CPU run) / GPU_SECONDS the bounds
 #   (batch and serve: WITH_BASE=1 runs the same bench again with the code of .carry/base, after
@@ -155,10 +156,19 @@ PY
     # Each CPU run in a process of its own (a fresh Ray): on the lent machine the next application of one process
     # was not up 100 s after the last was deleted (on the dev machine it came up in 13 s idle, 80 s under load).
     if [[ "$S" == *" cpu "* ]]; then
+      # fla left in /tmp/site by a fixture call on the same warm machine: transformers 5.17 binds its kernels at
+      # import whatever the device, so a CPU replica's prefill launched Triton on CPU tensors and every replica
+      # failed to start (the deployment never came up).
+      rm -rf /tmp/site/fla /tmp/site/fla_core* /tmp/site/flash_linear_attention*
       for r in ${CPU_RUNS:-1 affinity round_robin}; do
         TAILN=4 run "${CPU_SECONDS:-540}" "cluster_cpu_$r" python3 benchmarks/cluster_bench.py \
             --model /tmp/cluster_model --device cpu --dtype float32 --replica-cpus 1 --sessions 16 --rates 2 \
             --max-new-tokens 24 --runs "$r" ${CPU_ARGS:-} --out "$OUT/cluster_cpu_$r"
+        # Ray Serve's own logs (the controller's and each replica's): why a deployment did not come up.
+        tar -czf "$OUT/cluster_cpu_${r}_serve_logs.tgz" -C /tmp/ray/session_latest/logs serve 2>/dev/null
+        # A run cut by its bound leaves its Ray behind, holding the CPUs.
+        python3 -c "import sys; from ray.scripts.scripts import main; sys.argv = ['ray', 'stop', '--force']; main()" \
+            > /dev/null 2>&1
       done
     fi
     [[ "$S" == *" gpu "* ]] && TAILN=8 run "${GPU_SECONDS:-540}" cluster_gpu python3 benchmarks/cluster_bench.py \
