@@ -210,6 +210,57 @@ def test_greedy_on_the_device_accepts_what_the_host_walk_accepts(seed):
 
 
 @pytest.mark.parametrize("seed", range(4))
+def test_sampling_on_the_device_accepts_what_the_host_rule_accepts(seed):
+    """The pipelined step's sampling acceptance (`DeviceChoice.choose`: every node's keyed draw of its processed
+    scores, walked by `greedy_device`) over random trees, against each row's own host rule (`ExactVerifier.verify`,
+    the keyed walk over `process_tree_logits`) with the same seed, row and positions: the same path and committed
+    tokens, with warpers and a minimum-new-tokens bound that lifts inside the trees."""
+    from transformers import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor, TemperatureLogitsWarper,
+                              TopKLogitsWarper, TopPLogitsWarper)
+
+    from hf_hybrid_spec.kernels.tree import ancestor_mask
+    from hf_hybrid_spec.tree import VerifyTree
+    from hf_hybrid_spec.verification import ExactVerifier, StepInputs, device_choice, process_tree_logits
+
+    g = torch.Generator().manual_seed(seed)
+    rows, nodes, eos = 8, 9, 4
+    drafts = random_trees(rows, nodes, 4, seed)
+    count = torch.randint(0, nodes + 1, (rows,), generator=g)
+    batch = DraftBatch.from_tensors(drafts.tokens, drafts.parents, drafts.values, count)
+    roots = torch.randint(3, VOCAB, (rows,), generator=g).tolist()
+    tokens, parent = batch.verify_inputs(roots)
+    logits = torch.randn(rows, nodes + 1, VOCAB, generator=g)
+    logits[..., eos] += 2.0
+    for r in range(rows):  # many draft nodes likely at their parent, so paths go deep
+        for j in range(1, int(count[r]) + 1):
+            if torch.rand(1, generator=g) < 0.85:
+                logits[r, parent[r, j], tokens[r, j]] += 9.0
+    lengths = torch.randint(8, 14, (rows,), generator=g)  # each row's length, its root included
+    processors = LogitsProcessorList([MinNewTokensLengthLogitsProcessor(6, 4, torch.tensor([eos])),
+                                      TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.95)])
+    rule = ExactVerifier(True, seed=1234 + seed)
+    choice = device_choice(rule, processors)
+    anc = ancestor_mask(parent, include_self=True)
+    depth = anc.sum(-1) - 1
+    positions = lengths[:, None] + depth
+    drawn = choice.choose(logits, torch.tensor([rule.seed]), positions, positions)
+    valid = torch.arange(nodes + 1) <= batch.count.unsqueeze(1)
+    device = greedy_device(tokens, parent, anc, depth, valid, torch.ones(rows, dtype=torch.bool), logits, drawn)
+    deep = 0
+    for r in range(rows):
+        n = int(batch.count[r]) + 1
+        tree = VerifyTree(tokens=tokens[r : r + 1, :n], parent=parent[r : r + 1, :n], draft=batch.row(r))
+        ids = torch.randint(3, VOCAB, (1, int(lengths[r])), generator=g)
+        scores = process_tree_logits(ids, tree, logits[r : r + 1, :n], processors)
+        host = rule.verify(tree, scores, StepInputs(int(lengths[r]), None, r))
+        k = int(device.length[r])
+        assert device.order[r, :k].tolist() == host.path, r
+        assert device.tokens[r, :k].tolist() == host.tokens.tolist(), r
+        deep += len(host.path) > 2
+    assert deep  # some rows accepted more than one draft node (the walk was tested past the first level)
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_device_selection_keeps_what_the_host_budget_keeps(seed):
     """`select_device` at each width keeps the same nodes in each row as the host ranking (values, then index), laid out
     as the general step lays them out."""
