@@ -16,6 +16,7 @@ are transformers' `GenerationOutput` (`status`, `generated_tokens`, `error`, `li
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import queue
 import threading
@@ -280,7 +281,7 @@ def generate_batch(model: nn.Module, inputs: list[list[int]], generation_config:
     Returns {request id: output} (ids `req_0`, `req_1`, ... in input order), as transformers' `generate_batch`.
     Without `serving_config`, up to `GENERATE_BATCH_SLOTS` prompts decode at once (fewer for long requests: see
     `GENERATE_BATCH_TOKENS`; the rest join as slots free), each slot sized for the longest prompt and its new
-    tokens."""
+    tokens. Where every prompt has a slot, the engine keeps no prefix store (no later request could read it)."""
     from tqdm.auto import tqdm
 
     if not inputs:
@@ -293,6 +294,10 @@ def generate_batch(model: nn.Module, inputs: list[list[int]], generation_config:
         slots = min(len(inputs), GENERATE_BATCH_SLOTS,
                     max(ServingConfig.max_slots, GENERATE_BATCH_TOKENS // total))
         serving_config = ServingConfig(max_slots=slots, max_total_tokens=total)
+    if len(inputs) <= serving_config.max_slots and serving_config.lanes == 1 and serving_config.prefix_cache_bytes:
+        # Every prompt joins at the first step and the engine ends with the call: a state stored as a request leaves
+        # could never be read (each would cost its slot's KV and recurrent states copied out, for nothing).
+        serving_config = dataclasses.replace(serving_config, prefix_cache_bytes=0)
     engine = make_engine(model, assistant_config, serving_config, generation_config, draft_model)
     results: dict[str, SpecGenerationOutput] = {}
     for i, ids in enumerate(inputs):

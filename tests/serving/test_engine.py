@@ -547,6 +547,8 @@ def test_generate_batch_decodes_every_prompt_at_once_by_default(monkeypatch):
     out = generate_batch(model, inputs, greedy_config(), H.AssistantConfig(global_cache=False), max_new_tokens=3)
     assert seen == [10]
     assert [out[f"req_{i}"].generated_tokens for i in range(10)] == [plain(model, ids, 3) for ids in inputs]
+    # Every prompt had a slot from the first step: no request's state is stored as it leaves (nobody could read it).
+    assert engines[0].prefixes is None
     # The next call of the same sizes runs on the same runner (the model's pool: graphs captured once on a GPU).
     again = generate_batch(model, inputs, greedy_config(), H.AssistantConfig(global_cache=False), max_new_tokens=3)
     assert engines[1]._runner is engines[0]._runner and again["req_3"].generated_tokens == out["req_3"].generated_tokens
@@ -554,6 +556,8 @@ def test_generate_batch_decodes_every_prompt_at_once_by_default(monkeypatch):
     monkeypatch.setattr(manager, "GENERATE_BATCH_SLOTS", 4)
     out = generate_batch(model, inputs[:6], greedy_config(), H.AssistantConfig(global_cache=False), max_new_tokens=3)
     assert seen == [4] and len(out) == 6
+    # Prompts that wait for a slot may extend a state stored by one that left: the store stays.
+    assert engines[-1].prefixes is not None and len(engines[-1].prefixes) > 0
     # Long requests get fewer slots (never fewer than the engine's default): the tokens of all slots are bounded.
     monkeypatch.setattr(manager, "GENERATE_BATCH_SLOTS", 64)
     monkeypatch.setattr(manager, "GENERATE_BATCH_TOKENS", 9 * max(len(ids) for ids in inputs) + 9 * 3)
