@@ -71,6 +71,7 @@ class BatchStaticBackend:
         self._roots: list[int] = []
         self._rows: list[int] = list(range(rows))  # runner row of each running row
         self._width = 0  # nodes per row of the pending trees
+        self._index = None  # (key, the running rows on the device): `running_index`
 
     @property
     def captures(self) -> int:
@@ -173,7 +174,7 @@ class BatchStaticBackend:
             logits = self.runner.forward(tokens, parent, self._lengths, self._roots)
         hidden = self.runner.all_hidden_states() if self.all_hidden else None
         if not every:  # rows left, or joined out of slot order (serving)
-            index = torch.tensor(self._rows, dtype=torch.long).to(logits.device)
+            index = self.running_index(logits.device)
             logits = logits.index_select(0, index)
             hidden = None if hidden is None else tuple(h.index_select(0, index) for h in hidden)
         return VerifyOutputs(logits=logits[:, :width],
@@ -262,6 +263,18 @@ class BatchStaticBackend:
     @property
     def running_slots(self) -> list[int]:
         return list(self._rows)
+
+    def running_index(self, device: torch.device) -> torch.Tensor:
+        """The running rows' runner rows [R] on `device`, kept until they change (requests join or leave): a step
+        that made it from a list copied it from pageable memory, which waits for the forward the step had just
+        queued."""
+        key = (tuple(self._rows), str(device))
+        if self._index is None or self._index[0] != key:
+            index = torch.tensor(self._rows, dtype=torch.long)
+            if torch.device(device).type == "cuda":  # pinned: the copy is queued, not waited for
+                index = index.pin_memory()
+            self._index = (key, index.to(device, non_blocking=True))
+        return self._index[1]
 
     def abort(self) -> None:
         self.runner.abort()

@@ -525,7 +525,7 @@ class ServingEngine:
                 return None
             lengths = torch.tensor([a.length for a in actives])  # each root's position + 1 (no padding in a slot)
             zeros = torch.zeros(len(actives), dtype=torch.long)
-            at = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+            at = self.backend.running_index(self.device)  # (`slots`, in order)
 
             def choose(logits: torch.Tensor, _lengths, _roots) -> torch.Tensor:
                 # Every runner row's token [R]: the running ones' by their rules (each request its own stream, key
