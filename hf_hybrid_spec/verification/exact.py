@@ -45,7 +45,7 @@ from .noise import draw_seed, keyed_choice, to_device
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
            "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE", "POSITIONAL", "IDS_READING",
-           "TOKEN_BIAS", "ALIGNED", "FILL", "NodeContexts", "RootContexts", "greedy_device", "DeviceAcceptance",
+           "TOKEN_BIAS", "ALIGNED", "LENGTH_ONLY", "FILL", "NodeContexts", "RootContexts", "greedy_device", "DeviceAcceptance",
            "DeviceChoice", "device_choice", "verify_at_once", "from_config"]
 
 logger = logging.get_logger(__name__)
@@ -91,6 +91,13 @@ CONTEXT_FREE = tuple(getattr(_lp, name) for name in (
 # their values: `min_length` and `min_new_tokens` remove the eos tokens before their bound. `batch_choices` applies
 # them from each node's position, worked out on the host (a step past the bound launches nothing for them).
 POSITIONAL = (_lp.MinLengthLogitsProcessor, _lp.MinNewTokensLengthLogitsProcessor)
+# Processors that read only the length of the ids they are given (`input_ids.shape[-1]`), never their values: forced
+# bos / eos, `begin_suppress_tokens`, the exponential decay length penalty. `batch_choices` calls each once per
+# distinct length among the nodes, with ids of that length whose values are never read: exact by construction (the
+# processor's own code), and no node contexts to build.
+LENGTH_ONLY = tuple(getattr(_lp, name) for name in (
+    "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor",
+    "ExponentialDecayLengthPenalty") if hasattr(_lp, name))
 # Processors that read the ids before a node, which `batch_choices` applies to every node at once from `NodeContexts`
 # (each row's ids and its tree's paths): the repetition penalty (a token in the context has its score divided by the
 # penalty, or multiplied where it is negative).
@@ -241,7 +248,8 @@ def choices_apply(verifiers, processors: list, sampled_drafts=False, contexts: b
             return False
     if contexts:
         return True
-    return all(not procs or all(type(p) in POSITIONAL or _context_free(p) for p in procs) for procs in processors)
+    return all(not procs or all(type(p) in POSITIONAL + LENGTH_ONLY or _context_free(p) for p in procs)
+               for procs in processors)
 
 
 class _Aligned:
@@ -269,6 +277,8 @@ def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor, contexts
     included); `contexts` those ids (for an ids-reading processor), `aligned` them right-aligned."""
     if _context_free(processor):
         return processor(torch.empty((scores.shape[0], 0), dtype=torch.long, device=scores.device), scores)
+    if type(processor) in LENGTH_ONLY:
+        return _process_lengths(processor, scores, ids_length)
     if type(processor) not in POSITIONAL + IDS_READING:
         return _process_contexts(processor, scores, ids_length, aligned(rows))
     if type(processor) in IDS_READING:
@@ -327,12 +337,26 @@ def _stage_key(processor) -> tuple:
         kind = type(processor)
         if kind in POSITIONAL:
             key = (kind.__name__, tuple(processor.eos_token_id.flatten().tolist()))
-        elif _context_free(processor) or kind in IDS_READING + ALIGNED:
+        elif _context_free(processor) or kind in IDS_READING + ALIGNED + LENGTH_ONLY:
             key = _settings(processor)
         else:
             key = ("object", id(processor))
         _STAGE_KEYS[processor] = key
     return key
+
+
+def _process_lengths(processor, scores: torch.Tensor, ids_length: torch.Tensor) -> torch.Tensor:
+    """A `LENGTH_ONLY` processor over many nodes' scores [M, V]: called once per distinct `ids_length` [M] (host) with
+    ids of that length (a zero expanded: their values are never read)."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=scores.device)
+    lengths = torch.unique(ids_length).tolist()
+    if len(lengths) == 1:
+        return processor(ids.expand(scores.shape[0], lengths[0]), scores)
+    out = scores.clone()
+    for length in lengths:
+        at = to_device((ids_length == length).nonzero().flatten(), scores.device)
+        out[at] = processor(ids.expand(at.shape[0], length), scores[at])
+    return out
 
 
 def _process_contexts(processor, scores: torch.Tensor, ids_length: torch.Tensor,

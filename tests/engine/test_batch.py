@@ -102,6 +102,36 @@ def test_batch_greedy_with_every_kind_of_processor_matches_stock_for_every_famil
         assert torch.equal(out, ref), compile_
 
 
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_processors_that_read_the_length_choose_at_once_and_match_stock(family, monkeypatch):
+    """Forced bos / eos, `begin_suppress_tokens` and the exponential decay length penalty (processors that read the
+    ids' length alone) over a padded batch and one request, eager and static: every step's nodes chosen in one pass
+    (`batch_choices`, no row-by-row fallback), token for token stock."""
+    import hf_hybrid_spec.engine.step as step_module
+
+    model = tiny_model(family)
+    ids, mask = padded_batch([9, 14, 5], seed=4)
+    plain = greedy(model, ids, mask, max_new_tokens=12, eos_token_id=None)[:, ids.shape[1] :].tolist()
+    eos = plain[0][4]
+    kw = dict(max_new_tokens=12, eos_token_id=eos, forced_eos_token_id=eos, max_length=ids.shape[1] + 9,
+              begin_suppress_tokens=[plain[1][0], plain[2][0]], exponential_decay_length_penalty=(2, 1.6))
+    kw.pop("max_new_tokens")
+    ref = greedy(model, ids, mask, **kw)
+    assert ref[:, ids.shape[1] :].tolist() != [row[: ref.shape[1] - ids.shape[1]] for row in plain]
+    chosen = []
+    real = step_module.batch_choices
+    monkeypatch.setattr(step_module, "batch_choices", lambda *a, **k: chosen.append(real(*a, **k)) or chosen[-1])
+    for compile_ in (False, True):
+        out = greedy(model, ids, mask, custom_generate=H.speculative_generate,
+                     assistant_config=H.AssistantConfig(global_cache=False, compile=compile_), **kw)
+        assert torch.equal(out, ref), compile_
+        one = greedy(model, ids[:1, 3:], mask[:1, 3:], custom_generate=H.speculative_generate,
+                     assistant_config=H.AssistantConfig(global_cache=False, compile=compile_),
+                     **dict(kw, max_length=ids.shape[1] + 6))
+        assert torch.equal(one, greedy(model, ids[:1, 3:], mask[:1, 3:], **dict(kw, max_length=ids.shape[1] + 6)))
+    assert chosen and all(c is not None for c in chosen)
+
+
 @pytest.mark.parametrize("name", ["ngram", "model", "eagle"])
 @pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
 def test_batch_greedy_with_every_kind_of_processor_matches_stock_for_every_drafter(family, name):

@@ -4,9 +4,10 @@ processors we batch as tensor ops and for any other (called once per context len
 
 import pytest
 import torch
-from transformers import (ExponentialDecayLengthPenalty, ForcedEOSTokenLogitsProcessor, LogitsProcessor,
-                          LogitsProcessorList, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
-                          SequenceBiasLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper)
+from transformers import (ExponentialDecayLengthPenalty, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor,
+                          LogitsProcessor, LogitsProcessorList, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
+                          SequenceBiasLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, TemperatureLogitsWarper,
+                          TopKLogitsWarper)
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec.serving.penalties import OccurrencePenaltyLogitsProcessor
@@ -35,7 +36,11 @@ PROCESSORS = {
     "custom": lambda: [PenalizeLast(), TopKLogitsWarper(5)],
     "forced_eos": lambda: [ForcedEOSTokenLogitsProcessor(max_length=6, eos_token_id=4)],
     "decay": lambda: [ExponentialDecayLengthPenalty((2, 1.5), eos_token_id=4, input_ids_seq_length=2)],
+    "forced_bos": lambda: [ForcedBOSTokenLogitsProcessor(bos_token_id=3), TemperatureLogitsWarper(0.9)],
+    "begin_suppress": lambda: [SuppressTokensAtBeginLogitsProcessor([2, 5], begin_index=6)],
 }
+# Processors that read only the ids' length: chosen without the nodes' contexts too.
+LENGTH_ONLY_NAMES = {"forced_eos", "decay", "forced_bos", "begin_suppress"}
 
 
 def random_trees(gen, rows: int, width: int, shortest: int):
@@ -69,8 +74,12 @@ def test_every_nodes_scores_are_stocks_given_that_nodes_ids(name, shortest):
     procs = LogitsProcessorList(PROCESSORS[name]())
     lengths = torch.tensor([ids.shape[1] for ids in row_ids])
     args = (logits, lengths, depth, torch.arange(rows), False, None)
-    assert batch_choices(ExactVerifier(False), [procs] * rows, *args[:-1]) is None  # no contexts: declined
     greedy = batch_choices(ExactVerifier(False), [procs] * rows, *args, NodeContexts(row_ids, tree))
+    without = batch_choices(ExactVerifier(False), [procs] * rows, *args[:-1])
+    if name in LENGTH_ONLY_NAMES:  # the length is all they read: the same choices without the contexts
+        assert torch.equal(without, greedy)
+    else:
+        assert without is None  # no contexts: declined
     sampler = ExactVerifier(True, seed=11)
     drawn = batch_choices(sampler, [procs] * rows, *args, NodeContexts(row_ids, tree))
     differs = False
