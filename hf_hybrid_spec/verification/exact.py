@@ -332,15 +332,15 @@ _STAGE_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _stage_key(processor) -> tuple:
     """What tells processors apart for `_process_grouped`: the type and settings of one we batch (a positional one's
     eos tokens only: each row's bound is its own), the object itself for any other (its state is its own)."""
+    kind = type(processor)
+    if not (kind in POSITIONAL + IDS_READING + ALIGNED + LENGTH_ONLY or _context_free(processor)):
+        return ("object", id(processor))  # (a caller's own class may be neither hashable nor weakly referenced)
     key = _STAGE_KEYS.get(processor)
     if key is None:
-        kind = type(processor)
         if kind in POSITIONAL:
             key = (kind.__name__, tuple(processor.eos_token_id.flatten().tolist()))
-        elif _context_free(processor) or kind in IDS_READING + ALIGNED + LENGTH_ONLY:
-            key = _settings(processor)
         else:
-            key = ("object", id(processor))
+            key = _settings(processor)
         _STAGE_KEYS[processor] = key
     return key
 

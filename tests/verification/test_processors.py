@@ -2,6 +2,8 @@
 what stock's processor gives at that position (its ids: the row's, padding included, then the node's path), for the
 processors we batch as tensor ops and for any other (called once per context length)."""
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import (ExponentialDecayLengthPenalty, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor,
@@ -25,6 +27,16 @@ class PenalizeLast(LogitsProcessor):
     def __call__(self, input_ids, scores):
         scores[torch.arange(scores.shape[0]), input_ids[:, -1] % scores.shape[1]] -= 2.0 + input_ids.shape[1] % 3
         return scores
+
+
+@dataclasses.dataclass
+class Shift(LogitsProcessor):
+    """A processor of the caller's own that compares by value, so it has no hash (a dataclass's `__eq__`)."""
+
+    by: float = 1.5
+
+    def __call__(self, input_ids, scores):
+        return scores - self.by * (input_ids[:, -1:] % 3 == torch.arange(scores.shape[1]) % 3)
 
 
 PROCESSORS = {
@@ -181,7 +193,7 @@ def test_rows_with_their_own_processors_of_equal_settings_are_processed_together
     rows, width = 8, 6
     lists = [usual(2), usual(5), usual(9), usual(4), usual(3),
              LogitsProcessorList([TopKLogitsWarper(5), TemperatureLogitsWarper(0.5)]),  # another order, other values
-             LogitsProcessorList([PenalizeLast(), NoRepeatNGramLogitsProcessor(2)]), None]
+             LogitsProcessorList([PenalizeLast(), Shift(), NoRepeatNGramLogitsProcessor(2)]), None]
     calls = {}
 
     def counted(cls):
