@@ -10,6 +10,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .kernels.tree import ancestor_mask, node_depth, validate_parent
@@ -290,8 +291,8 @@ class DraftBatch:
             return [row + [fill] * (width - len(row)) for row in rows]
 
         rows = len(hosts)
-        tokens = torch.tensor(padded([h.tokens for h in hosts], 0), dtype=torch.long).view(rows, width)
-        parents = torch.tensor(padded([h.parents for h in hosts], -1), dtype=torch.long).view(rows, width)
+        tokens = host_tensor(padded([h.tokens for h in hosts], 0), np.int64).view(rows, width)
+        parents = host_tensor(padded([h.parents for h in hosts], -1), np.int64).view(rows, width)
         # Depths and capped values walked on the host lists (parents come first): what `from_tensors` settles in one
         # pass of tensor ops per level, for a few microseconds per row (the serving engine does this every step).
         depths = []
@@ -300,18 +301,18 @@ class DraftBatch:
             for p in h.parents:
                 d.append(1 if p < 0 else d[p] + 1)
             depths.append(d)
-        depth = torch.tensor(padded(depths, 0), dtype=torch.long).view(rows, width)
+        depth = host_tensor(padded(depths, 0), np.int64).view(rows, width)
         count = torch.tensor(counts, dtype=torch.long)
         if scored:
             # A row without scores among scored ones: its nodes at the prior by depth, like an unscored batch.
             raw = [h.scores if h.scores is not None else _prior_scores(h.parents, prior) for h in hosts]
             # Rounded to float32 and clamped first, as the tensors hold them; the caps (minima) are then exact.
-            capped = torch.tensor(padded(raw, 0.0), dtype=torch.float32).view(rows, width).clamp(0.0, 1.0).tolist()
+            capped = host_tensor(padded(raw, 0.0), np.float32).view(rows, width).clamp(0.0, 1.0).tolist()
             for h, v in zip(hosts, capped):
                 for i, p in enumerate(h.parents):
                     if p >= 0 and v[p] < v[i]:
                         v[i] = v[p]
-            values = torch.tensor(capped, dtype=torch.float32).view(rows, width)
+            values = host_tensor(capped, np.float32).view(rows, width)
         else:
             valid = torch.arange(width) < count[:, None]
             values = torch.where(valid, torch.full((rows, width), prior) ** depth.float(), 0.0)
@@ -389,6 +390,12 @@ class DeviceDrafts:
     parents: torch.Tensor
     values: torch.Tensor
     depth: torch.Tensor
+
+
+def host_tensor(rows: list, dtype) -> torch.Tensor:
+    """A host tensor from (nested) Python lists of equal lengths, through NumPy (`dtype` a NumPy type): it parses them
+    in about half the time `torch.tensor` takes, and a serving step lays out several [R, M] lists of its drafts."""
+    return torch.from_numpy(np.array(rows, dtype=dtype))
 
 
 def _prior_scores(parents: list[int], prior: float) -> list[float]:

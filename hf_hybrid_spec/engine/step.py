@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.utils import logging
 
 from ..kernels.tree import ancestor_mask
-from ..tree import DraftBatch, VerifyResult, VerifyTree
+from ..tree import DraftBatch, VerifyResult, VerifyTree, host_tensor
 from ..verification import NodeContexts, RootContexts, StepInputs, batch_choices, choices_apply, process_tree_logits
 from .budget import VerifyCost, cached_cost, choose_batch, time_forward
 from .outputs import SpecStats, count_arbiter
@@ -348,7 +349,7 @@ def greedy_rows(drafts: DraftBatch, best: torch.Tensor) -> list[VerifyResult]:
         news.append(new)
         width = max(width, len(new))
     # Every row's tokens in one tensor, each result a view of its row (one allocation for the batch).
-    table = torch.tensor([new + [0] * (width - len(new)) for new in news], dtype=torch.long)
+    table = host_tensor([new + [0] * (width - len(new)) for new in news], np.int64).view(len(news), width)
     return [VerifyResult(path=path, tokens=table[row, : len(new)], score_nodes=path[:], token_list=new)
             for row, (path, new) in enumerate(zip(paths, news))]
 
