@@ -53,6 +53,8 @@ class BatchRecorder:
     def append(self, rows: list[int], tokens: list[list[int]]) -> None:
         """Commit `tokens[i]` to row `rows[i]`: each prefix is checked as stock generate checks it (a row that
         stops keeps its tokens up to the stop, with `truncate`; else all of them, the stop remembered)."""
+        if len(rows) == 1 and self.truncate and self._host_view is not None and self.host_stopping is not None:
+            return self._append_host_row(rows[0], tokens[0])
         self._write(rows, tokens)
         for row, new in zip(rows, tokens):
             start = self.lengths[row]
@@ -68,6 +70,20 @@ class BatchRecorder:
                 if self.stopped_at[row] is None and kept and stops[kept - 1]:
                     self.stopped_at[row] = start + kept
                 kept = len(new)
+            self.host[row].extend(new[:kept])
+            self.lengths[row] = start + kept
+
+    def _append_host_row(self, row: int, new: list[int]) -> None:
+        """`append` of one row kept on the host with host stopping criteria and `truncate` (a serving engine's request,
+        every step): the tokens up to the first that stops, checked and written without the batch's lists."""
+        start, stops, kept = self.lengths[row], self.host_stopping.stops, len(new)
+        for j, token in enumerate(new):
+            if stops(start + j + 1, token):
+                kept = j + 1
+                self.finished[row] = True
+                break
+        if kept:
+            self._host_view[row, start : start + kept] = new[:kept]
             self.host[row].extend(new[:kept])
             self.lengths[row] = start + kept
 

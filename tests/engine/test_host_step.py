@@ -202,3 +202,26 @@ def test_suffix_chain_growth_from_an_implicit_node_is_the_best_first_trees():
                     checked += 1
     assert checked > 100
 
+
+
+@pytest.mark.parametrize("new", [[1, 2, 3], [1, 7, 3], [7], [], [2, 3, 4, 5, 6]])
+def test_one_host_rows_append_is_the_batch_append(new):
+    """A serving request's recorder (one row on the host, host stopping criteria, stopped rows truncated) takes its
+    own quicker `append`: the same tokens, lengths, buffer and stop as the batch's path (an eos mid-step, the length
+    limit inside the step)."""
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    from hf_hybrid_spec.engine.rows import BatchRecorder
+
+    def recorder():
+        return BatchRecorder(torch.tensor([[9, 8, 9]]), StoppingCriteriaList([MaxLengthCriteria(7),
+                                                                              EosTokenCriteria(7)]), True, 0, 9)
+
+    fast, batch = recorder(), recorder()
+    batch.host_stopping = batch._host_view = None  # the generic path: the criteria on tensors, device-style writes
+    for rec in (fast, batch):
+        rec.append([0], [new])
+    assert fast.host == batch.host and fast.lengths == batch.lengths and fast.finished == batch.finished
+    assert torch.equal(fast.buffer, batch.buffer)
+    assert fast.finished[0] == (7 in new or 3 + len(new) >= 7)
