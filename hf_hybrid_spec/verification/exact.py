@@ -45,8 +45,8 @@ from .noise import draw_seed, keyed_choice, to_device
 
 __all__ = ["ExactVerifier", "process_tree_logits", "verify_greedy", "verify_sampling", "verify_keyed", "greedy_walk",
            "row_processors", "batch_choices", "choices_apply", "CONTEXT_FREE", "POSITIONAL", "IDS_READING",
-           "TOKEN_BIAS", "ALIGNED", "LENGTH_ONLY", "FILL", "NodeContexts", "RootContexts", "greedy_device", "DeviceAcceptance",
-           "DeviceChoice", "device_choice", "verify_at_once", "from_config"]
+           "TOKEN_BIAS", "ALIGNED", "LENGTH_ONLY", "FILL", "NodeContexts", "RootContexts", "greedy_device",
+           "DeviceAcceptance", "DeviceChoice", "device_choice", "verify_at_once", "from_config"]
 
 logger = logging.get_logger(__name__)
 
