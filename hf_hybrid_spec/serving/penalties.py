@@ -36,14 +36,30 @@ class OccurrencePenaltyLogitsProcessor(LogitsProcessor):
         counts = counts[:, :vocab]
         return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
-    def call_aligned(self, ids: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    def call_aligned(self, ids: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor,
+                     prompt_length: torch.Tensor | None = None) -> torch.Tensor:
         """`__call__` for many contexts at once: ids [M, W] each context right-aligned (anything before it), lengths
-        [M] their lengths, scores [M, V] -> the penalized scores [M, V], each row as `__call__` gives it."""
+        [M] their lengths, scores [M, V] -> the penalized scores [M, V], each row as `__call__` gives it (with
+        `prompt_length` [M], each context's own prompt length in place of this processor's)."""
         vocab, width = scores.shape[-1], ids.shape[1]
         position = torch.arange(width, device=ids.device)[None, :]
-        generated = position >= (width - lengths + self.prompt_length)[:, None]
+        prompt = self.prompt_length if prompt_length is None else prompt_length.to(ids.device)
+        generated = position >= (width - lengths + prompt)[:, None]
         tokens = torch.where(generated, ids.clamp(min=0, max=vocab), vocab).to(scores.device)
         counts = torch.zeros(scores.shape[0], vocab + 1, dtype=scores.dtype, device=scores.device)
         counts.scatter_add_(1, tokens, generated.to(scores.device, scores.dtype))
         counts = counts[:, :vocab]
         return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+    def group_key(self) -> tuple:
+        """What requests' processors must share to be applied together (`verification.batch_choices`): the penalties;
+        each request's prompt length is its own (`call_group`)."""
+        return (self.presence, self.frequency)
+
+    @staticmethod
+    def call_group(processors: list, ids: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor,
+                   nodes: int) -> torch.Tensor:
+        """`call_aligned` for the nodes of several requests (`nodes` consecutive contexts each, in the order of
+        `processors`, one per request with the same `group_key`), each with its own prompt length."""
+        prompt = torch.tensor([p.prompt_length for p in processors]).repeat_interleave(nodes)
+        return processors[0].call_aligned(ids, lengths, scores, prompt)

@@ -110,7 +110,9 @@ TOKEN_BIAS = (_lp.SequenceBiasLogitsProcessor, _lp.NoBadWordsLogitsProcessor)
 # windows or suffixes of real tokens only (`no_repeat_ngram_size`; `bad_words_ids` / `sequence_bias` with longer
 # sequences, where every context holds at least the longest sequence: transformers' versions differ on shorter ones).
 # A processor of ours may say the same with a method `call_aligned(ids [M, W], lengths [M], scores [M, V])` (the
-# server's presence / frequency penalty, which counts from a position).
+# server's presence / frequency penalty, which counts from a position), and with `group_key()` and
+# `call_group(processors, ids, lengths, scores, nodes)` be applied to several requests' nodes in one call, each
+# request with its own settings where their keys are equal.
 ALIGNED = (_lp.NoRepeatNGramLogitsProcessor,) + TOKEN_BIAS
 FILL = -1
 # Each TOKEN_BIAS processor's verdict, worked out once (a bad-words list can hold thousands of sequences; the check
@@ -316,6 +318,9 @@ def _process_grouped(processors: list, scores: torch.Tensor, ids_length: torch.T
                 if not bool(active.any()):
                     continue
                 part = _without_eos(first, part, None if bool(active.all()) else to_device(active, scores.device))
+            elif hasattr(first, "call_group"):  # each row's own settings beside the shared ones (`_stage_key`)
+                ids, lengths = aligned(members)
+                part = first.call_group([processors[row][stage] for row in members], ids, lengths, part, n)
             else:
                 part = _process(first, part, ids_length[members].reshape(-1), contexts, members, n, aligned)
             if every:
@@ -333,6 +338,10 @@ def _stage_key(processor) -> tuple:
     """What tells processors apart for `_process_grouped`: the type and settings of one we batch (a positional one's
     eos tokens only: each row's bound is its own), the object itself for any other (its state is its own)."""
     kind = type(processor)
+    if hasattr(processor, "group_key") and hasattr(processor, "call_group"):
+        # A processor of ours that says what its requests must share (the server's presence / frequency penalty:
+        # each request's prompt length is its own) and applies itself to a group's nodes with their own settings.
+        return (kind.__module__, kind.__qualname__, processor.group_key())
     if not (kind in POSITIONAL + IDS_READING + ALIGNED + LENGTH_ONLY or _context_free(processor)):
         return ("object", id(processor))  # (a caller's own class may be neither hashable nor weakly referenced)
     key = _STAGE_KEYS.get(processor)

@@ -229,3 +229,28 @@ def test_rows_with_their_own_processors_of_equal_settings_are_processed_together
             assert torch.equal(together[r], keyed_choice(scores, *keys).view(-1)), r
         else:
             assert torch.equal(together[r], scores.argmax(-1)), r
+
+
+def test_the_servers_penalties_of_several_requests_are_applied_together(monkeypatch):
+    """Requests with the same presence / frequency penalties and prompts of their own lengths: one call for their
+    nodes (`group_key` / `call_group`), each node's scores those of its own request's processor alone."""
+    rows, width = 5, 6
+    prompts = [2, 5, 3, 4, 2]
+    lists = [LogitsProcessorList([OccurrencePenaltyLogitsProcessor(0.7, 0.4, prompt_length=p)]) for p in prompts]
+    lists[4] = LogitsProcessorList([OccurrencePenaltyLogitsProcessor(1.5, 0.0, prompt_length=prompts[4])])
+    calls = []
+    real = OccurrencePenaltyLogitsProcessor.call_aligned
+    monkeypatch.setattr(OccurrencePenaltyLogitsProcessor, "call_aligned",
+                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    gen = torch.Generator().manual_seed(8)
+    tokens, parent, row_ids, depth = random_trees(gen, rows, width, 4)
+    tree = VerifyTree.from_parents(tokens, parent)
+    logits = torch.randn(rows, width + 1, V, generator=gen)
+    lengths = torch.tensor([ids.shape[1] for ids in row_ids])
+    chosen, kept = batch_choices(ExactVerifier(False), lists, logits, lengths, depth, torch.arange(rows), False, None,
+                                 NodeContexts(row_ids, tree), keep=True)
+    assert len(calls) == 2  # the four requests of one setting, then the fifth
+    for r in range(rows):
+        one = VerifyTree.from_parents(tokens[r : r + 1], parent[r : r + 1])
+        scores = process_tree_logits(row_ids[r], one, logits[r : r + 1], lists[r])
+        assert torch.allclose(kept[r], scores) and torch.equal(chosen[r], scores.argmax(-1)), r
