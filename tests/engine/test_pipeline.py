@@ -175,25 +175,32 @@ def test_pipelined_budgets_stay_exact(config):
         assert max(out.spec_stats.drafted_tokens) <= 7
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_greedy_on_the_device_accepts_what_the_host_walk_accepts(seed):
-    """`greedy_device` over random trees and logits, against `greedy_rows` (the general step's): the same path,
-    length and committed tokens for every row; a row that does not run commits nothing."""
-    from hf_hybrid_spec.kernels.tree import ancestor_mask
-
+def likely_trees(rows: int, nodes: int, seed: int, share: float, bonus: float):
+    """Random trees of up to `nodes` draft nodes per row as a host batch, their verify trees [rows, 1 + nodes] and
+    random logits in which that `share` of the draft nodes get `bonus` at their parent (so paths go deep). Returns
+    (the generator, for more draws; the batch; tokens; parent; logits)."""
     g = torch.Generator().manual_seed(seed)
-    rows, nodes = 5, 9
     drafts = random_trees(rows, nodes, 4, seed)
     count = torch.randint(0, nodes + 1, (rows,), generator=g)
     batch = DraftBatch.from_tensors(drafts.tokens, drafts.parents, drafts.values, count)
     roots = torch.randint(3, VOCAB, (rows,), generator=g).tolist()
     tokens, parent = batch.verify_inputs(roots)
     logits = torch.randn(rows, nodes + 1, VOCAB, generator=g)
-    # Make many nodes the argmax at their parent, so paths go deep.
     for r in range(rows):
-        for j in range(1, nodes + 1):
-            if torch.rand(1, generator=g) < 0.7:
-                logits[r, parent[r, j], tokens[r, j]] += 10.0
+        for j in range(1, int(count[r]) + 1):  # (past a row's count, padding leaves under the root)
+            if torch.rand(1, generator=g) < share:
+                logits[r, parent[r, j], tokens[r, j]] += bonus
+    return g, batch, tokens, parent, logits
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_on_the_device_accepts_what_the_host_walk_accepts(seed):
+    """`greedy_device` over random trees and logits, against `greedy_rows` (the general step's): the same path,
+    length and committed tokens for every row; a row that does not run commits nothing."""
+    from hf_hybrid_spec.kernels.tree import ancestor_mask
+
+    rows, nodes = 5, 9
+    _, batch, tokens, parent, logits = likely_trees(rows, nodes, seed, share=0.7, bonus=10.0)
     host = greedy_rows(batch, logits.argmax(-1))
     anc = ancestor_mask(parent, include_self=True)
     valid = torch.arange(nodes + 1) <= batch.count.unsqueeze(1)
@@ -222,19 +229,9 @@ def test_sampling_on_the_device_accepts_what_the_host_rule_accepts(seed):
     from hf_hybrid_spec.tree import VerifyTree
     from hf_hybrid_spec.verification import ExactVerifier, StepInputs, device_choice, process_tree_logits
 
-    g = torch.Generator().manual_seed(seed)
     rows, nodes, eos = 8, 9, 4
-    drafts = random_trees(rows, nodes, 4, seed)
-    count = torch.randint(0, nodes + 1, (rows,), generator=g)
-    batch = DraftBatch.from_tensors(drafts.tokens, drafts.parents, drafts.values, count)
-    roots = torch.randint(3, VOCAB, (rows,), generator=g).tolist()
-    tokens, parent = batch.verify_inputs(roots)
-    logits = torch.randn(rows, nodes + 1, VOCAB, generator=g)
+    g, batch, tokens, parent, logits = likely_trees(rows, nodes, seed, share=0.85, bonus=9.0)
     logits[..., eos] += 2.0
-    for r in range(rows):  # many draft nodes likely at their parent, so paths go deep
-        for j in range(1, int(count[r]) + 1):
-            if torch.rand(1, generator=g) < 0.85:
-                logits[r, parent[r, j], tokens[r, j]] += 9.0
     lengths = torch.randint(8, 14, (rows,), generator=g)  # each row's length, its root included
     processors = LogitsProcessorList([MinNewTokensLengthLogitsProcessor(6, 4, torch.tensor([eos])),
                                       TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.95)])
