@@ -7,6 +7,6 @@ from .state import CacheSnapshot, CommitsPath, PendingRecurrent, TreeState
 from .transfer import CommittedState, committed_length, export_committed, import_committed, zero_states
 from .tree_cache import HybridTreeCache, check_paths, commit_paths
 
-__all__ = ["HybridTreeCache", "check_paths", "commit_paths", "TreeState", "PendingRecurrent", "CommitsPath", "CacheSnapshot",
-           "StaticCursor", "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer", "CommittedState",
+__all__ = ["HybridTreeCache", "check_paths", "commit_paths", "TreeState", "PendingRecurrent", "CommitsPath",
+           "CacheSnapshot", "StaticCursor", "StaticKVMixin", "StaticKVLayer", "StaticLinearKVLayer", "CommittedState",
            "committed_length", "export_committed", "import_committed", "zero_states"]

@@ -8,7 +8,8 @@ and records), shared with one request's loop and the serving engine's steps; the
 what it can do through its capability flags (`queues_plain`, `device_drafts`, `prefills_chunked`,
 `draft_forwards`). One request (`loop.decode`) runs on the same backends as a batch of one (on the static path a
 one-row `static.StaticRunner`, the runner every static path uses), its own loop around the same step for the
-per-request features a batch does not have yet (a streamer, a continued cache, multimodal prompts). What they return and record: `outputs`."""
+per-request features a batch does not have yet (a streamer, a continued cache, multimodal prompts). What they return
+and record: `outputs`."""
 
 from .backend import BatchEagerBackend, VerifyOutputs
 from .batch_static import BatchStaticBackend
