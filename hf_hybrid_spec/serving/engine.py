@@ -41,7 +41,9 @@ from ..config import AssistantConfig
 from ..drafters import DraftBudget, DraftContext, Drafter, RowTokens, make_drafter
 from ..engine.batch import batch_buckets
 from ..engine.batch_static import BatchStaticBackend
+from ..engine.budget import DraftingPayoff, PlainRuns
 from ..engine.outputs import SpecStats
+from ..engine.pipeline import LONGEST_PLAIN_RUN, PATIENCE, PLAIN_RUN
 from ..engine.plain import queue_plain_step, runs_plain
 from ..engine.request import propose
 from ..engine.rows import BatchRecorder
@@ -155,7 +157,8 @@ class ServingStats:
     """Counters of an engine's life (bounded: no per-step lists).
 
     Attributes:
-        steps: speculative steps (one verify forward each). admitted / finished / failed: requests.
+        steps: speculative steps (one verify forward each). plain_steps: those where no request drafted.
+            admitted / finished / failed: requests.
         new_tokens: tokens generated. drafted_nodes: draft nodes verified.
         prefill_seconds: prompts' forwards (and the state copies into slots). begin_seconds: drafters begun on
             prompts and first tokens. draft_seconds: proposals and the budget. verify_seconds: verify forwards,
@@ -164,6 +167,7 @@ class ServingStats:
     """
 
     steps: int = 0
+    plain_steps: int = 0
     admitted: int = 0
     finished: int = 0
     failed: int = 0
@@ -238,7 +242,9 @@ class _Launched:
             host when every decoding row is greedy over raw logits); None for a plain step
             (`ServingEngine._launch_plain`), whose `tokens` on the host (once `ready`, an event, None on the CPU, has
             fired) are each running request's token, already committed. failed: (slot, error) of requests that
-            failed while drafting. launch_seconds: the forward's launch.
+            failed while drafting. launch_seconds: the forward's launch. started: when the step's drafting began.
+            judged: every request decoded and drafted this step, so what it committed and cost tells whether
+            drafting pays (`ServingEngine._judge`).
     """
 
     slots: list[int]
@@ -250,6 +256,8 @@ class _Launched:
     launch_seconds: float
     tokens: torch.Tensor | None = None
     ready: object | None = None
+    started: float = 0.0
+    judged: bool = False
 
 
 @dataclass(frozen=True)
@@ -340,6 +348,11 @@ class ServingEngine:
         self._active: dict[int, _Active] = {}  # slot -> request
         self._ids: set[str] = set()
         self._cost = None
+        # Whether drafting pays for its steps as measured, and the runs of plain steps without the drafters when it
+        # does not (`_judge`); built with the cost model, so only where there is one (a GPU, or a calibrated budget).
+        self._payoff: DraftingPayoff | None = None
+        self._runs: PlainRuns | None = None
+        self._plain_left = 0  # steps left in the current run of plain steps
         self.stats = ServingStats()
 
     def release(self) -> None:
@@ -472,8 +485,14 @@ class ServingEngine:
         decoding = [row for row, a in enumerate(actives) if a.pending is None]
         t0 = time.perf_counter()
         drafts, failed = [], []
+        # Inside a run of plain steps (drafting did not pay for its steps: `_judge`) no request drafts.
+        in_run = self._plain_left > 0 and bool(decoding)
+        self._plain_left -= int(in_run)
         for row in decoding:
             slot, a = slots[row], actives[row]
+            if in_run:
+                drafts.append(empty_draft(1))
+                continue
             try:
                 depth = min(self.config.max_depth, a.limit - a.length - 1)
                 drafts.append(propose(a.drafter, a.ids(), DraftBudget(max_nodes=self.node_budget, max_depth=depth),
@@ -482,6 +501,11 @@ class ServingEngine:
                 _raise_engine_exit(error)
                 failed.append((slot, f"drafter failed: {error!r}"))
                 drafts.append(empty_draft(1))
+        if in_run and len(decoding) == len(actives):  # straight to the plain step, no empty trees laid out
+            launched = self._launch_plain(slots, actives, drafts, [a.rec.host[0][-1] for a in actives], failed, t0,
+                                          time.perf_counter())
+            if launched is not None:
+                return updates, launched
         budgeted = apply_budget(DraftBatch.from_drafts(drafts), self._cost_model(), self.config, SpecStats(),
                                 self.backend.widths)
         if len(decoding) == len(actives):
@@ -494,10 +518,13 @@ class ServingEngine:
             rows = DraftBatch.from_drafts(drafts)
         roots = [a.rec.host[0][-1] if a.pending is None else a.pending[0] for a in actives]
         t1 = time.perf_counter()
+        # A step that drafted for every request, prefill chunks aside, is judged by what it commits and costs.
+        judged = not in_run and bool(decoding) and len(decoding) == len(actives) and self.node_budget > 0
         if len(decoding) == len(actives) and not any(rows.counts):
             # No request drafts this step: a plain decode step, without the tree machinery (`engine.plain`).
-            launched = self._launch_plain(slots, actives, drafts, rows, roots, failed, t0, t1)
+            launched = self._launch_plain(slots, actives, drafts, roots, failed, t0, t1)
             if launched is not None:
+                launched.judged = judged
                 return updates, launched
         # Where every decoding request is greedy over raw logits, the argmax's copy to the host is queued right
         # behind the forward: `finish` waits for this step alone, not for a forward queued after it.
@@ -508,9 +535,10 @@ class ServingEngine:
             logger.error("serving: the verify forward failed (%r); failing the running requests", error)
             return updates + self.fail_all(f"forward failed: {error!r}"), None
         self.stats.draft_seconds += t1 - t0
-        return updates, _Launched(slots, actives, decoding, drafts, step, failed, time.perf_counter() - t1)
+        return updates, _Launched(slots, actives, decoding, drafts, step, failed, time.perf_counter() - t1,
+                                  started=t0, judged=judged)
 
-    def _launch_plain(self, slots, actives, drafts, rows, roots, failed, t0, t1) -> _Launched | None:
+    def _launch_plain(self, slots, actives, drafts, roots, failed, t0, t1) -> _Launched | None:
         """Queue a plain step of every running request (each decodes, none drafts): the forward of its root alone,
         its token chosen on the device (the argmax, or its rule's keyed draw over its processed scores where
         `verification.batch_choices` makes it: the token the verify step would choose there) and committed, and the
@@ -548,7 +576,7 @@ class ServingEngine:
             ready.record(torch.cuda.current_stream(self.device))
         self.stats.draft_seconds += t1 - t0
         return _Launched(slots, actives, list(range(len(actives))), drafts, None, failed, time.perf_counter() - t1,
-                         tokens, ready)
+                         tokens, ready, started=t0)
 
     @torch.inference_mode()
     def finish(self, launched: _Launched) -> list[SpecGenerationOutput]:
@@ -596,6 +624,7 @@ class ServingEngine:
         now = t2
         done = []
         bad = dict(failed)
+        committed, remaining = [], []  # decoding requests' tokens this step, and what they had left before it
         for row, (slot, a, draft, result) in enumerate(zip(slots, actives, drafts, results)):
             if slot in bad:
                 continue
@@ -625,6 +654,8 @@ class ServingEngine:
                 bad[slot] = f"failed after a step: {error!r}"
                 continue
             new = a.rec.host[0][before : a.length]
+            committed.append(len(result.token_list))
+            remaining.append(a.limit - before)
             a.output.generated_tokens.extend(new)
             if a.logprobs is not None and new:  # the token at path node j was chosen from node j's logits
                 a.output.logprobs += _logprobs(launched.step.outputs.logits[row, result.path[: len(new)]], new,
@@ -639,6 +670,10 @@ class ServingEngine:
                 done.append(slot)
             elif a.request.streaming and new:
                 updates.append(_snapshot(a.output))
+        self.stats.plain_steps += int(not any(d.num_nodes for d in drafts))
+        if launched.judged and self._payoff is not None and committed:
+            self._judge(committed, remaining, 1 + max(d.num_nodes for d in drafts),
+                        time.perf_counter() - launched.started)
         if bad:
             for slot, error in bad.items():
                 updates.append(self._active[slot].output)
@@ -691,11 +726,34 @@ class ServingEngine:
 
     def _cost_model(self):
         """The batch-wide budget's cost model: the verify forward over every slot, measured once on CUDA (all slots
-        run every step, so the running count does not change it); None elsewhere or with batch_budget='fixed'."""
+        run every step, so the running count does not change it); None elsewhere or with batch_budget='fixed'. With
+        it comes the rule that judges whether drafting pays (`_judge`), where plain steps can run."""
         if self._cost is None:
             self._cost = step_cost(self.config, self.backend, self.model,
                                    ("serving", self.serving.max_slots, self.backend.runner.static_length))
+            if self._cost is not None and self.node_budget > 0 and runs_plain(self.backend, True):
+                self._payoff = DraftingPayoff(self._cost, self.config.budget_slack)
+                self._runs = PlainRuns(PLAIN_RUN, LONGEST_PLAIN_RUN, PATIENCE)
         return self._cost
+
+    def _judge(self, committed: list[int], remaining: list[int], width: int, seconds: float) -> None:
+        """Whether a drafting step paid, as `generate`'s batch loop judges its own (`budget.DraftingPayoff`): the
+        budget prices the verify forward, not the drafters' host work, and their values can promise far more than the
+        text holds. Requests that had `remaining[i]` tokens left committed `committed[i]` in `seconds` of trees
+        `width` wide. With requests waiting for a slot, every running one counts (slots free as fast as the batch
+        commits); without, those with the most left (they end the engine's work). Steps that do not pay start a run
+        of plain steps without the drafters (`budget.PlainRuns`), which a request that starts decoding ends (a new
+        text, maybe one that repeats itself)."""
+        if self._waiting:
+            self._payoff.observe(sum(committed), len(committed), width, seconds)
+        else:
+            self._payoff.observe_rows(committed, remaining, width, seconds)
+        length = self._runs.verdict(self._payoff.pays())
+        if length:
+            logger.debug("serving: drafts do not pay for their steps (%.0f tokens per request and second against %.0f "
+                         "plain): %d plain steps", self._payoff.rate, 1.0 / self._payoff.cost(1), length)
+            self._plain_left = length
+            self._payoff.restart()
 
     # ------------------------------------------------------------------ joining and leaving
     def _admit(self, updates: list) -> None:
@@ -843,6 +901,7 @@ class ServingEngine:
         if active.logprobs is not None:
             output.logprobs += _logprobs(logits, output.generated_tokens, active.logprobs)
         output.status = RequestStatus.DECODING
+        self._plain_left = 0  # its text may repeat itself: drafting is judged again (`_judge`)
         t1 = time.perf_counter()
         output.lifespan = (t1, -1)
         if output.timestamps is not None:

@@ -808,3 +808,49 @@ def test_presence_and_frequency_penalties_count_the_generated_tokens_exactly():
         procs = LogitsProcessorList([OccurrencePenaltyLogitsProcessor(presence, frequency, len(ids))])
         assert out[f"r{i}"].generated_tokens == plain(model, ids, 16, logits_processor=procs), i
     assert out["r0"].generated_tokens != plain(model, inputs[0], 16)  # the penalty changed the reply
+
+
+class _WrongChain(H.drafters.Drafter):
+    """A chain of token 2 (never in `prompts`), recording the committed length at each proposal."""
+
+    name = "wrong-chain"
+
+    def __init__(self):
+        self.lengths = []
+
+    def propose(self, input_ids, budget):
+        self.lengths.append(input_ids.shape[1])
+        n = min(budget.max_nodes, budget.max_depth, 4)
+        return H.tree.DraftTree.from_lists([2] * n, list(range(-1, n - 1)))
+
+
+def test_drafts_that_do_not_pay_give_way_to_runs_of_plain_steps(monkeypatch):
+    """Where the engine has a cost model (a GPU; here a flat one), drafting steps that commit no more per second than
+    a plain step would start runs of plain steps without the drafters, as `generate`'s batch loop runs them
+    (`PATIENCE` steps, then runs that double, one probe between); a request that starts decoding ends a run (its first
+    step drafts); every reply is plain generate's."""
+    from hf_hybrid_spec.engine.budget import VerifyCost
+    from hf_hybrid_spec.engine.pipeline import PATIENCE, PLAIN_RUN
+    from hf_hybrid_spec.registry import register_drafter
+    from hf_hybrid_spec.serving import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "step_cost",
+                        lambda *a: VerifyCost(widths=[1, 2, 4, 8, 16, 32, 64], seconds=[1.0] * 6 + [1.01]))
+    made = []
+    register_drafter("test-wrong-chain", lambda *a: made.append(_WrongChain()) or made[-1], replace=True)
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(3, seed=31)
+    engine = ServingEngine(model, H.AssistantConfig(drafter="test-wrong-chain"),
+                           ServingConfig(max_slots=2, max_total_tokens=96, prefill="eager"), greedy_config())
+    lengths = [48, 9, 20]  # the third waits for the second's slot and joins inside a plain run
+    for i, (ids, n) in enumerate(zip(inputs, lengths)):
+        engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=n))
+    done = drain(engine)
+    for i, (ids, n) in enumerate(zip(inputs, lengths)):
+        assert done[f"r{i}"].generated_tokens == plain(model, ids, n), i
+    stats = engine.stats
+    assert stats.plain_steps >= 2 * PLAIN_RUN and stats.steps - stats.plain_steps <= 4 * PATIENCE
+    first, _, third = made[1:]  # (made[0]: the engine's probe of the drafter's kind)
+    assert first.lengths[:PATIENCE] == [len(inputs[0]) + 1 + k for k in range(PATIENCE)]
+    assert len(first.lengths) < lengths[0] // 2
+    assert third.lengths[0] == len(inputs[2]) + 1  # its first step drafted, though a run was on when it joined
