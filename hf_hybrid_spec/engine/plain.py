@@ -70,21 +70,29 @@ def plain_step(backend, roots: list[int], overlap=None, choose: Choose | None = 
     return new.tolist(), new
 
 
-def queue_plain_step(backend, roots: list[int], choose: Choose | None = None,
+def queue_plain_step(backend, roots: list[int] | torch.Tensor, choose: Choose | None = None,
                      lengths: list[int] | None = None) -> torch.Tensor:
     """`plain_step` queued, not read: each running row's new token [rows running] on the device (the serving
-    engine reads it in the second half of its step)."""
+    engine reads it in the second half of its step). `roots` are host ints, or the step before's tokens still on the
+    device ([rows running], the same rows): then nothing is copied from the host, and the step is queued while the
+    device still computes the one before (the serving engine's plain runs)."""
     runner = backend.runner
     rows, device = runner.rows, runner.device
     slots = backend.running_slots
-    staged = torch.zeros(2, rows, dtype=torch.long)  # the roots, then the leaves (0: commit the root; -1: not running)
-    staged[1].fill_(-1)
-    staged[0, slots] = torch.tensor(roots, dtype=torch.long)
-    staged[1, slots] = 0
-    staged = staged.to(device, non_blocking=True)
+    index = backend.running_index(device)  # (kept on the device: a list copied here would wait for the forward)
+    if isinstance(roots, torch.Tensor):
+        root = torch.zeros(rows, dtype=torch.long, device=device).index_copy_(0, index, roots)
+        leaf = torch.full((rows,), -1, dtype=torch.long, device=device).index_fill_(0, index, 0)
+    else:
+        staged = torch.zeros(2, rows, dtype=torch.long)  # the roots, then the leaves (0: commit the root; -1: not running)
+        staged[1].fill_(-1)
+        staged[0, slots] = torch.tensor(roots, dtype=torch.long)
+        staged[1, slots] = 0
+        staged = staged.to(device, non_blocking=True)
+        root, leaf = staged[0], staged[1]
     parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
-    best = _queue(backend, staged[0], parent, staged[1], slots, choose=choose, lengths=lengths)
-    return best[torch.tensor(slots, dtype=torch.long, device=device)]
+    best = _queue(backend, root, parent, leaf, slots, choose=choose, lengths=lengths)
+    return best.index_select(0, index)
 
 
 def plain_steps(backend, rec: BatchRecorder, running: list[int], max_length: int, stats: SpecStats,

@@ -244,7 +244,8 @@ class _Launched:
             fired) are each running request's token, already committed. failed: (slot, error) of requests that
             failed while drafting. launch_seconds: the forward's launch. started: when the step's drafting began.
             judged: every request decoded and drafted this step, so what it committed and cost tells whether
-            drafting pays (`ServingEngine._judge`).
+            drafting pays (`ServingEngine._judge`). device_tokens: a plain step's tokens [rows] on the device (the
+            roots of a plain step queued ahead of their read, `ServingEngine._queue_ahead`).
     """
 
     slots: list[int]
@@ -258,6 +259,7 @@ class _Launched:
     ready: object | None = None
     started: float = 0.0
     judged: bool = False
+    device_tokens: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -338,8 +340,13 @@ class ServingEngine:
             runner = StaticRunner(model, slots, static_length, buckets, use_graphs=False, fuse=modes.fuse)
         self._runner = runner
         self.backend = BatchStaticBackend(model, slots, runner.static_length, buckets, owner=None, runner=runner)
-        # A launched step's argmax, read back by `finish` (one step in flight per engine).
-        self._best_host = torch.zeros(slots * self.max_width, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        # A launched step's argmax, read back by `finish` (one step in flight per engine), and plain steps' tokens (two:
+        # a plain step may be queued ahead of the last one's read, `_queue_ahead`).
+        pinned = self.device.type == "cuda"
+        self._best_host = torch.zeros(slots * self.max_width, dtype=torch.long, pin_memory=pinned)
+        self._plain_host = [torch.zeros(slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._plain_turn = 0
+        self._ahead: _Launched | None = None  # a plain step queued ahead of the last one's read (`_queue_ahead`)
         with torch.inference_mode():
             self.backend.start_empty()
         self.prefixes = PrefixStore(self.serving.prefix_cache_bytes, self.serving.prefix_cache_entries) \
@@ -409,6 +416,7 @@ class ServingEngine:
         outputs = [self._fail_output(o, error) for _, o in self._waiting]
         self._waiting.clear()
         outputs += [a.output for a in self._active.values()]
+        self._ahead = None  # (a plain step queued ahead: its requests are gone)
         self._leave(list(self._active), failed=error)
         self._ids.clear()
         return outputs
@@ -478,6 +486,9 @@ class ServingEngine:
         `ServingLanes` runs another engine's host work while the device computes this forward."""
         updates: list[SpecGenerationOutput] = []
         self._admit(updates)
+        if self._ahead is not None:  # a plain step queued ahead of the last one's read (`_queue_ahead`)
+            launched, self._ahead = self._ahead, None
+            return updates, launched
         if not self._active:
             return updates, None
         slots = self.backend.running_slots
@@ -538,12 +549,14 @@ class ServingEngine:
         return updates, _Launched(slots, actives, decoding, drafts, step, failed, time.perf_counter() - t1,
                                   started=t0, judged=judged)
 
-    def _launch_plain(self, slots, actives, drafts, roots, failed, t0, t1) -> _Launched | None:
+    def _launch_plain(self, slots, actives, drafts, roots, failed, t0, t1, ahead: bool = False) -> _Launched | None:
         """Queue a plain step of every running request (each decodes, none drafts): the forward of its root alone,
         its token chosen on the device (the argmax, or its rule's keyed draw over its processed scores where
         `verification.batch_choices` makes it: the token the verify step would choose there) and committed, and the
         tokens' copy to the host. None where a request's rule or processors need the verify step (processors that
-        read the ids), or the plain step failed (nothing committed: the verify step runs instead)."""
+        read the ids), or the plain step failed (nothing committed: the verify step runs instead). `ahead`: `roots`
+        are the tokens of the plain step before, on the device and not read yet (`_queue_ahead`): every request one
+        token further than the host has recorded."""
         if not runs_plain(self.backend, True) or any(a.logprobs is not None for a in actives):
             return None  # (a plain step keeps no logits to read log-probabilities from)
         choose = None
@@ -551,7 +564,8 @@ class ServingEngine:
             verifiers, per_row = [a.verifier for a in actives], [a.row_processors for a in actives]
             if not choices_apply(verifiers, per_row):
                 return None
-            lengths = torch.tensor([a.length for a in actives])  # each root's position + 1 (no padding in a slot)
+            # Each root's position + 1 (no padding in a slot).
+            lengths = torch.tensor([a.length + int(ahead) for a in actives])
             zeros = torch.zeros(len(actives), dtype=torch.long)
             at = self.backend.running_index(self.device)  # (`slots`, in order)
 
@@ -568,7 +582,9 @@ class ServingEngine:
         except Exception as error:  # a request's processors: the verify step finds whose (`_verify`)
             logger.debug("serving: the plain step failed (%r); verifying instead", error)
             return None
-        tokens = self._best_host[: len(actives)]
+        # Two host buffers in turn: a step queued ahead copies its tokens beside those of the step before, not read yet.
+        self._plain_turn ^= 1
+        tokens = self._plain_host[self._plain_turn][: len(actives)]
         tokens.copy_(new, non_blocking=True)
         ready = None
         if self.device.type == "cuda":
@@ -576,7 +592,28 @@ class ServingEngine:
             ready.record(torch.cuda.current_stream(self.device))
         self.stats.draft_seconds += t1 - t0
         return _Launched(slots, actives, list(range(len(actives))), drafts, None, failed, time.perf_counter() - t1,
-                         tokens, ready, started=t0)
+                         tokens, ready, started=t0, device_tokens=new)
+
+    def _queue_ahead(self, launched: _Launched) -> None:
+        """Queue the next plain step before `launched`'s (a plain step's) tokens are read, its roots being those
+        tokens on the device, so that the host's records of this step run while the device computes the next (as
+        `engine.plain.plain_steps` runs `generate`'s plain runs). Only where the next step is a plain step of the
+        same requests for sure: inside a run of plain steps (or with speculation off), no request waiting for a slot,
+        each request short of its length limit after this step, and no prefix store (a request that stops on its
+        eos at this step has the next step's token committed in its slot: its state could not be stored; its output
+        never sees that token, and a request that takes the slot starts it afresh)."""
+        actives = launched.actives
+        if (self._ahead is not None or self.prefixes is not None or self._waiting
+                or self.backend.running_slots != launched.slots  # (requests left after it was queued)
+                or not (self._plain_left > 0 or self.node_budget == 0)
+                or any(a.length + 1 >= a.limit for a in actives)):
+            return
+        t0 = time.perf_counter()
+        ahead = self._launch_plain(launched.slots, actives, launched.drafts, launched.device_tokens, [], t0, t0,
+                                   ahead=True)
+        if ahead is not None:
+            self._plain_left = max(self._plain_left - 1, 0)
+            self._ahead = ahead
 
     @torch.inference_mode()
     def finish(self, launched: _Launched) -> list[SpecGenerationOutput]:
@@ -586,9 +623,14 @@ class ServingEngine:
         slots, actives, decoding, drafts = launched.slots, launched.actives, launched.decoding, launched.drafts
         failed, updates = launched.failed, []
         chunk = self.serving.prefill_chunk
+        # A step queued ahead (`_queue_ahead`) may hold requests that left after it was queued: nothing of theirs is
+        # recorded (their slots are free or taken by new requests, which it did not run).
+        gone = {slot for slot, a in zip(slots, actives) if self._active.get(slot) is not a}
 
         def overlap() -> None:  # the host's work while the device runs the forward
             for row in decoding:
+                if slots[row] in gone:
+                    continue
                 try:
                     actives[row].drafter.overlap()
                 except BaseException as error:  # its drafter: it fails alone
@@ -610,6 +652,7 @@ class ServingEngine:
                          for row, a in enumerate(actives) if a.pending is not None and len(a.pending) <= chunk})
 
         if launched.step is None:  # a plain step, committed on the device already
+            self._queue_ahead(launched)
             overlap()
             if launched.ready is not None:
                 launched.ready.synchronize()
@@ -626,7 +669,7 @@ class ServingEngine:
         bad = dict(failed)
         committed, remaining = [], []  # decoding requests' tokens this step, and what they had left before it
         for row, (slot, a, draft, result) in enumerate(zip(slots, actives, drafts, results)):
-            if slot in bad:
+            if slot in bad or slot in gone:
                 continue
             if a.pending is not None:  # a prefill chunk went in
                 k = draft.num_nodes + 1
@@ -686,6 +729,7 @@ class ServingEngine:
 
     def abandon(self, launched: _Launched) -> None:
         """Drop a launched step unread (an engine-wide failure or stop follows): the cache leaves its tree mode."""
+        self._ahead = None
         self.backend.abort()
 
     def _verify(self, step: LaunchedStep, actives: list[_Active], failed: list, slots: list[int],

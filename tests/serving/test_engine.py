@@ -854,3 +854,42 @@ def test_drafts_that_do_not_pay_give_way_to_runs_of_plain_steps(monkeypatch):
     assert first.lengths[:PATIENCE] == [len(inputs[0]) + 1 + k for k in range(PATIENCE)]
     assert len(first.lengths) < lengths[0] // 2
     assert third.lengths[0] == len(inputs[2]) + 1  # its first step drafted, though a run was on when it joined
+
+
+def test_plain_steps_queued_ahead_of_their_read(monkeypatch):
+    """Without a prefix store (as `generate_batch` runs when every prompt has a slot), a plain step is queued before
+    the last one's tokens are read, its roots still on the device. Requests that stop on their eos with a step
+    queued past it, that join as others leave, and that sample with their seeds get the replies that steps read one
+    by one give (with a prefix store, nothing is queued ahead); greedy ones plain generate's."""
+    queued = []
+    real = ServingEngine._queue_ahead
+
+    def spy(self, launched):
+        real(self, launched)
+        queued.append(self._ahead is not None)
+
+    monkeypatch.setattr(ServingEngine, "_queue_ahead", spy)
+    model = tiny_model("falcon_h1")
+    inputs = prompts(5, seed=41)
+    lengths = [5, 7, 30, 26, 22]
+    new = plain(model, inputs[4], lengths[4])
+    eos = next(t for i, t in enumerate(new) if i >= 6 and t not in new[:i])  # request 4 stops there
+
+    def run(store: int) -> dict:
+        queued.clear()
+        engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
+                               ServingConfig(max_slots=3, max_total_tokens=64, speculation=False,
+                                             prefix_cache_bytes=store))
+        for i, (ids, n) in enumerate(zip(inputs, lengths)):
+            sampling = {"do_sample": True, "temperature": 1.3, "top_k": 0} if i % 2 else {}
+            gen = greedy_config(eos_token_id=eos, **sampling)
+            gen.seed = 11 + i
+            engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=n, generation_config=gen))
+        return {name: out.generated_tokens for name, out in drain(engine).items()}
+
+    ahead = run(0)
+    assert sum(queued) >= 10
+    assert run(1 << 20) == ahead and not any(queued)
+    for i in (0, 2, 4):
+        assert ahead[f"r{i}"] == plain(model, inputs[i], lengths[i], eos_token_id=eos), i
+    assert len(ahead["r4"]) < lengths[4]
