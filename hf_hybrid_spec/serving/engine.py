@@ -11,7 +11,9 @@ Each request owns a slot of one static batched cache (`engine.static.StaticRunne
 KV buffers and the recurrent and conv states are indexed by slot (mamba's `state_batch_indices`), so a request joins
 by writing its prompt's committed state into a free slot and leaves by freeing it; nothing else moves. A step is one
 verify forward over every slot (captured as CUDA graphs per tree width on a GPU; free slots commit nothing), with each
-running request's draft tree, acceptance and commit its own, under the batch-wide budget (`engine.budget`).
+running request's draft tree, acceptance and commit its own, under the batch-wide budget (`engine.budget`). Where
+drafting does not pay for its steps as measured, the engine runs plain steps without the drafters (`_judge`), each
+queued before the last one is read where nothing can change between them (`_queue_ahead`).
 
 A joining request's prompt runs on a staging cache (its prefill; requests joining together without a stored prefix
 share one left-padded forward), starting from the longest stored prefix (`PrefixStore`: the state an earlier request
