@@ -220,6 +220,14 @@ class BatchStaticBackend:
         self.slots = max(self._lengths)
         self.runner.finish_commit(self.slots)
 
+    def retract(self, slot: int) -> None:
+        """Runner row `slot` committed one token less than its last step was counted for (a plain step queued ahead
+        that held it back on the device, `engine.plain.queue_plain_step`): its length goes back by one."""
+        self._lengths[slot] -= 1
+        self._roots[slot] -= 1
+        if slot in self._rows:
+            self.valid[self._rows.index(slot)] -= 1
+
     def select_rows(self, rows: list[int]) -> None:
         self._rows = [self._rows[r] for r in rows]
         self.valid = [self.valid[r] for r in rows]

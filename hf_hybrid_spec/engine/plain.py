@@ -71,18 +71,21 @@ def plain_step(backend, roots: list[int], overlap=None, choose: Choose | None = 
 
 
 def queue_plain_step(backend, roots: list[int] | torch.Tensor, choose: Choose | None = None,
-                     lengths: list[int] | None = None) -> torch.Tensor:
+                     lengths: list[int] | None = None, hold: torch.Tensor | None = None) -> torch.Tensor:
     """`plain_step` queued, not read: each running row's new token [rows running] on the device (the serving
     engine reads it in the second half of its step). `roots` are host ints, or the step before's tokens still on the
     device ([rows running], the same rows): then nothing is copied from the host, and the step is queued while the
-    device still computes the one before (the serving engine's plain runs)."""
+    device still computes the one before (the serving engine's plain runs); `hold` ([rows running] bool on the
+    device, optional) marks rows whose root is not committed after all (the host counts it committed: the caller
+    takes it back, `BatchStaticBackend.retract`)."""
     runner = backend.runner
     rows, device = runner.rows, runner.device
     slots = backend.running_slots
     index = backend.running_index(device)  # (kept on the device: a list copied here would wait for the forward)
     if isinstance(roots, torch.Tensor):
         root = torch.zeros(rows, dtype=torch.long, device=device).index_copy_(0, index, roots)
-        leaf = torch.full((rows,), -1, dtype=torch.long, device=device).index_fill_(0, index, 0)
+        kept = torch.zeros_like(roots) if hold is None else -hold.long()  # 0: commit the root; -1: nothing
+        leaf = torch.full((rows,), -1, dtype=torch.long, device=device).index_copy_(0, index, kept)
     else:
         staged = torch.zeros(2, rows, dtype=torch.long)  # the roots, then the leaves (0: commit the root; -1: not running)
         staged[1].fill_(-1)

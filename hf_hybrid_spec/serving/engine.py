@@ -212,6 +212,8 @@ class _Active:
                                  gen.pad_token_id, limit)
         self.row_processors = row_processors(processors, 0)
         self.raw_greedy = verifier.raw_greedy and not processors
+        eos = gen.eos_token_id
+        self.eos: tuple[int, ...] = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
         # Log-probabilities of the generated tokens with this many alternatives each (None: not asked for).
         self.logprobs: int | None = getattr(gen, "logprobs", None)
         if self.logprobs is not None:
@@ -247,7 +249,8 @@ class _Launched:
             failed while drafting. launch_seconds: the forward's launch. started: when the step's drafting began.
             judged: every request decoded and drafted this step, so what it committed and cost tells whether
             drafting pays (`ServingEngine._judge`). device_tokens: a plain step's tokens [rows] on the device (the
-            roots of a plain step queued ahead of their read, `ServingEngine._queue_ahead`).
+            roots of a plain step queued ahead of their read, `ServingEngine._queue_ahead`). holds: a step queued
+            ahead that held back the roots that are their request's eos.
     """
 
     slots: list[int]
@@ -262,6 +265,7 @@ class _Launched:
     started: float = 0.0
     judged: bool = False
     device_tokens: torch.Tensor | None = None
+    holds: bool = False
 
 
 @dataclass(frozen=True)
@@ -349,6 +353,7 @@ class ServingEngine:
         self._plain_host = [torch.zeros(slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self._plain_turn = 0
         self._ahead: _Launched | None = None  # a plain step queued ahead of the last one's read (`_queue_ahead`)
+        self._eos: tuple | None = None  # (the running requests, their eos tokens on the device): `_eos_table`
         with torch.inference_mode():
             self.backend.start_empty()
         self.prefixes = PrefixStore(self.serving.prefix_cache_bytes, self.serving.prefix_cache_entries) \
@@ -551,14 +556,15 @@ class ServingEngine:
         return updates, _Launched(slots, actives, decoding, drafts, step, failed, time.perf_counter() - t1,
                                   started=t0, judged=judged)
 
-    def _launch_plain(self, slots, actives, drafts, roots, failed, t0, t1, ahead: bool = False) -> _Launched | None:
+    def _launch_plain(self, slots, actives, drafts, roots, failed, t0, t1, ahead: bool = False,
+                      hold: torch.Tensor | None = None) -> _Launched | None:
         """Queue a plain step of every running request (each decodes, none drafts): the forward of its root alone,
         its token chosen on the device (the argmax, or its rule's keyed draw over its processed scores where
         `verification.batch_choices` makes it: the token the verify step would choose there) and committed, and the
         tokens' copy to the host. None where a request's rule or processors need the verify step (processors that
         read the ids), or the plain step failed (nothing committed: the verify step runs instead). `ahead`: `roots`
         are the tokens of the plain step before, on the device and not read yet (`_queue_ahead`): every request one
-        token further than the host has recorded."""
+        token further than the host has recorded; `hold` [rows] (bool, on the device) the roots not to commit."""
         if not runs_plain(self.backend, True) or any(a.logprobs is not None for a in actives):
             return None  # (a plain step keeps no logits to read log-probabilities from)
         choose = None
@@ -580,7 +586,7 @@ class ServingEngine:
                 return out
 
         try:
-            new = queue_plain_step(self.backend, roots, choose)
+            new = queue_plain_step(self.backend, roots, choose, hold=hold)
         except Exception as error:  # a request's processors: the verify step finds whose (`_verify`)
             logger.debug("serving: the plain step failed (%r); verifying instead", error)
             return None
@@ -601,21 +607,38 @@ class ServingEngine:
         tokens on the device, so that the host's records of this step run while the device computes the next (as
         `engine.plain.plain_steps` runs `generate`'s plain runs). Only where the next step is a plain step of the
         same requests for sure: inside a run of plain steps (or with speculation off), no request waiting for a slot,
-        each request short of its length limit after this step, and no prefix store (a request that stops on its
-        eos at this step has the next step's token committed in its slot: its state could not be stored; its output
-        never sees that token, and a request that takes the slot starts it afresh)."""
+        and each request short of its length limit after this step. A request that stops at this step had the next
+        step run for it too: that token never reaches its output, and a request that takes the slot starts afresh.
+        With a prefix store, a root that is one of its request's eos tokens is held back on the device (not
+        committed), so a request that stops on its eos leaves its state as it would without the step ahead, and it
+        is stored (`_leave`); one that stops on another criterion (a stop string) leaves none."""
         actives = launched.actives
-        if (self._ahead is not None or self.prefixes is not None or self._waiting
+        if (self._ahead is not None or self._waiting
                 or self.backend.running_slots != launched.slots  # (requests left after it was queued)
                 or not (self._plain_left > 0 or self.node_budget == 0)
                 or any(a.length + 1 >= a.limit for a in actives)):
             return
+        hold = None
+        if self.prefixes is not None and any(a.eos for a in actives):
+            hold = (launched.device_tokens[:, None] == self._eos_table(actives)).any(dim=-1)
         t0 = time.perf_counter()
         ahead = self._launch_plain(launched.slots, actives, launched.drafts, launched.device_tokens, [], t0, t0,
-                                   ahead=True)
+                                   ahead=True, hold=hold)
         if ahead is not None:
+            ahead.holds = hold is not None
             self._plain_left = max(self._plain_left - 1, 0)
             self._ahead = ahead
+
+    def _eos_table(self, actives: list[_Active]) -> torch.Tensor:
+        """The requests' eos tokens [rows, E] on the device (-1 beyond a request's own), kept while they run."""
+        held = None if self._eos is None else self._eos[0]
+        if held is None or len(held) != len(actives) or any(x is not y for x, y in zip(held, actives)):
+            width = max(len(a.eos) for a in actives)
+            table = torch.tensor([list(a.eos) + [-1] * (width - len(a.eos)) for a in actives], dtype=torch.long)
+            if self.device.type == "cuda":  # pinned: the copy is queued behind the step in flight, not waited for
+                table = table.pin_memory()
+            self._eos = (list(actives), table.to(self.device, non_blocking=True))
+        return self._eos[1]
 
     @torch.inference_mode()
     def finish(self, launched: _Launched) -> list[SpecGenerationOutput]:
@@ -965,6 +988,10 @@ class ServingEngine:
         for slot in slots:
             a = self._active.pop(slot)
             self._ids.discard(a.request.request_id)
+            ahead = self._ahead
+            if (failed is None and ahead is not None and ahead.holds and any(x is a for x in ahead.actives)
+                    and a.rec.host[0][-1] in a.eos):
+                self.backend.retract(slot)  # the step queued ahead held its eos back (`_queue_ahead`)
             try:
                 if failed is None:
                     if self.prefixes is not None and len(a.cached) == self.backend._lengths[slot]:

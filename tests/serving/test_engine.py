@@ -857,10 +857,11 @@ def test_drafts_that_do_not_pay_give_way_to_runs_of_plain_steps(monkeypatch):
 
 
 def test_plain_steps_queued_ahead_of_their_read(monkeypatch):
-    """Without a prefix store (as `generate_batch` runs when every prompt has a slot), a plain step is queued before
-    the last one's tokens are read, its roots still on the device. Requests that stop on their eos with a step
-    queued past it, that join as others leave, and that sample with their seeds get the replies that steps read one
-    by one give (with a prefix store, nothing is queued ahead); greedy ones plain generate's."""
+    """Inside plain runs (here speculation off), a plain step is queued before the last one's tokens are read, its
+    roots still on the device. Requests that stop on their eos with a step queued past it, that join as others leave,
+    and that sample with their seeds get the replies that steps read one by one give; greedy ones plain generate's.
+    With a prefix store the step ahead holds an eos root back, so a request that stopped on its eos leaves its state,
+    and an agent's next turn reuses it and gets plain generate's reply."""
     queued = []
     real = ServingEngine._queue_ahead
 
@@ -868,15 +869,15 @@ def test_plain_steps_queued_ahead_of_their_read(monkeypatch):
         real(self, launched)
         queued.append(self._ahead is not None)
 
-    monkeypatch.setattr(ServingEngine, "_queue_ahead", spy)
     model = tiny_model("falcon_h1")
     inputs = prompts(5, seed=41)
     lengths = [5, 7, 30, 26, 22]
     new = plain(model, inputs[4], lengths[4])
     eos = next(t for i, t in enumerate(new) if i >= 6 and t not in new[:i])  # request 4 stops there
 
-    def run(store: int) -> dict:
+    def run(store: int, ahead: bool):
         queued.clear()
+        monkeypatch.setattr(ServingEngine, "_queue_ahead", spy if ahead else lambda self, launched: None)
         engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
                                ServingConfig(max_slots=3, max_total_tokens=64, speculation=False,
                                              prefix_cache_bytes=store))
@@ -885,11 +886,17 @@ def test_plain_steps_queued_ahead_of_their_read(monkeypatch):
             gen = greedy_config(eos_token_id=eos, **sampling)
             gen.seed = 11 + i
             engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=n, generation_config=gen))
-        return {name: out.generated_tokens for name, out in drain(engine).items()}
+        return {name: out.generated_tokens for name, out in drain(engine).items()}, engine
 
-    ahead = run(0)
-    assert sum(queued) >= 10
-    assert run(1 << 20) == ahead and not any(queued)
+    one_by_one, _ = run(0, ahead=False)
+    for store in (0, 1 << 20):
+        replies, engine = run(store, ahead=True)
+        assert sum(queued) >= 10 and replies == one_by_one, store
     for i in (0, 2, 4):
-        assert ahead[f"r{i}"] == plain(model, inputs[i], lengths[i], eos_token_id=eos), i
-    assert len(ahead["r4"]) < lengths[4]
+        assert replies[f"r{i}"] == plain(model, inputs[i], lengths[i], eos_token_id=eos), i
+    assert len(replies["r4"]) < lengths[4]
+    follow = inputs[4] + replies["r4"] + [5, 6, 7]  # request 4's next turn
+    engine.add(ServingRequest("next", follow, max_new_tokens=6, generation_config=greedy_config(eos_token_id=eos)))
+    out = drain(engine)["next"]
+    assert out.reused_prefix_tokens == len(inputs[4]) + len(replies["r4"]) - 1  # all but its eos, the root
+    assert out.generated_tokens == plain(model, follow, 6, eos_token_id=eos)
