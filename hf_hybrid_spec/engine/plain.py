@@ -87,7 +87,8 @@ def queue_plain_step(backend, roots: list[int] | torch.Tensor, choose: Choose | 
         kept = torch.zeros_like(roots) if hold is None else -hold.long()  # 0: commit the root; -1: nothing
         leaf = torch.full((rows,), -1, dtype=torch.long, device=device).index_copy_(0, index, kept)
     else:
-        staged = torch.zeros(2, rows, dtype=torch.long)  # the roots, then the leaves (0: commit the root; -1: not running)
+        # The roots, then the leaves (0: commit the root; -1: not running).
+        staged = torch.zeros(2, rows, dtype=torch.long)
         staged[1].fill_(-1)
         staged[0, slots] = torch.tensor(roots, dtype=torch.long)
         staged[1, slots] = 0
