@@ -502,23 +502,22 @@ class ServingEngine:
         actives = [self._active[s] for s in slots]
         decoding = [row for row, a in enumerate(actives) if a.pending is None]
         t0 = time.perf_counter()
-        drafts, failed = [], []
+        failed = []
         # Inside a run of plain steps (drafting did not pay for its steps: `_judge`) no request drafts.
         in_run = self._plain_left > 0 and bool(decoding)
         self._plain_left -= int(in_run)
-        for row in decoding:
-            slot, a = slots[row], actives[row]
-            if in_run:
-                drafts.append(empty_draft(1))
-                continue
-            try:
-                depth = min(self.config.max_depth, a.limit - a.length - 1)
-                drafts.append(propose(a.drafter, a.ids(), DraftBudget(max_nodes=self.node_budget, max_depth=depth),
-                                      a.verifier) if self.node_budget > 0 else empty_draft(1))
-            except BaseException as error:  # this request's drafter: it fails alone
-                _raise_engine_exit(error)
-                failed.append((slot, f"drafter failed: {error!r}"))
-                drafts.append(empty_draft(1))
+        drafts = [empty_draft(1)] * len(decoding) if in_run else []
+        if not in_run:
+            for row in decoding:
+                slot, a = slots[row], actives[row]
+                try:
+                    depth = min(self.config.max_depth, a.limit - a.length - 1)
+                    drafts.append(propose(a.drafter, a.ids(), DraftBudget(max_nodes=self.node_budget, max_depth=depth),
+                                          a.verifier) if self.node_budget > 0 else empty_draft(1))
+                except BaseException as error:  # this request's drafter: it fails alone
+                    _raise_engine_exit(error)
+                    failed.append((slot, f"drafter failed: {error!r}"))
+                    drafts.append(empty_draft(1))
         if in_run and len(decoding) == len(actives):  # straight to the plain step, no empty trees laid out
             launched = self._launch_plain(slots, actives, drafts, [a.rec.host[0][-1] for a in actives], failed, t0,
                                           time.perf_counter())
@@ -556,15 +555,17 @@ class ServingEngine:
         return updates, _Launched(slots, actives, decoding, drafts, step, failed, time.perf_counter() - t1,
                                   started=t0, judged=judged)
 
-    def _launch_plain(self, slots, actives, drafts, roots, failed, t0, t1, ahead: bool = False,
+    def _launch_plain(self, slots, actives, drafts, roots, failed, t0, t1,
                       hold: torch.Tensor | None = None) -> _Launched | None:
         """Queue a plain step of every running request (each decodes, none drafts): the forward of its root alone,
         its token chosen on the device (the argmax, or its rule's keyed draw over its processed scores where
         `verification.batch_choices` makes it: the token the verify step would choose there) and committed, and the
         tokens' copy to the host. None where a request's rule or processors need the verify step (processors that
-        read the ids), or the plain step failed (nothing committed: the verify step runs instead). `ahead`: `roots`
-        are the tokens of the plain step before, on the device and not read yet (`_queue_ahead`): every request one
-        token further than the host has recorded; `hold` [rows] (bool, on the device) the roots not to commit."""
+        read the ids), or the plain step failed (nothing committed: the verify step runs instead). `roots` on the
+        device are the tokens of the plain step before, not read yet (a step queued ahead, `_queue_ahead`): every
+        request one token further than the host has recorded; `hold` [rows] (bool, on the device) the roots not to
+        commit."""
+        ahead = isinstance(roots, torch.Tensor)
         if not runs_plain(self.backend, True) or any(a.logprobs is not None for a in actives):
             return None  # (a plain step keeps no logits to read log-probabilities from)
         choose = None
@@ -623,7 +624,7 @@ class ServingEngine:
             hold = (launched.device_tokens[:, None] == self._eos_table(actives)).any(dim=-1)
         t0 = time.perf_counter()
         ahead = self._launch_plain(launched.slots, actives, launched.drafts, launched.device_tokens, [], t0, t0,
-                                   ahead=True, hold=hold)
+                                   hold=hold)
         if ahead is not None:
             ahead.holds = hold is not None
             self._plain_left = max(self._plain_left - 1, 0)
