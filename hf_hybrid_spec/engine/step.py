@@ -305,9 +305,9 @@ def plain_choice(verifier, per_row: list, pads: list[int], kept, rec: BatchRecor
 
     def choose(logits: torch.Tensor, lengths: list[int], roots: torch.Tensor) -> torch.Tensor:
         unpadded = torch.tensor([n - pad for n, pad in zip(lengths, pads)])
-        # The ids a repetition penalty reads: what the host has recorded, and each row's root (the step in flight's
-        # token, not read yet).
-        contexts = RootContexts(rec.buffer, list(rec.lengths), roots)
+        # The ids a processor reads: each row's ids before its root (recorded already, unless the root is the token of
+        # the step in flight, not read yet), then the root: `lengths` counts the root either way.
+        contexts = RootContexts(rec.buffer, [n - 1 for n in lengths], roots)
         return batch_choices(verifier, per_row, logits[:, None], unpadded, depth, rows, False, padding,
                              contexts)[:, 0]
 

@@ -450,6 +450,33 @@ def test_plain_steps_apply_a_repetition_penalty_to_what_the_rows_hold(family, mo
     assert torch.equal(plain, eager)
 
 
+@pytest.mark.parametrize("extra", [dict(no_repeat_ngram_size=2), dict(no_repeat_ngram_size=3),
+                                   dict(bad_words_ids=[[6, 6]]), dict(sequence_bias={(6, 6): -4.0})])
+def test_plain_steps_give_processors_each_rows_ids_once(extra, monkeypatch):
+    """Plain steps with processors that read the order of the ids (n-grams, multi-token bad words and biases): the
+    root is in each row's context once, whether it is recorded already (a run's first step) or is the token of the
+    step in flight, so greedy is token for token plain generate over a left-padded batch. (A root counted twice
+    breaks n-grams and nothing that reads only which tokens occur, like the repetition penalty.)"""
+    import hf_hybrid_spec.engine.plain as plain_module
+    from hf_hybrid_spec.tree import empty_draft
+
+    class Silent(Drafter):
+        def propose(self, input_ids, budget):
+            return empty_draft(1)
+
+    model = tiny_model("qwen3_5_text", vocab_size=12)
+    ids = torch.tensor([[1, 1, 2, 5, 3, 7, 2], [2, 5, 3, 7, 2, 5, 3], [1, 7, 2, 5, 3, 7, 2]])
+    queued = []
+    real = plain_module._queue
+    monkeypatch.setattr(plain_module, "_queue", lambda *a, **k: queued.append(1) or real(*a, **k))
+    gen = dict(attention_mask=(ids != 1).long(), pad_token_id=1, max_new_tokens=14, eos_token_id=None)
+    expected = model.generate(ids, **gen, **extra)
+    assert not torch.equal(expected, model.generate(ids, **gen))
+    got = model.generate(ids, custom_generate=H.speculative_generate, drafter=[Silent() for _ in range(3)],
+                         assistant_config=H.AssistantConfig(compile=True), **gen, **extra)
+    assert len(queued) >= 13 and torch.equal(got, expected)
+
+
 def test_bad_words_and_biases_of_one_and_more_tokens_choose_at_once(monkeypatch):
     """`bad_words_ids` / `sequence_bias` whose sequences are single tokens are context-free (`TOKEN_BIAS`), longer
     ones read the nodes' contexts (`ALIGNED`): a padded batch chooses every node at once and matches plain
