@@ -55,7 +55,7 @@ from ..engine.step import (LaunchedStep, StepRows, apply_budget, finish_step, la
 from ..forward import forward_tokens
 from ..models import get_adapter
 from ..tree import DraftBatch, DraftTree, VerifyResult, empty_draft
-from ..verification import FirstToken, batch_choices, choices_apply, make_verifier, row_processors
+from ..verification import FirstToken, RootContexts, batch_choices, choices_apply, make_verifier, row_processors
 from .penalties import OccurrencePenaltyLogitsProcessor
 from .prefix import PrefixHit, PrefixStore
 
@@ -560,8 +560,9 @@ class ServingEngine:
         """Queue a plain step of every running request (each decodes, none drafts): the forward of its root alone,
         its token chosen on the device (the argmax, or its rule's keyed draw over its processed scores where
         `verification.batch_choices` makes it: the token the verify step would choose there) and committed, and the
-        tokens' copy to the host. None where a request's rule or processors need the verify step (processors that
-        read the ids), or the plain step failed (nothing committed: the verify step runs instead). `roots` on the
+        tokens' copy to the host (processors that read the ids get each request's ids and its root). None where a
+        request's rule needs the verify step (a lossy one), or the plain step failed (nothing committed: the verify
+        step runs instead). `roots` on the
         device are the tokens of the plain step before, not read yet (a step queued ahead, `_queue_ahead`): every
         request one token further than the host has recorded; `hold` [rows] (bool, on the device) the roots not to
         commit."""
@@ -571,19 +572,24 @@ class ServingEngine:
         choose = None
         if not all(a.raw_greedy for a in actives):
             verifiers, per_row = [a.verifier for a in actives], [a.row_processors for a in actives]
-            if not choices_apply(verifiers, per_row):
+            if not choices_apply(verifiers, per_row, contexts=True):
                 return None
             # Each root's position + 1 (no padding in a slot).
-            lengths = torch.tensor([a.length + int(ahead) for a in actives])
+            known = [a.length + int(ahead) for a in actives]
+            lengths = torch.tensor(known)
             zeros = torch.zeros(len(actives), dtype=torch.long)
             at = self.backend.running_index(self.device)  # (`slots`, in order)
+            buffers = [a.rec.buffer for a in actives]
 
-            def choose(logits: torch.Tensor, _lengths, _roots) -> torch.Tensor:
+            def choose(logits: torch.Tensor, _lengths, runner_roots: torch.Tensor) -> torch.Tensor:
                 # Every runner row's token [R]: the running ones' by their rules (each request its own stream, key
-                # 0, as in `_verify`); the free slots commit nothing, whatever they hold.
+                # 0, as in `_verify`); the free slots commit nothing, whatever they hold. A processor that reads the
+                # ids reads each request's ids before its root (recorded, unless the root is the token of the step
+                # before, not read yet: a step queued ahead), then the root.
+                contexts = RootContexts(buffers, [n - 1 for n in known], runner_roots.index_select(0, at))
                 out = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
                 out[at] = batch_choices(verifiers, per_row, logits[at][:, None], lengths, zeros[:, None], zeros,
-                                        False)[:, 0]
+                                        False, None, contexts)[:, 0]
                 return out
 
         try:

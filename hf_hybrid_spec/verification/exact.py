@@ -199,21 +199,28 @@ class NodeContexts:
 
 @dataclass
 class RootContexts:
-    """`NodeContexts` for a plain step's one node per row (the root): each row's recorded ids in a [B, width] buffer
-    (the first `recorded[b]` of row b; padding included) and the step's roots [B] on the device, which may not be
-    recorded yet (a plain step queued before the one before it is read)."""
+    """`NodeContexts` for a plain step's one node per row (the root): each row's recorded ids (the first `recorded[b]`
+    of row b of `buffer`; padding included) and the step's roots [B] on the device, which may not be recorded yet (a
+    plain step queued before the one before it is read).
 
-    buffer: torch.Tensor
+    Attributes:
+        buffer: [B, width] the rows' ids (a batch's `BatchRecorder.buffer`), or one [1, width_b] tensor per row (a
+            serving engine's requests, each with its own recorder; on the host or the device).
+        recorded: [B] how many of each row's ids come before its root.
+        roots: [B] the roots, on the device.
+    """
+
+    buffer: torch.Tensor | Sequence[torch.Tensor]
     recorded: list[int]
     roots: torch.Tensor
 
     def presence(self, rows: list[int], n: int, ignore: int, vocab: int, device: torch.device) -> torch.Tensor:
         """[len(rows), vocab] bool: whether each token is among row r's ids or is its root (`n` is 1)."""
         at = to_device(torch.tensor(rows), device)
-        recorded = to_device(torch.tensor([self.recorded[r] for r in rows]), device)
-        position = torch.arange(self.buffer.shape[1], device=device)[None, :]
-        inside = (position >= ignore) & (position < recorded[:, None])
-        ids = torch.where(inside, self.buffer.to(device)[at].clamp(max=vocab), vocab)
+        ids, held = self._ids(rows, device)
+        position = torch.arange(ids.shape[1], device=device)[None, :]
+        inside = (position >= ignore) & (position < held[:, None])
+        ids = torch.where(inside, ids.clamp(max=vocab), vocab)
         seen = torch.zeros(len(rows), vocab + 1, dtype=torch.bool, device=device).scatter_(1, ids, True)
         seen.scatter_(1, self.roots.to(device)[at].clamp(max=vocab)[:, None], True)
         return seen[:, :vocab]
@@ -221,15 +228,29 @@ class RootContexts:
     def aligned(self, rows: list[int], n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """`NodeContexts.aligned` for the roots: each row's recorded ids and its root, right-aligned."""
         at = to_device(torch.tensor(rows), device)
-        recorded = [self.recorded[r] for r in rows]
-        width = max(recorded) + 1
-        held = to_device(torch.tensor(recorded), device)
+        recorded, held = self._ids(rows, device)
+        width = recorded.shape[1] + 1
         ids = torch.full((len(rows), width + 1), FILL, dtype=torch.long, device=device)
-        ids[:, : width - 1] = self.buffer.to(device)[at, : width - 1]
+        ids[:, : width - 1] = recorded
         position = torch.arange(width + 1, device=device)[None, :]
         ids = torch.where(position < held[:, None], ids, FILL)  # what is not recorded yet
         ids.scatter_(1, held[:, None], self.roots.to(device)[at][:, None].long())
         return right_align(ids[:, :width], held + 1), held + 1
+
+    def _ids(self, rows: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows `rows`' recorded ids [len(rows), W] on `device` (W the most any of them recorded; past a row's own,
+        anything) and how many each recorded [len(rows)] (int64, on `device`)."""
+        recorded = [self.recorded[r] for r in rows]
+        width = max(recorded, default=0)
+        if isinstance(self.buffer, torch.Tensor):
+            ids = self.buffer.to(device)[to_device(torch.tensor(rows), device), :width]
+        else:
+            own = [self.buffer[r][0, : self.recorded[r]] for r in rows]
+            if all(t.device.type == "cpu" for t in own):  # padded on the host, then one copy
+                ids = to_device(pad_sequence(own, batch_first=True), device)
+            else:
+                ids = pad_sequence([t.to(device) for t in own], batch_first=True)
+        return ids, to_device(torch.tensor(recorded), device)
 
 
 def right_align(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

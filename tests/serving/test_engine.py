@@ -385,20 +385,26 @@ def test_a_seeded_request_samples_the_same_reply_wherever_it_runs():
 def test_steps_where_nobody_drafts_are_plain_steps(monkeypatch):
     """A step where no request drafts (speculation off here) runs as a plain decode step (`engine.plain`: the
     root's forward, the token chosen and committed on the device), for greedy requests and sampling ones (the keyed
-    draw the verify step would make there), with plain generate's greedy replies; a request whose processors read its
-    ids (a repetition penalty) sends its steps through verification, beside the others."""
+    draw the verify step would make there), with plain generate's greedy replies. Processors that read the ids (a
+    repetition penalty, n-grams, OpenAI's presence / frequency penalties), each request its own beside the others, get
+    each request's ids and its root there too, steps queued ahead of their read included: plain generate's greedy
+    replies, and a sampling request's the draws the verify step makes."""
     from hf_hybrid_spec.serving import engine as engine_module
+    from hf_hybrid_spec.serving.penalties import OccurrencePenaltyLogitsProcessor
 
-    calls = []
+    calls, ahead = [], []
     real = engine_module.queue_plain_step
     monkeypatch.setattr(engine_module, "queue_plain_step", lambda *a, **k: calls.append(1) or real(*a, **k))
-    model = tiny_model("qwen3_5_text")
-    inputs = prompts(3, seed=23)
+    real_ahead = ServingEngine._queue_ahead
+    monkeypatch.setattr(ServingEngine, "_queue_ahead",
+                        lambda self, launched: real_ahead(self, launched) or ahead.append(self._ahead is not None))
+    model = tiny_model("qwen3_5_text", vocab_size=V)  # (a small vocabulary: replies that repeat a token)
+    inputs = prompts(5, seed=23, vocab=V)
 
     def run(settings: list[dict], speculation: bool) -> dict:
         calls.clear()
         engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
-                               ServingConfig(max_slots=3, max_total_tokens=64, speculation=speculation))
+                               ServingConfig(max_slots=5, max_total_tokens=64, speculation=speculation))
         for i, (ids, kw) in enumerate(zip(inputs, settings)):
             gen = GenerationConfig(**{"do_sample": False, "eos_token_id": None, "pad_token_id": PAD, **kw})
             gen.seed = 5
@@ -406,13 +412,25 @@ def test_steps_where_nobody_drafts_are_plain_steps(monkeypatch):
         return {name: out.generated_tokens for name, out in drain(engine).items()}
 
     greedy = run([{}, {}, {}], speculation=False)
-    assert len(calls) >= 9 and greedy == {f"r{i}": plain(model, ids, 10) for i, ids in enumerate(inputs)}
+    assert len(calls) >= 9 and greedy == {f"r{i}": plain(model, ids, 10) for i, ids in enumerate(inputs[:3])}
     sampling = [{"do_sample": True, "temperature": 1.2, "top_k": 0}, {}, {"do_sample": True, "top_p": 0.9}]
     sampled = run(sampling, speculation=False)
     assert len(calls) >= 9
     assert run(sampling, speculation=True) == sampled  # the verify step draws the same tokens
-    penalized = run([{}, {"repetition_penalty": 1.5}, {}], speculation=False)
-    assert len(calls) == 0 and penalized["r1"] == plain(model, inputs[1], 10, repetition_penalty=1.5)
+    occurrence = {"presence_penalty": 0.8, "frequency_penalty": 0.5}
+    settings = [{"no_repeat_ngram_size": 2}, occurrence, {},
+                {"do_sample": True, "temperature": 1.2, "top_k": 0, "repetition_penalty": 1.3},
+                {"repetition_penalty": 1.5}]
+    ahead.clear()
+    penalized = run(settings, speculation=False)
+    assert len(calls) >= 9 and sum(ahead) >= 5  # (steps queued ahead of the last one's read among them)
+    counts = LogitsProcessorList([OccurrencePenaltyLogitsProcessor(0.8, 0.5, len(inputs[1]))])
+    for i, kw in [(0, settings[0]), (1, dict(logits_processor=counts)), (2, {}), (4, settings[4])]:
+        expected = plain(model, inputs[i], 10, **kw)
+        assert penalized[f"r{i}"] == expected, i
+        assert not kw or expected != plain(model, inputs[i], 10), f"request {i}'s setting changed nothing"
+    monkeypatch.setattr(ServingEngine, "_launch_plain", lambda *a, **k: None)  # every step verifies
+    assert run(settings, speculation=False) == penalized and not calls
 
 
 @pytest.mark.parametrize("prefill", ["eager", "chunked"])

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import (ExponentialDecayLengthPenalty, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor,
                           LogitsProcessor, LogitsProcessorList, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
-                          SequenceBiasLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, TemperatureLogitsWarper,
-                          TopKLogitsWarper)
+                          RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor,
+                          SuppressTokensAtBeginLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper)
 
 import hf_hybrid_spec as H
 from hf_hybrid_spec.serving.penalties import OccurrencePenaltyLogitsProcessor
@@ -50,6 +50,7 @@ PROCESSORS = {
     "decay": lambda: [ExponentialDecayLengthPenalty((2, 1.5), eos_token_id=4, input_ids_seq_length=2)],
     "forced_bos": lambda: [ForcedBOSTokenLogitsProcessor(bos_token_id=3), TemperatureLogitsWarper(0.9)],
     "begin_suppress": lambda: [SuppressTokensAtBeginLogitsProcessor([2, 5], begin_index=6)],
+    "repetition": lambda: [RepetitionPenaltyLogitsProcessor(1.7)],
 }
 # Processors that read only the ids' length: chosen without the nodes' contexts too.
 LENGTH_ONLY_NAMES = {"forced_eos", "decay", "forced_bos", "begin_suppress"}
@@ -105,18 +106,21 @@ def test_every_nodes_scores_are_stocks_given_that_nodes_ids(name, shortest):
     assert differs  # the processors changed something here (or the test would not see a wrong context)
 
 
-@pytest.mark.parametrize("name", ["no_repeat_2", "custom", "occurrence"])
-def test_plain_steps_roots_get_stocks_scores(name):
+@pytest.mark.parametrize("apart", [False, True])
+@pytest.mark.parametrize("name", ["no_repeat_2", "custom", "occurrence", "repetition"])
+def test_plain_steps_roots_get_stocks_scores(name, apart):
     """`RootContexts` (a plain step: each row's recorded ids and its root, not recorded yet) gives what stock's
-    processors give with the row's ids and the root appended."""
+    processors give with the row's ids and the root appended, the rows in one buffer (a batch) or each in its own of
+    its own width (a serving engine's requests)."""
     gen = torch.Generator().manual_seed(3)
     buffer = torch.randint(0, 6, (3, 16), generator=gen)
     recorded, roots = [6, 9, 7], torch.randint(0, 6, (3,), generator=gen)
     logits = torch.randn(3, 1, V, generator=gen)
     procs = LogitsProcessorList(PROCESSORS[name]())
     lengths = torch.tensor(recorded) + 1
+    held = [buffer[r : r + 1, : recorded[r] + 1 + r].clone() for r in range(3)] if apart else buffer
     chosen = batch_choices(ExactVerifier(False), [procs] * 3, logits, lengths, torch.zeros(3, 1, dtype=torch.long),
-                           torch.arange(3), False, None, RootContexts(buffer, recorded, roots))
+                           torch.arange(3), False, None, RootContexts(held, recorded, roots))
     for r in range(3):
         ids = torch.cat([buffer[r, : recorded[r]], roots[r : r + 1]])[None]
         expected = LogitsProcessorList(PROCESSORS[name]())(ids, logits[r].clone()).argmax(-1)
