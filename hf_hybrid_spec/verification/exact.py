@@ -399,8 +399,11 @@ def _process_contexts(processor, scores: torch.Tensor, ids_length: torch.Tensor,
     ids, lengths = aligned
     if hasattr(processor, "call_aligned"):
         return processor.call_aligned(ids, lengths, scores)
-    if type(processor) is _lp.NoRepeatNGramLogitsProcessor or (
-            type(processor) in TOKEN_BIAS and int(ids_length.min()) >= _longest_sequence(processor)):
+    if type(processor) is _lp.NoRepeatNGramLogitsProcessor:
+        # The fill before a context as a token past the vocabulary, which bans nothing (stock clamps those ids to a
+        # dropped column): a window of size 1 matches any prefix, and a fill of -1 was an index out of bounds.
+        return processor(torch.where(ids == FILL, scores.shape[-1], ids), scores)
+    if type(processor) in TOKEN_BIAS and int(ids_length.min()) >= _longest_sequence(processor):
         return processor(ids, scores)
     logger.warning_once(f"{type(processor).__name__}: a logits processor speculation does not batch; it is called once "
                         "per context length among a step's draft nodes (exact, slower)")

@@ -40,6 +40,7 @@ class Shift(LogitsProcessor):
 
 
 PROCESSORS = {
+    "no_repeat_1": lambda: [NoRepeatNGramLogitsProcessor(1)],
     "no_repeat_2": lambda: [NoRepeatNGramLogitsProcessor(2)],
     "no_repeat_3": lambda: [NoRepeatNGramLogitsProcessor(3), TemperatureLogitsWarper(0.8)],
     "bad_words": lambda: [NoBadWordsLogitsProcessor([[1, 2], [3, 1, 2], [5]], eos_token_id=None)],
@@ -127,7 +128,8 @@ def test_plain_steps_roots_get_stocks_scores(name, apart):
         assert torch.equal(chosen[r], expected), r
 
 
-@pytest.mark.parametrize("name", ["no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "logits_processor"])
+@pytest.mark.parametrize("name", ["no_repeat_ngram_size", "no_repeat_ngram_size=1", "bad_words_ids", "sequence_bias",
+                                  "logits_processor"])
 def test_a_padded_batch_with_processors_that_read_the_ids_chooses_at_once_and_is_plain_generate(name, monkeypatch):
     """Greedy over a left-padded batch with processors that read the ids (n-grams, multi-token bad words and
     biases, a processor of the caller's own): every row's nodes chosen in one pass, token for token plain generate,
@@ -140,10 +142,10 @@ def test_a_padded_batch_with_processors_that_read_the_ids_chooses_at_once_and_is
                 eos_token_id=None)
     plain = model.generate(ids, **free)[:, 7:].tolist()
     # Sequences the rows generate without the processor, so that it changes them.
-    extra = {"no_repeat_ngram_size": 2, "bad_words_ids": [plain[0][1:3], plain[1][2:5]],
+    extra = {"no_repeat_ngram_size": 2, "no_repeat_ngram_size=1": 1, "bad_words_ids": [plain[0][1:3], plain[1][2:5]],
              "sequence_bias": {tuple(plain[0][1:3]): -3.0, tuple(plain[2][3:6]): -2.5},
              "logits_processor": LogitsProcessorList([PenalizeLast()])}[name]
-    kw = dict(free, **{name: extra})
+    kw = dict(free, **{name.split("=")[0]: extra})
     expected = model.generate(ids, **kw)
     assert expected[:, 7:].tolist() != plain  # the processor matters here
     chosen = []
