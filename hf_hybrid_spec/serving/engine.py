@@ -56,6 +56,7 @@ from ..forward import forward_tokens
 from ..models import get_adapter
 from ..tree import DraftBatch, DraftTree, VerifyResult, empty_draft
 from ..verification import FirstToken, RootContexts, batch_choices, choices_apply, make_verifier, row_processors
+from ..verification.noise import to_device
 from .penalties import OccurrencePenaltyLogitsProcessor
 from .prefix import PrefixHit, PrefixStore
 
@@ -250,7 +251,8 @@ class _Launched:
             judged: every request decoded and drafted this step, so what it committed and cost tells whether
             drafting pays (`ServingEngine._judge`). device_tokens: a plain step's tokens [rows] on the device (the
             roots of a plain step queued ahead of their read, `ServingEngine._queue_ahead`). holds: a step queued
-            ahead that held back the roots that are their request's eos.
+            ahead that held back the roots that are their request's eos. logprobs: a plain step's log-probabilities
+            for the requests that ask for them (`_PlainLogprobs`).
     """
 
     slots: list[int]
@@ -266,6 +268,30 @@ class _Launched:
     judged: bool = False
     device_tokens: torch.Tensor | None = None
     holds: bool = False
+    logprobs: _PlainLogprobs | None = None
+
+
+@dataclass
+class _PlainLogprobs:
+    """A plain step's log-probabilities, for the requests that ask for them (rows `rows` of the step, in order): each
+    one's token under the log-softmax of its raw logits (`chosen` [k]) and the `top` likeliest tokens there
+    (`values` / `ids` [k, top]), on the device until `finish` reads them."""
+
+    rows: list[int]
+    chosen: torch.Tensor
+    values: torch.Tensor | None
+    ids: torch.Tensor | None
+
+    def read(self, actives: list[_Active]) -> dict[int, tuple[float, list[tuple[int, float]]]]:
+        """Each row's log-probability and alternatives (one host read), cut to its own request's count."""
+        chosen = self.chosen.tolist()
+        values = [[]] * len(self.rows) if self.values is None else self.values.tolist()
+        ids = [[]] * len(self.rows) if self.ids is None else self.ids.tolist()
+        out = {}
+        for row, c, i, v in zip(self.rows, chosen, ids, values):
+            top = actives[row].logprobs
+            out[row] = (c, list(zip(i[:top], v[:top])))
+        return out
 
 
 @dataclass(frozen=True)
@@ -567,8 +593,8 @@ class ServingEngine:
         request one token further than the host has recorded; `hold` [rows] (bool, on the device) the roots not to
         commit."""
         ahead = isinstance(roots, torch.Tensor)
-        if not runs_plain(self.backend, True) or any(a.logprobs is not None for a in actives):
-            return None  # (a plain step keeps no logits to read log-probabilities from)
+        if not runs_plain(self.backend, True):
+            return None
         choose = None
         if not all(a.raw_greedy for a in actives):
             verifiers, per_row = [a.verifier for a in actives], [a.row_processors for a in actives]
@@ -592,6 +618,20 @@ class ServingEngine:
                                         False, None, contexts)[:, 0]
                 return out
 
+        logprobs = None
+        wanting = [row for row, a in enumerate(actives) if a.logprobs is not None]
+        if wanting:  # the log-probabilities of the chosen tokens, from the forward's raw logits before they go
+            rule, top = choose, max(actives[row].logprobs for row in wanting)
+            at_wanting = self.backend.running_index(self.device)[to_device(torch.tensor(wanting), self.device)]
+
+            def choose(logits: torch.Tensor, lengths, runner_roots: torch.Tensor) -> torch.Tensor:
+                nonlocal logprobs
+                best = logits.argmax(dim=-1) if rule is None else rule(logits, lengths, runner_roots)
+                logp = torch.log_softmax(logits[at_wanting].to(torch.float32), dim=-1)
+                values, ids = logp.topk(top, dim=-1) if top else (None, None)
+                logprobs = _PlainLogprobs(wanting, logp.gather(1, best[at_wanting][:, None])[:, 0], values, ids)
+                return best
+
         try:
             new = queue_plain_step(self.backend, roots, choose, hold=hold)
         except Exception as error:  # a request's processors: the verify step finds whose (`_verify`)
@@ -607,7 +647,7 @@ class ServingEngine:
             ready.record(torch.cuda.current_stream(self.device))
         self.stats.draft_seconds += t1 - t0
         return _Launched(slots, actives, list(range(len(actives))), drafts, None, failed, time.perf_counter() - t1,
-                         tokens, ready, started=t0, device_tokens=new)
+                         tokens, ready, started=t0, device_tokens=new, logprobs=logprobs)
 
     def _queue_ahead(self, launched: _Launched) -> None:
         """Queue the next plain step before `launched`'s (a plain step's) tokens are read, its roots being those
@@ -622,6 +662,8 @@ class ServingEngine:
         actives = launched.actives
         if (self._ahead is not None or self._waiting
                 or self.backend.running_slots != launched.slots  # (requests left after it was queued)
+                # (or left, and others took their slots: a step for them would commit into the new requests' rows)
+                or any(self._active.get(slot) is not a for slot, a in zip(launched.slots, actives))
                 or not (self._plain_left > 0 or self.node_budget == 0)
                 or any(a.length + 1 >= a.limit for a in actives)):
             return
@@ -690,6 +732,7 @@ class ServingEngine:
                 launched.ready.synchronize()
             results = [VerifyResult(path=[0], tokens=torch.zeros(0), score_nodes=[0], token_list=[token])
                        for token in launched.tokens.tolist()]
+            plain_logprobs = {} if launched.logprobs is None else launched.logprobs.read(actives)
         else:
             verify = partial(self._verify, actives=actives, failed=failed, slots=slots, decoding=decoding)
             results = finish_step(self.backend, launched.step, verify, overlap, read).results
@@ -732,7 +775,10 @@ class ServingEngine:
             committed.append(len(result.token_list))
             remaining.append(a.limit - before)
             a.output.generated_tokens.extend(new)
-            if a.logprobs is not None and new:  # the token at path node j was chosen from node j's logits
+            if a.logprobs is not None and new and launched.step is None:  # (a plain step's token: one)
+                chosen, top = plain_logprobs[row]
+                a.output.logprobs.append(TokenLogprob(new[0], chosen, top))
+            elif a.logprobs is not None and new:  # the token at path node j was chosen from node j's logits
                 a.output.logprobs += _logprobs(launched.step.outputs.logits[row, result.path[: len(new)]], new,
                                                a.logprobs)
             if a.output.timestamps is not None:

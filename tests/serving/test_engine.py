@@ -23,6 +23,7 @@ from hf_hybrid_spec.serving import (
     generate_batch,
     init_continuous_batching,
 )
+from hf_hybrid_spec.serving.penalties import OccurrencePenaltyLogitsProcessor
 from hf_hybrid_spec.testing import TINY_FAMILIES, tiny_model
 
 PAD = 1
@@ -390,7 +391,6 @@ def test_steps_where_nobody_drafts_are_plain_steps(monkeypatch):
     each request's ids and its root there too, steps queued ahead of their read included: plain generate's greedy
     replies, and a sampling request's the draws the verify step makes."""
     from hf_hybrid_spec.serving import engine as engine_module
-    from hf_hybrid_spec.serving.penalties import OccurrencePenaltyLogitsProcessor
 
     calls, ahead = [], []
     real = engine_module.queue_plain_step
@@ -460,6 +460,49 @@ def test_logprobs_of_accepted_drafts_are_the_targets(prefill):
     assert torch.allclose(torch.tensor([e.logprob for e in entries]), chosen, atol=1e-4)
     top = expected.topk(3, dim=-1)
     assert [[t for t, _ in e.top] for e in entries] == top.indices.tolist()
+
+
+def test_plain_steps_give_logprobs_as_the_verify_step_does(monkeypatch):
+    """Requests that ask for `logprobs` (greedy and sampling, beside one that does not) take the plain steps too,
+    queued ahead included: each token's log-probability under the target's raw logits and the likeliest alternatives
+    are those the verify step gives, and greedy's are the target's own."""
+    from hf_hybrid_spec.serving import engine as engine_module
+
+    calls = []
+    real = engine_module.queue_plain_step
+    monkeypatch.setattr(engine_module, "queue_plain_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = tiny_model("qwen3_5_text")
+    inputs = prompts(4, seed=37)
+    settings = [dict(logprobs=3), dict(logprobs=0, do_sample=True, temperature=1.2, top_k=0),
+                dict(repetition_penalty=1.3), dict(logprobs=2, repetition_penalty=1.3)]
+
+    def run():
+        calls.clear()
+        engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
+                               ServingConfig(max_slots=4, max_total_tokens=64, speculation=False))
+        for i, (ids, kw) in enumerate(zip(inputs, settings)):
+            gen = greedy_config(**{k: v for k, v in kw.items() if k != "logprobs"})
+            gen.logprobs, gen.seed = kw.get("logprobs"), 3
+            engine.add(ServingRequest(f"r{i}", ids, max_new_tokens=10, generation_config=gen))
+        return drain(engine)
+
+    plain_steps = run()
+    assert len(calls) >= 9 and plain_steps["r2"].logprobs is None
+    monkeypatch.setattr(ServingEngine, "_launch_plain", lambda *a, **k: None)  # every step verifies
+    verified = run()
+    assert not calls
+    for name in ("r0", "r1", "r3"):
+        got, want = plain_steps[name], verified[name]
+        assert got.generated_tokens == want.generated_tokens and len(got.logprobs) == len(want.generated_tokens)
+        assert [e.token for e in got.logprobs] == got.generated_tokens
+        assert torch.allclose(torch.tensor([e.logprob for e in got.logprobs]),
+                              torch.tensor([e.logprob for e in want.logprobs]), atol=1e-5), name
+        assert [[t for t, _ in e.top] for e in got.logprobs] == [[t for t, _ in e.top] for e in want.logprobs]
+    ids, new = inputs[0], plain_steps["r0"].generated_tokens
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + new])).logits[0, len(ids) - 1 : len(ids) - 1 + len(new)].float()
+    expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(new)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor([e.logprob for e in plain_steps["r0"].logprobs]), expected, atol=1e-4)
 
 
 def test_a_thousand_requests_stay_bounded():
@@ -800,7 +843,6 @@ def test_presence_and_frequency_penalties_count_the_generated_tokens_exactly():
     """OpenAI's presence / frequency penalties (`serving.penalties`): the processor subtracts them by the counts of the
     generated tokens only; requests carrying them (beside one without) get plain generate's tokens under the same
     processor, with speculation's trees verified node by node."""
-    from hf_hybrid_spec.serving.penalties import OccurrencePenaltyLogitsProcessor
 
     scores = torch.zeros(2, 6)
     ids = torch.tensor([[4, 4, 1, 1, 1, 2], [4, 0, 0, 5, 3, 3]])
@@ -826,6 +868,36 @@ def test_presence_and_frequency_penalties_count_the_generated_tokens_exactly():
         procs = LogitsProcessorList([OccurrencePenaltyLogitsProcessor(presence, frequency, len(ids))])
         assert out[f"r{i}"].generated_tokens == plain(model, ids, 16, logits_processor=procs), i
     assert out["r0"].generated_tokens != plain(model, inputs[0], 16)  # the penalty changed the reply
+
+
+@pytest.mark.parametrize("processors", [{}, {"no_repeat_ngram_size": 2, "presence_penalty": 0.5}])
+def test_a_step_queued_ahead_for_a_request_gone_is_not_queued_again(processors):
+    """With one slot, a plain step queued ahead past a request's eos is read after the request left and the next
+    one took its slot: nothing more is queued for the request gone (a step queued for it committed into the new
+    request's row, step after step, until the forward ran past the slot's end). An agent's turns, each after the
+    last one stopped on its eos, get plain generate's replies and reuse the stored state."""
+    model = tiny_model("falcon_h1", vocab_size=12)
+    ids = [6, 4, 6, 4, 6, 4, 6, 4, 6, 4]
+    occurrence = processors.get("presence_penalty", 0.0)
+    free = plain(model, ids, 12, **{k: v for k, v in processors.items() if k != "presence_penalty"})
+    eos = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i])  # the first turn stops there
+    gen = greedy_config(eos_token_id=eos, **processors)
+    engine = ServingEngine(model, H.AssistantConfig(global_cache=False),
+                           ServingConfig(max_slots=1, max_total_tokens=64, speculation=False,
+                                         prefix_cache_bytes=1 << 20))
+    prompt = ids
+    for turn, extra in enumerate(([], [5], [5, 6, 7])):
+        prompt = prompt + extra
+        engine.add(ServingRequest(f"t{turn}", prompt, max_new_tokens=12, generation_config=gen))
+        out = drain(engine)[f"t{turn}"]
+        assert out.error is None, turn
+        counts = LogitsProcessorList([OccurrencePenaltyLogitsProcessor(occurrence, 0.0, len(prompt))])
+        kw = {k: v for k, v in processors.items() if k != "presence_penalty"}
+        expected = plain(model, prompt, 12, eos_token_id=eos, **kw, **({"logits_processor": counts}
+                                                                       if occurrence else {}))
+        assert out.generated_tokens == expected, turn
+        assert turn == 0 or out.reused_prefix_tokens > 0
+        prompt = prompt + out.generated_tokens
 
 
 class _WrongChain(H.drafters.Drafter):
