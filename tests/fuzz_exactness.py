@@ -7,9 +7,10 @@ Each case draws a tiny model (two families, a vocabulary of 12 or 96: a small on
 n-gram bans and penalties bite), a batch of left-padded prompts that repeat a pattern (cache drafters match them),
 logits processors (repetition penalty, n-gram bans, multi-token bad words and biases, `min_new_tokens` with an eos,
 `suppress_tokens`, a processor of the caller's own; the server's presence / frequency penalties), eos tokens, and
-greedy or sampling settings. It then runs the call under several configurations (drafters, eager or static path, a
-fixed or calibrated budget, which sends the batch through runs of plain steps; for the serving engine: speculation on
-or off, eager or chunked prefill, a prefix store with agents' follow-up turns, fewer slots than requests):
+greedy or sampling settings (with a streamer at B = 1, which must see the tokens returned). It then runs the call
+under several configurations (drafters, eager or static path, a fixed or calibrated budget, which sends the batch
+through runs of plain steps; for the serving engine: speculation on or off, eager or chunked prefill, a prefix store
+with agents' follow-up turns, fewer slots than requests):
 
 - greedy: every configuration's tokens are stock `generate`'s (and, with `output_scores`, its scores);
 - sampling: every configuration gives the same tokens as the first. The keyed rule draws each position's token from
@@ -97,6 +98,20 @@ def _pattern(rng: random.Random, vocab: int, length: int) -> list[int]:
     return (pattern * (length // len(pattern) + 1))[:length]
 
 
+class _Collect:
+    """A streamer that keeps what it is given (transformers' `BaseStreamer` protocol: the prompt, then each step's
+    new tokens, then `end`)."""
+
+    def __init__(self):
+        self.tokens, self.ended = [], False
+
+    def put(self, value):
+        self.tokens += value.flatten().tolist()
+
+    def end(self):
+        self.ended = True
+
+
 # ---------------------------------------------------------------------------------------------- generate
 def generate_case(seed: int) -> list[str]:
     """One `generate` case; returns its failures (empty: every configuration agreed)."""
@@ -160,12 +175,17 @@ def generate_case(seed: int) -> list[str]:
         else:
             how = drafter_kwargs(name, model, compile=compile_, batch_budget=budget)
         where = f"compile={compile_} budget={budget} drafter={name}"
+        streamer = _Collect() if rows == 1 else None  # (stock takes a streamer at B = 1 only)
         torch.manual_seed(draw)
         try:
-            out = model.generate(ids, custom_generate=H.speculative_generate, **how, **gen)
+            out = model.generate(ids, custom_generate=H.speculative_generate, streamer=streamer, **how, **gen)
         except Exception as error:
             failures.append(f"{where}: raised {error!r}\n{traceback.format_exc(limit=-4)}")
             continue
+        sequences = out.sequences if outputs else out
+        if streamer is not None and (streamer.tokens != sequences[0].tolist() or not streamer.ended):
+            failures.append(f"{where}: streamed {streamer.tokens} (ended: {streamer.ended}), returned "
+                            f"{sequences[0].tolist()}")
         if reference is None:
             reference, first = out, where
             continue
