@@ -10,7 +10,8 @@ logits processors (repetition penalty, n-gram bans, multi-token bad words and bi
 greedy or sampling settings (with a streamer at B = 1, which must see the tokens returned). It then runs the call
 under several configurations (drafters, eager or static path, a fixed or calibrated budget, which sends the batch
 through runs of plain steps; for the serving engine: speculation on or off, eager or chunked prefill, a prefix store
-with agents' follow-up turns, fewer slots than requests):
+with agents' follow-up turns, fewer slots than requests, streamed requests, log-probabilities, a request cancelled
+midway, which the others must not notice):
 
 - greedy: every configuration's tokens are stock `generate`'s (and, with `output_scores`, its scores);
 - sampling: every configuration gives the same tokens as the first. The keyed rule draws each position's token from
@@ -29,6 +30,7 @@ import logging
 import random
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -225,7 +227,7 @@ def serving_case(seed: int) -> list[str]:
         return out[0, len(ids) :].tolist()
 
     def expected(model, ids, n, kw):
-        kw = dict(kw)
+        kw = {k: v for k, v in kw.items() if k != "logprobs"}
         presence, frequency = kw.pop("presence_penalty", 0.0), kw.pop("frequency_penalty", 0.0)
         if presence or frequency:
             kw["logits_processor"] = LogitsProcessorList([OccurrencePenaltyLogitsProcessor(presence, frequency,
@@ -233,11 +235,15 @@ def serving_case(seed: int) -> list[str]:
         kw.setdefault("eos_token_id", None)
         return plain(model, ids, n, **kw)
 
-    def drain(engine) -> dict:
-        outputs = {}
+    def drain(engine, cancel: tuple[str, int] | None = None) -> dict:
+        """Step until no work is left; `cancel` = (request id, step): that request is cancelled before that step."""
+        outputs, steps = {}, 0
         while engine.has_work:
+            if cancel is not None and steps == cancel[1]:
+                engine.cancel(cancel[0])
             for output in engine.step():
                 outputs[output.request_id] = output
+            steps += 1
         return outputs
 
     rng = random.Random(seed)
@@ -253,8 +259,10 @@ def serving_case(seed: int) -> list[str]:
         sample = rng.random() < 0.35
         if sample:
             kw.update(_sampling(rng))
+        if rng.random() < 0.3:  # log-probabilities (the same in every configuration)
+            kw["logprobs"] = rng.choice([0, 2])
         requests.append((f"r{i}", ids, n, kw, sample, rng.randint(0, 10**6)))
-    failures, sampled = [], {}
+    failures, sampled, logprobs = [], {}, {}
     for _ in range(4):
         cfg = dict(speculation=rng.choice([True, True, False]), prefill=rng.choice(["eager", "chunked"]),
                    prefix_cache_bytes=rng.choice([0, 1 << 20]), max_slots=rng.randint(1, 6))
@@ -265,17 +273,21 @@ def serving_case(seed: int) -> list[str]:
                                ServingConfig(max_total_tokens=64, **cfg))
 
         def add(name, ids, n, kw, s):
-            gen = GenerationConfig(**{"do_sample": False, "eos_token_id": None, "pad_token_id": PAD, **kw})
-            gen.seed = s
-            engine.add(ServingRequest(name, ids, max_new_tokens=n, generation_config=gen))
+            gen = GenerationConfig(**{"do_sample": False, "eos_token_id": None, "pad_token_id": PAD,
+                                      **{k: v for k, v in kw.items() if k != "logprobs"}})
+            gen.seed, gen.logprobs = s, kw.get("logprobs")
+            engine.add(ServingRequest(name, ids, max_new_tokens=n, generation_config=gen,
+                                      streaming=rng.random() < 0.5))
 
+        # Now and then a request cancelled midway: the others must not notice.
+        cancel = (rng.choice(requests)[0], rng.randint(0, 6)) if rng.random() < 0.3 else None
         try:
             for name, ids, n, kw, _, s in requests:
                 add(name, ids, n, kw, s)
-            outputs = drain(engine)
-            ran = list(requests)
+            outputs = drain(engine, cancel)
+            ran = [r for r in requests if cancel is None or r[0] != cancel[0]]
             if cfg["prefix_cache_bytes"]:  # each greedy request's next turn: its prompt, its reply, a few tokens
-                for name, ids, n, kw, sample, s in requests:
+                for name, ids, n, kw, sample, s in ran:
                     if not sample and outputs.get(name) is not None and not outputs[name].error:
                         follow = ids + outputs[name].generated_tokens + _pattern(rng, vocab, rng.randint(1, 4))
                         m = rng.randint(1, 8)
@@ -291,7 +303,16 @@ def serving_case(seed: int) -> list[str]:
             output = outputs.get(name)
             if output is None or output.error:
                 failures.append(f"{where}: {name} has no reply ({None if output is None else output.error})")
-            elif sample:
+                continue
+            if kw.get("logprobs") is not None:
+                entries = output.logprobs or []
+                values = torch.tensor([e.logprob for e in entries])
+                before = logprobs.setdefault(name, (where, output.generated_tokens, values))
+                if [e.token for e in entries] != output.generated_tokens:
+                    failures.append(f"{where}: {name}'s logprobs are not its tokens'")
+                elif before[1] == output.generated_tokens and not torch.allclose(before[2], values, atol=1e-4):
+                    failures.append(f"{where}: {name}'s logprobs differ from those under {before[0]}")
+            if sample:
                 before = sampled.setdefault(name, (where, output.generated_tokens))
                 if before[1] != output.generated_tokens:
                     failures.append(f"{where}: {name} ({kw}) sampled {output.generated_tokens}, {before[1]} under "
@@ -320,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logger.setLevel(logging.INFO)
     hf_logging.set_verbosity_error()  # (stock's warnings about length constraints the cases draw)
+    warnings.filterwarnings("ignore", category=UserWarning, module="transformers")
     failed = 0
     for seed in tqdm(range(args.start, args.start + args.cases), desc=f"fuzzing {args.target}", unit="case"):
         failures = CASES[args.target](seed)
