@@ -586,12 +586,12 @@ class ServingEngine:
         """Queue a plain step of every running request (each decodes, none drafts): the forward of its root alone,
         its token chosen on the device (the argmax, or its rule's keyed draw over its processed scores where
         `verification.batch_choices` makes it: the token the verify step would choose there) and committed, and the
-        tokens' copy to the host (processors that read the ids get each request's ids and its root). None where a
-        request's rule needs the verify step (a lossy one), or the plain step failed (nothing committed: the verify
-        step runs instead). `roots` on the
-        device are the tokens of the plain step before, not read yet (a step queued ahead, `_queue_ahead`): every
-        request one token further than the host has recorded; `hold` [rows] (bool, on the device) the roots not to
-        commit."""
+        tokens' copy to the host (processors that read the ids get each request's ids and its root; a request that
+        asks for `logprobs` its token's and the likeliest alternatives under the raw logits). None where a request's
+        rule needs the verify step (a lossy one), or the plain step failed (nothing committed: the verify step runs
+        instead). `roots` on the device are the tokens of the plain step before, not read yet (a step queued ahead,
+        `_queue_ahead`): every request one token further than the host has recorded; `hold` [rows] (bool, on the
+        device) the roots not to commit."""
         ahead = isinstance(roots, torch.Tensor)
         if not runs_plain(self.backend, True):
             return None
