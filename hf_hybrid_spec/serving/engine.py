@@ -275,7 +275,8 @@ class _Launched:
 class _PlainLogprobs:
     """A plain step's log-probabilities, for the requests that ask for them (rows `rows` of the step, in order): each
     one's token under the log-softmax of its raw logits (`chosen` [k]) and the `top` likeliest tokens there
-    (`values` / `ids` [k, top]), on the device until `finish` reads them."""
+    (`values` / `ids` [k, top]), on the host once the step's tokens are (copies queued behind the step: `finish`
+    reads them after the step's event, without waiting for a step queued ahead of it)."""
 
     rows: list[int]
     chosen: torch.Tensor
@@ -629,7 +630,8 @@ class ServingEngine:
                 best = logits.argmax(dim=-1) if rule is None else rule(logits, lengths, runner_roots)
                 logp = torch.log_softmax(logits[at_wanting].to(torch.float32), dim=-1)
                 values, ids = logp.topk(top, dim=-1) if top else (None, None)
-                logprobs = _PlainLogprobs(wanting, logp.gather(1, best[at_wanting][:, None])[:, 0], values, ids)
+                logprobs = _PlainLogprobs(wanting, _queued_to_host(logp.gather(1, best[at_wanting][:, None])[:, 0]),
+                                          _queued_to_host(values), _queued_to_host(ids))
                 return best
 
         try:
@@ -1107,6 +1109,15 @@ def _snapshot(output: SpecGenerationOutput) -> SpecGenerationOutput:
     return dataclasses.replace(output, generated_tokens=list(output.generated_tokens),
                                timestamps=None if output.timestamps is None else list(output.timestamps),
                                logprobs=None if output.logprobs is None else list(output.logprobs))
+
+
+def _queued_to_host(value: torch.Tensor | None) -> torch.Tensor | None:
+    """A CUDA tensor's copy into pinned host memory, queued (read it once the stream has passed this point); else the
+    tensor itself."""
+    if value is None or value.device.type != "cuda":
+        return value
+    host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+    return host.copy_(value, non_blocking=True)
 
 
 def _logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:

@@ -248,8 +248,8 @@ class RootContexts:
             own = [self.buffer[r][0, : self.recorded[r]] for r in rows]
             if all(t.device.type == "cpu" for t in own):  # padded on the host, then one copy
                 ids = to_device(pad_sequence(own, batch_first=True), device)
-            else:
-                ids = pad_sequence([t.to(device) for t in own], batch_first=True)
+            else:  # (a host row's copy queued, not waited for: a plain step may be queued ahead of the last)
+                ids = pad_sequence([to_device(t, device) for t in own], batch_first=True)
         return ids, to_device(torch.tensor(recorded), device)
 
 
