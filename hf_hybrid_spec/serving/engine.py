@@ -727,8 +727,11 @@ class ServingEngine:
             last.update({row: logits[row : row + 1, drafts[row].num_nodes].to(torch.float32)
                          for row, a in enumerate(actives) if a.pending is not None and len(a.pending) <= chunk})
 
+        queued = 0.0  # the launch of a step queued ahead: that step's time (its `launch_seconds`), not this one's
         if launched.step is None:  # a plain step, committed on the device already
             self._queue_ahead(launched)
+            if self._ahead is not None:
+                queued = self._ahead.launch_seconds
             overlap()
             if launched.ready is not None:
                 launched.ready.synchronize()
@@ -740,7 +743,7 @@ class ServingEngine:
             results = finish_step(self.backend, launched.step, verify, overlap, read).results
         t2 = time.perf_counter()
         self.stats.steps += 1
-        self.stats.verify_seconds += launched.launch_seconds + t2 - t1
+        self.stats.verify_seconds += launched.launch_seconds + t2 - t1 - queued
         now = t2
         done = []
         bad = dict(failed)
