@@ -843,7 +843,6 @@ def test_presence_and_frequency_penalties_count_the_generated_tokens_exactly():
     """OpenAI's presence / frequency penalties (`serving.penalties`): the processor subtracts them by the counts of the
     generated tokens only; requests carrying them (beside one without) get plain generate's tokens under the same
     processor, with speculation's trees verified node by node."""
-
     scores = torch.zeros(2, 6)
     ids = torch.tensor([[4, 4, 1, 1, 1, 2], [4, 0, 0, 5, 3, 3]])
     out = OccurrencePenaltyLogitsProcessor(0.5, 0.25, prompt_length=2)(ids, scores)
