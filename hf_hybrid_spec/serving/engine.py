@@ -534,17 +534,16 @@ class ServingEngine:
         in_run = self._plain_left > 0 and bool(decoding)
         self._plain_left -= int(in_run)
         drafts = [empty_draft(1)] * len(decoding) if in_run else []
-        if not in_run:
-            for row in decoding:
-                slot, a = slots[row], actives[row]
-                try:
-                    depth = min(self.config.max_depth, a.limit - a.length - 1)
-                    drafts.append(propose(a.drafter, a.ids(), DraftBudget(max_nodes=self.node_budget, max_depth=depth),
-                                          a.verifier) if self.node_budget > 0 else empty_draft(1))
-                except BaseException as error:  # this request's drafter: it fails alone
-                    _raise_engine_exit(error)
-                    failed.append((slot, f"drafter failed: {error!r}"))
-                    drafts.append(empty_draft(1))
+        for row in [] if in_run else decoding:
+            slot, a = slots[row], actives[row]
+            try:
+                depth = min(self.config.max_depth, a.limit - a.length - 1)
+                drafts.append(propose(a.drafter, a.ids(), DraftBudget(max_nodes=self.node_budget, max_depth=depth),
+                                      a.verifier) if self.node_budget > 0 else empty_draft(1))
+            except BaseException as error:  # this request's drafter: it fails alone
+                _raise_engine_exit(error)
+                failed.append((slot, f"drafter failed: {error!r}"))
+                drafts.append(empty_draft(1))
         if in_run and len(decoding) == len(actives):  # straight to the plain step, no empty trees laid out
             launched = self._launch_plain(slots, actives, drafts, [a.rec.host[0][-1] for a in actives], failed, t0,
                                           time.perf_counter())
@@ -623,7 +622,7 @@ class ServingEngine:
         wanting = [row for row, a in enumerate(actives) if a.logprobs is not None]
         if wanting:  # the log-probabilities of the chosen tokens, from the forward's raw logits before they go
             rule, top = choose, max(actives[row].logprobs for row in wanting)
-            at_wanting = self.backend.running_index(self.device)[to_device(torch.tensor(wanting), self.device)]
+            at_wanting = to_device(torch.tensor([slots[row] for row in wanting]), self.device)  # their runner rows
 
             def choose(logits: torch.Tensor, lengths, runner_roots: torch.Tensor) -> torch.Tensor:
                 nonlocal logprobs
