@@ -18,8 +18,7 @@ midway, which the others must not notice):
   the seed, the row and the position, so the tokens do not depend on what was drafted or which steps were plain.
 
 It runs for minutes, so the suite runs a few of its cases (`integration/test_fuzz_exactness.py`).
-It found the root counted twice in the plain steps' contexts and `no_repeat_ngram_size=1` over right-aligned
-contexts (docs/log.md, nineteenth session). Exit status 1 when a case fails; each failure is printed with its seed
+Exit status 1 when a case fails; each failure is printed with its seed
 (`--start SEED --cases 1` runs that case again).
 """
 
