@@ -2,6 +2,7 @@
 
     python tests/fuzz_exactness.py --target generate --cases 200      # speculative_generate against stock generate
     python tests/fuzz_exactness.py --target serving --cases 100       # the serving engine against plain generate
+    python tests/fuzz_exactness.py --target serving --device cuda     # the same on a GPU (its graphs and kernels)
 
 Each case draws a tiny model (two families, a vocabulary of 12 or 96: a small one makes replies repeat tokens, where
 n-gram bans and penalties bite), a batch of left-padded prompts that repeat a pattern (cache drafters match them),
@@ -38,13 +39,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 logger = logging.getLogger("fuzz_exactness")
 PAD = 1
+# Where the cases run (`--device`). On a GPU the stock side's fp32 runs fla's kernels, whose dots take TF32 inputs,
+# so scores and log-probabilities are compared to that precision there; tokens must still agree exactly.
+DEVICE = torch.device("cpu")
+
+
+def _atol() -> float:
+    return 1e-4 if DEVICE.type == "cpu" else 5e-3
 
 
 class _Models(dict):
     def __missing__(self, key):
         from hf_hybrid_spec.testing import tiny_model
 
-        self[key] = tiny_model(key[0], vocab_size=key[1])
+        self[key] = tiny_model(key[0], vocab_size=key[1]).to(DEVICE)
         return self[key]
 
 
@@ -136,6 +144,7 @@ def generate_case(seed: int) -> list[str]:
     for r, n in enumerate(lengths):
         ids[r, width - n :] = torch.tensor(_pattern(rng, vocab, n))
         mask[r, width - n :] = 1
+    ids, mask = ids.to(DEVICE), mask.to(DEVICE)
     new = rng.randint(4, 16)
     base = dict(attention_mask=mask, pad_token_id=PAD, max_new_tokens=new)
     free = model.generate(ids, do_sample=False, eos_token_id=None, **base)[:, width:]
@@ -201,12 +210,12 @@ def generate_case(seed: int) -> list[str]:
             # ours the pad token's certainty (docs/batching.md, "Drafters and rules at B > 1").
             eos = kw["eos_token_id"]
             eos = [-1] if eos is None else eos if isinstance(eos, list) else [eos]
-            stops = torch.isin(expected[:, width:], torch.tensor(eos))
+            stops = torch.isin(expected[:, width:], torch.tensor(eos, device=DEVICE))
             running = (stops.long().cumsum(-1) - stops.long()) == 0  # [rows, new]: no eos before this step
             for field in ("scores", "logits"):
                 a, b = getattr(out, field), getattr(reference, field)
                 if a is None or len(a) != len(b) or not all(
-                        torch.allclose(x[running[:, t]], y[running[:, t]], atol=1e-4, rtol=1e-4)
+                        torch.allclose(x[running[:, t]], y[running[:, t]], atol=_atol(), rtol=_atol())
                         for t, (x, y) in enumerate(zip(a, b))):
                     failures.append(f"{where}: {field} differ from {first}'s")
     if failures:
@@ -224,7 +233,8 @@ def serving_case(seed: int) -> list[str]:
     from hf_hybrid_spec.serving.penalties import OccurrencePenaltyLogitsProcessor
 
     def plain(model, ids, n, **kw):
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        out = model.generate(torch.tensor([ids], device=DEVICE),
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=DEVICE),
                              max_new_tokens=n, do_sample=False, pad_token_id=PAD, **kw)
         return out[0, len(ids) :].tolist()
 
@@ -312,7 +322,7 @@ def serving_case(seed: int) -> list[str]:
                 before = logprobs.setdefault(name, (where, output.generated_tokens, values))
                 if [e.token for e in entries] != output.generated_tokens:
                     failures.append(f"{where}: {name}'s logprobs are not its tokens'")
-                elif before[1] == output.generated_tokens and not torch.allclose(before[2], values, atol=1e-4):
+                elif before[1] == output.generated_tokens and not torch.allclose(before[2], values, atol=_atol()):
                     failures.append(f"{where}: {name}'s logprobs differ from those under {before[0]}")
             if sample:
                 before = sampled.setdefault(name, (where, output.generated_tokens))
@@ -339,7 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", choices=sorted(CASES), default="generate", help="what to fuzz")
     parser.add_argument("--start", type=int, default=0, help="the first case's seed")
     parser.add_argument("--cases", type=int, default=50, help="how many cases (seeds start, start + 1, ...)")
+    parser.add_argument("--device", default="cpu", help="where the models run (cuda: the GPU paths, graphs included)")
     args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(args.device)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logger.setLevel(logging.INFO)
     hf_logging.set_verbosity_error()  # (stock's warnings about length constraints the cases draw)
