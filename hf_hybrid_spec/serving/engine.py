@@ -747,6 +747,7 @@ class ServingEngine:
         done = []
         bad = dict(failed)
         committed, remaining = [], []  # decoding requests' tokens this step, and what they had left before it
+        starting = []  # (slot, request, logits [1, V]) of the requests whose prompts' last chunks went in
         for row, (slot, a, draft, result) in enumerate(zip(slots, actives, drafts, results)):
             if slot in bad or slot in gone:
                 continue
@@ -755,16 +756,7 @@ class ServingEngine:
                 a.cached.extend(a.pending[:k])
                 a.pending = a.pending[k:] or None
                 if a.pending is None:
-                    try:
-                        self._first(a, last[row])
-                    except BaseException as error:
-                        _raise_engine_exit(error)
-                        bad[slot] = f"failed to start: {error!r}"
-                        continue
-                    if a.finished:
-                        done.append(slot)
-                    elif a.request.streaming:
-                        updates.append(_snapshot(a.output))
+                    starting.append((slot, a, last[row]))
                 continue
             a.cached.extend([a.rec.host[0][-1]] + [draft.host().tokens[j - 1] for j in result.path[1:]])
             try:
@@ -794,6 +786,14 @@ class ServingEngine:
             if a.finished:
                 done.append(slot)
             elif a.request.streaming and new:
+                updates.append(_snapshot(a.output))
+        errors = self._firsts(starting) if starting else {}
+        for slot, a, _ in starting:
+            if slot in errors:
+                bad[slot] = f"failed to start: {errors[slot]!r}"
+            elif a.finished:
+                done.append(slot)
+            elif a.request.streaming:
                 updates.append(_snapshot(a.output))
         self.stats.plain_steps += int(not any(d.num_nodes for d in drafts))
         if launched.judged and self._payoff is not None and committed:
@@ -930,12 +930,10 @@ class ServingEngine:
                     self._not_started(slot, a.output, error, updates)
                 continue
             self.stats.prefill_seconds += time.perf_counter() - t0
-            for row, (slot, a) in enumerate(group):
-                try:
-                    self._first(a, logits[row : row + 1])
-                except BaseException as error:  # its drafter's begin, its processors
-                    _raise_engine_exit(error)
-                    self._not_started(slot, a.output, error, updates)
+            errors = self._firsts([(slot, a, logits[row : row + 1]) for row, (slot, a) in enumerate(group)])
+            for slot, a in group:
+                if slot in errors:  # its drafter's begin, its processors
+                    self._not_started(slot, a.output, errors[slot], updates)
                     continue
                 if a.finished:  # one new token was all it asked for, or the first one stopped it
                     updates.append(a.output)
@@ -1011,30 +1009,78 @@ class ServingEngine:
             a.cached = list(p)
         return out.logits[:, -1].to(torch.float32)
 
-    def _first(self, active: _Active, logits: torch.Tensor) -> None:
-        """The request's first token from its prompt's logits [1, V]; its drafter begun (DECODING)."""
+    def _firsts(self, started: list[tuple[int, _Active, torch.Tensor]]) -> dict[int, BaseException]:
+        """Each request's first token from its prompt's logits (`started`: (slot, request, logits [1, V]) of requests
+        whose prompts just went in), its drafter begun (DECODING). The tokens are chosen for every request at once
+        where `_first_choices` can (queued before the drafters' begin, which then runs beside the device, and read
+        once), else request by request with its rule's `first_token`. Returns {slot: error} of the requests that
+        failed (their drafter, processors or stopping criteria), which the caller lets go."""
         t0 = time.perf_counter()
-        output, gen, drafter, verifier = active.output, active.gen, active.drafter, active.verifier
-        ids = active.ids()
-        scores = active.processors(ids, logits.clone()) if active.processors else logits
-        context = DraftContext(self.model, self.backend.cache, self.adapter, gen, None)
-        drafter.begin(ids, context, None)
-        first = verifier.first_token(scores, FirstToken(ids, drafter, context, None, None, self.node_budget))
-        active.rec.append([0], [first.token_list])
-        drafter.accept(active.ids(), VerifyResult(path=[0], tokens=first.tokens, score_nodes=[0],
-                                                  token_list=first.token_list))
-        output.generated_tokens.extend(active.rec.host[0][len(active.request.input_ids) :])
-        if active.logprobs is not None:
-            output.logprobs += _logprobs(logits, output.generated_tokens, active.logprobs)
-        output.status = RequestStatus.DECODING
-        self._plain_left = 0  # its text may repeat itself: drafting is judged again (`_judge`)
-        t1 = time.perf_counter()
-        output.lifespan = (t1, -1)
-        if output.timestamps is not None:
-            output.timestamps.append(t1)
-        self.stats.admitted += 1
-        self.stats.new_tokens += len(output.generated_tokens)
-        self.stats.begin_seconds += t1 - t0
+        errors: dict[int, BaseException] = {}
+        choices = self._first_choices([a for _, a, _ in started], [logits for *_, logits in started])
+        contexts = {}
+        for slot, a, _ in started:
+            try:
+                contexts[slot] = DraftContext(self.model, self.backend.cache, self.adapter, a.gen, None)
+                a.drafter.begin(a.ids(), contexts[slot], None)
+            except BaseException as error:
+                _raise_engine_exit(error)
+                errors[slot] = error
+        chosen = None if choices is None else choices.tolist()
+        for row, (slot, a, logits) in enumerate(started):
+            if slot in errors:
+                continue
+            try:
+                output, ids = a.output, a.ids()
+                if chosen is None:
+                    scores = a.processors(ids, logits.clone()) if a.processors else logits
+                    first = a.verifier.first_token(scores, FirstToken(ids, a.drafter, contexts[slot], None, None,
+                                                                      self.node_budget))
+                else:
+                    first = VerifyResult(path=[0], tokens=choices[row : row + 1], score_nodes=[0],
+                                         token_list=[chosen[row]])
+                a.rec.append([0], [first.token_list])
+                a.drafter.accept(a.ids(), VerifyResult(path=[0], tokens=first.tokens, score_nodes=[0],
+                                                       token_list=first.token_list))
+            except BaseException as error:
+                _raise_engine_exit(error)
+                errors[slot] = error
+                continue
+            output.generated_tokens.extend(a.rec.host[0][len(a.request.input_ids) :])
+            if a.logprobs is not None:
+                output.logprobs += _logprobs(logits, output.generated_tokens, a.logprobs)
+            output.status = RequestStatus.DECODING
+            now = time.perf_counter()
+            output.lifespan = (now, -1)
+            if output.timestamps is not None:
+                output.timestamps.append(now)
+            self.stats.admitted += 1
+            self.stats.new_tokens += len(output.generated_tokens)
+        self._plain_left = 0  # their text may repeat itself: drafting is judged again (`_judge`)
+        self.stats.begin_seconds += time.perf_counter() - t0
+        return errors
+
+    def _first_choices(self, actives: list[_Active], logits: list[torch.Tensor]) -> torch.Tensor | None:
+        """The first token of each of `actives` [R] on the device, queued: the argmax of its raw logits (each [1, V])
+        or its rule's choice over its processed scores by `batch_choices`, as a plain step chooses a root's token
+        (its last prompt token the root). None where that is not the rule of every one of them, or a processor
+        raised (`_firsts` then goes request by request, which finds whose)."""
+        logits = torch.cat(logits)
+        if all(a.raw_greedy for a in actives):
+            return logits.argmax(dim=-1)
+        verifiers, per_row = [a.verifier for a in actives], [a.row_processors for a in actives]
+        if not choices_apply(verifiers, per_row, contexts=True):
+            return None
+        known = [a.length for a in actives]
+        roots = to_device(torch.tensor([a.rec.host[0][-1] for a in actives]), logits.device)
+        contexts = RootContexts([a.rec.buffer for a in actives], [n - 1 for n in known], roots)
+        zeros = torch.zeros(len(actives), dtype=torch.long)
+        try:
+            return batch_choices(verifiers, per_row, logits[:, None], torch.tensor(known), zeros[:, None], zeros,
+                                 False, None, contexts)[:, 0]
+        except Exception as error:
+            logger.debug("serving: first tokens request by request (%r)", error)
+            return None
 
     def _leave(self, slots: list[int], failed: str | None = None) -> None:
         """Free `slots`: finished requests store their state in the prefix store and report FINISHED; with `failed`,
