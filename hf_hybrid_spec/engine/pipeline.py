@@ -138,6 +138,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
     graphs = step_graphs(runner, drafts, path, limits)
     graphs.set_choice(inputs.choice, inputs.seed, inputs.pads or [0] * rows)
     graphs.roots.copy_(torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long))
+    _load_seen(graphs, rec, inputs.choice)
     totals_host = torch.zeros(len(measured.widths), dtype=torch.long, pin_memory=pinned)  # and the step's totals
     extras = [draft_seconds]  # seconds beyond the verify forward, per drafting step (the timed draft first)
     extra = draft_seconds
@@ -161,6 +162,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
                 if not running:
                     return
                 graphs.roots.copy_(torch.tensor([rec.host[b][-1] for b in range(rows)], dtype=torch.long))
+                _load_seen(graphs, rec, inputs.choice)
                 drafts = drafter.propose_device(nodes)
                 measured = AcceptanceByWidth(widths)  # what the batch accepted before the run is out of date
                 probe = True
@@ -179,6 +181,7 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
             graphs.select(width)
             backend.forward_filled(width)
             accepted = graphs.accept(width)
+            graphs.remember(accepted, width)
             backend.commit_device(runner.bucket_for(width).leaf)
         except BaseException:
             backend.abort()
@@ -210,6 +213,14 @@ def run_pipelined(drafter: BatchDrafter, backend, rec: BatchRecorder, running: l
         stats.verify_seconds += seconds - over
         record_step(stats, inputs.row_stats, running, [counts[b] for b in running], [drafted[b] for b in running])
         running = still_running(rec, running, backend, inputs.max_length)
+
+
+def _load_seen(graphs, rec: BatchRecorder, choice) -> None:
+    """Each row's tokens seen so far into the step's buffers, where the rule reads the ids (the repetition penalty):
+    from the recorder, at the start and after a run of plain steps (which the step's passes did not see)."""
+    if choice is not None and choice.ignored_prompt is not None:
+        vocab = graphs.runner.model.get_output_embeddings().weight.shape[0]
+        graphs.set_seen(rec.buffer, rec.lengths, choice.ignored_prompt, vocab)
 
 
 def _plain_run(drafter: BatchDrafter, backend, rec: BatchRecorder, running: list[int], inputs: PipelineInputs,

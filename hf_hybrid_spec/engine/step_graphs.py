@@ -14,6 +14,8 @@ Here they are two graphs per verify width, replayed around the runner's own:
     accept(width)         # graph: acceptance, the bucket's leaves, the paths' hidden states, ranks, packed results,
                           #        each row's next root
     runner commit         # graph (the bucket's), reading the leaves `accept` wrote
+    remember(width)       # graph, where the rule reads the ids (the repetition penalty): the committed tokens
+                          #        into each row's set of tokens seen, which the next accept reads
 
 Both bodies are pure functions of the buffers they read (what a capture's warm-up runs twice must write what the
 replay writes; `roots` is rewritten to where(running, last committed token, roots), the same however often it runs).
@@ -91,6 +93,9 @@ class StepGraphs(GraphPasses):
         self.choice: DeviceChoice | None = None
         self.seed = torch.zeros(1, dtype=torch.long, device=self.device)
         self.pads = torch.zeros(rows, 1, dtype=torch.long, device=self.device)
+        # Where the rule reads the ids: [R, V + 1] bool, the tokens each row's ids hold (the last column takes what
+        # is left out; `set_seen`, `remember`).
+        self.seen: torch.Tensor | None = None
         self._selected: tuple[torch.Tensor, torch.Tensor] | None = None  # the last select's count [R], rank [R, W]
 
     def matches(self, drafts: DeviceDrafts, path: int, limits: torch.Tensor) -> bool:
@@ -119,6 +124,26 @@ class StepGraphs(GraphPasses):
         if seed is not None:
             self.seed.fill_(seed)
         self.pads.copy_(torch.tensor(pads, dtype=torch.long).view(-1, 1))
+
+    def set_seen(self, ids: torch.Tensor, lengths: list[int], ignore: int | torch.Tensor, vocab: int) -> None:
+        """Each runner row's set of tokens seen, for a rule that reads the ids: those of `ids` [R, W] (its recorded
+        ids, padding included, as stock's processors are given them) before its length in `lengths`, from position
+        `ignore` on (`prompt_ignore_length`: one number, or [R] one per row); ids past the `vocab` scores are left
+        out, as stock's penalty leaves them."""
+        if self.seen is None or self.seen.shape[1] != vocab + 1:
+            self.seen = torch.zeros(self.runner.rows, vocab + 1, dtype=torch.bool, device=self.device)
+        ids = ids.to(self.device).clamp(max=vocab)
+        position = torch.arange(ids.shape[1], device=self.device)[None, :]
+        held = torch.tensor(lengths, device=self.device)[:, None]
+        if isinstance(ignore, torch.Tensor):
+            ignore = ignore.to(self.device)[:, None]
+        self.seen.zero_().scatter_(1, torch.where((position >= ignore) & (position < held), ids, vocab), True)
+
+    def remember(self, accepted: AcceptOutputs, width: int) -> None:
+        """The committed tokens of the step just accepted into each row's set of tokens seen (no-op where the rule
+        reads no ids). Its own pass, after `accept`: what accept reads, it must not write."""
+        if self.seen is not None and self.choice is not None and self.choice.ignored_prompt is not None:
+            self._run(("remember", width), lambda: self._remember(accepted))
 
     def select(self, width: int) -> None:
         """Each row's likeliest nodes within `width` into the tree buffers of the bucket that verifies `width`."""
@@ -155,7 +180,15 @@ class StepGraphs(GraphPasses):
             # Each node's token's position (its row's root position + 1 + its depth) and the length of the ids stock
             # sees there (that, padding included).
             positions = bucket.roots.unsqueeze(1) + 1 + bucket.depth
-            best = self.choice.choose(bucket.out.logits, self.seed, positions, positions + self.pads)
+            presence = None
+            if self.choice.ignored_prompt is not None:
+                # Node j's context: its row's ids (the root last), then the tokens on its path (itself included:
+                # the root's own is seen already). Other pairs write the dropped column.
+                vocab = self.seen.shape[1] - 1
+                below = torch.where(bucket.anc, bucket.tokens.clamp(max=vocab)[:, None, :].expand(rows, n, n), vocab)
+                presence = self.seen[:, None, :].repeat(1, n, 1).scatter_(2, below, True)[..., :vocab]
+                presence = presence.reshape(rows * n, vocab)
+            best = self.choice.choose(bucket.out.logits, self.seed, positions, positions + self.pads, presence)
         accepted = greedy_device(bucket.tokens, bucket.parent, bucket.anc, bucket.depth, valid, running,
                                  bucket.out.logits, best)
         bucket.leaf.copy_(accepted.leaf)
@@ -176,6 +209,12 @@ class StepGraphs(GraphPasses):
         last = news.gather(1, (accepted.length - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
         self.roots.copy_(torch.where(running, last, self.roots))
         return AcceptOutputs(length=accepted.length, news=news, hidden=hidden, totals=totals, results=results)
+
+
+    def _remember(self, accepted: AcceptOutputs) -> None:
+        vocab = self.seen.shape[1] - 1
+        committed = torch.arange(accepted.news.shape[1], device=self.device)[None, :] < accepted.length[:, None]
+        self.seen.scatter_(1, torch.where(committed, accepted.news.clamp(max=vocab), vocab), True)
 
 
 def step_graphs(runner, drafts: DeviceDrafts, path: int, limits: torch.Tensor) -> StepGraphs:

@@ -305,11 +305,8 @@ def _process(processor, scores: torch.Tensor, ids_length: torch.Tensor, contexts
     if type(processor) not in POSITIONAL + IDS_READING:
         return _process_contexts(processor, scores, ids_length, aligned(rows))
     if type(processor) in IDS_READING:
-        ignore = processor.prompt_ignore_length if isinstance(getattr(processor, "prompt_ignore_length", None),
-                                                              int) else 0
-        seen = contexts.presence(rows, n, ignore, scores.shape[-1], scores.device)
-        penalty = processor.penalty
-        return torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+        seen = contexts.presence(rows, n, _ignored_prompt(processor), scores.shape[-1], scores.device)
+        return _penalize(processor, scores, seen)
     active = _before_bound(processor, ids_length)
     if not bool(active.any()):  # (past the bound, a step launches nothing for it)
         return scores
@@ -641,11 +638,12 @@ def greedy_device(tokens: torch.Tensor, parent: torch.Tensor, ancestors: torch.T
 class DeviceChoice:
     """The exact rule's choice at every node of every row with fixed shapes and no host read (what the pipelined
     step's captured accept pass holds): the argmax, or the keyed draw (`noise`) with the seed and each node's position
-    on the device, of the scores after context-free (`CONTEXT_FREE`) and positional (`POSITIONAL`: from each node's
-    ids length on the device) processors, applied to every node at once. Made by `device_choice`.
+    on the device, of the scores after context-free (`CONTEXT_FREE`), positional (`POSITIONAL`: from each node's ids
+    length on the device) and repetition (`IDS_READING`: from each node's context's tokens on the device)
+    processors, applied to every node at once. Made by `device_choice`.
 
     Attributes:
-        processors: the call's processors, each context-free or positional, in order.
+        processors: the call's processors, each context-free, positional or the repetition penalty, in order.
         sample: the keyed draw (else the argmax).
         key: what tells captured passes apart: `sample` and each processor's type and settings (a captured pass holds
             them as constants).
@@ -655,17 +653,30 @@ class DeviceChoice:
     sample: bool
     key: tuple
 
+    @property
+    def ignored_prompt(self) -> int | torch.Tensor | None:
+        """How many of each row's first ids the repetition penalty leaves out (one number, or [B] one per row: stock
+        leaves out each row's left padding); None: no processor reads the ids (the choice needs no `presence`)."""
+        reading = [p for p in self.processors if type(p) in IDS_READING]
+        if not reading:
+            return None
+        ignore = getattr(reading[0], "prompt_ignore_length", None)
+        return 0 if ignore is None else ignore
+
     def choose(self, logits: torch.Tensor, seed: torch.Tensor, positions: torch.Tensor,
-               ids_length: torch.Tensor) -> torch.Tensor:
+               ids_length: torch.Tensor, presence: torch.Tensor | None = None) -> torch.Tensor:
         """logits [R, N, V]; seed [1] int64 the call's, on the device; positions [R, N] int64 each node's token's
         position (its row's length without padding, root included, plus its depth); ids_length [R, N] int64 the
-        length of the ids stock's processors see there (padding included) -> [R, N] int64 the choices, as
-        `batch_choices` makes them."""
+        length of the ids stock's processors see there (padding included); presence [R * N, V] bool the tokens of
+        each node's context (where `ignored_prompt` is not None) -> [R, N] int64 the choices, as `batch_choices`
+        makes them."""
         r, n, v = logits.shape
         scores = logits.reshape(r * n, v).to(torch.float32, copy=True)
         for processor in self.processors:
             if type(processor) in POSITIONAL:
                 scores = _positional(processor, scores, ids_length.reshape(-1))
+            elif type(processor) in IDS_READING:
+                scores = _penalize(processor, scores, presence)
             else:
                 scores = processor(torch.empty((r * n, 0), dtype=torch.long, device=scores.device), scores)
         if not self.sample:
@@ -676,12 +687,32 @@ class DeviceChoice:
 
 def device_choice(verifier, processors) -> DeviceChoice | None:
     """The `DeviceChoice` of a call's rule and processors, where there is one: the exact rule (greedy or the keyed
-    draw) with context-free and positional processors only. None otherwise (the general step decides)."""
+    draw) with context-free and positional processors and at most one repetition penalty. None otherwise (the
+    general step decides)."""
     processors = tuple(processors or ())
-    if type(verifier) is not ExactVerifier or not all(_context_free(p) or type(p) in POSITIONAL for p in processors):
+    if type(verifier) is not ExactVerifier or not all(_context_free(p) or type(p) in POSITIONAL + IDS_READING
+                                                      for p in processors):
         return None
-    return DeviceChoice(processors, verifier.do_sample,
-                        (verifier.do_sample,) + tuple(_settings(p) for p in processors))
+    if sum(type(p) in IDS_READING for p in processors) > 1:
+        return None
+    # (The penalty's ids left out are read when the tokens seen are loaded, outside the captured pass: not in its key,
+    # or every padding of a batch would capture passes of its own.)
+    return DeviceChoice(processors, verifier.do_sample, (verifier.do_sample,) + tuple(
+        (type(p), p.penalty) if type(p) in IDS_READING else _settings(p) for p in processors))
+
+
+def _ignored_prompt(processor) -> int:
+    """How many of the first ids an `IDS_READING` processor leaves out (its `prompt_ignore_length` where that is one
+    number; a [B] tensor of them is taken per row by `row_processors`)."""
+    ignore = getattr(processor, "prompt_ignore_length", None)
+    return ignore if isinstance(ignore, int) else 0
+
+
+def _penalize(processor, scores: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """The repetition penalty over scores [M, V] where `seen` [M, V] (bool) marks the tokens of each node's context:
+    stock's arithmetic (divided by the penalty, multiplied where negative) on those tokens alone."""
+    penalty = processor.penalty
+    return torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
 
 
 def _positional(processor, scores: torch.Tensor, ids_length: torch.Tensor) -> torch.Tensor:

@@ -753,6 +753,49 @@ def test_the_pipelined_step_holds_the_eos_back_as_min_new_tokens_asks(monkeypatc
     assert torch.equal(out.sequences, ref) and made and made[0] is not None
 
 
+@pytest.mark.parametrize("family", ["qwen3_5_text", "falcon_h1"])
+def test_the_pipelined_step_applies_the_repetition_penalty_as_stock_does(family, monkeypatch):
+    """Greedy with `repetition_penalty` (a processor that reads the ids) through the pipelined step: every node's
+    context's tokens (its row's ids, padding included, then its path) on the device, the set kept there from step to
+    step, and rebuilt after plain runs. Token for token stock; the penalty changes the output here, and drafts that
+    follow stock's are accepted deep. Sampling with the penalty draws what the general step draws."""
+    import hf_hybrid_spec.engine.batch as B
+
+    model = tiny_model(family)
+    ids, mask = padded_batch([9, 14, 5, 11], seed=3, vocab=24)
+    kw = dict(max_new_tokens=18, eos_token_id=None, repetition_penalty=1.6)
+    ref = greedy(model, ids, mask, **kw)
+    assert not torch.equal(ref, greedy(model, ids, mask, max_new_tokens=18, eos_token_id=None))
+    real = B.device_choice
+    made = []
+    monkeypatch.setattr(B, "device_choice", lambda *a: made.append(real(*a)) or made[-1])
+    out = generate_with(model, ids, mask, ReferenceDrafter(row_references(ref, mask), seed=2), **kw)
+    assert made and made[0] is not None and made[0].ignored_prompt is not None
+    assert torch.equal(out.sequences, ref)
+    assert out.spec_stats.mean_accepted_length > 1.5
+    # Drafts that never hold, where drafting must pay: runs of plain steps between drafting steps, after which the
+    # tokens seen are rebuilt from the recorder.
+    steep = VerifyCost(widths=[1, 2, 4, 8, 16], seconds=[1.0, 1.8, 3.6, 7.2, 14.4])
+    monkeypatch.setattr(B, "_cost_model", lambda *args: steep)
+    wrong = [(row + 1) % 24 for row in row_references(ref, mask)]
+    out = generate_with(model, ids, mask, ReferenceDrafter(wrong, seed=6), **kw)
+    assert torch.equal(out.sequences, ref) and out.spec_stats.plain_steps > 0
+    monkeypatch.undo()
+    # Sampling with the penalty: the pipelined step's draws are the general step's.
+    sample = dict(kw, attention_mask=mask, pad_token_id=PAD, do_sample=True, temperature=0.9, top_k=12,
+                  custom_generate=H.speculative_generate, return_dict_in_generate=True,
+                  assistant_config=H.AssistantConfig(compile=True, max_draft_tokens=10, max_depth=4))
+    monkeypatch.setattr(B, "pipelines", lambda *a: False)
+    torch.manual_seed(4)
+    general = model.generate(ids, **sample).sequences
+    monkeypatch.undo()
+    ran, original = [], B.run_pipelined
+    monkeypatch.setattr(B, "run_pipelined", lambda *a, **k: ran.append(1) or original(*a, **k))
+    torch.manual_seed(4)
+    piped = model.generate(ids, drafter=ReferenceDrafter(row_references(general, mask), seed=3), **sample).sequences
+    assert ran and torch.equal(piped, general)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the captured accept pass)")
 def test_on_a_gpu_the_captured_pipelined_step_samples_what_the_general_step_samples():
     """On CUDA the pipelined step's draws run inside a captured graph, from the tensor form of the keyed uniforms:

@@ -161,7 +161,7 @@ def test_a_padded_batch_with_processors_that_read_the_ids_chooses_at_once_and_is
 def test_a_device_choice_is_told_apart_by_its_settings():
     """A captured accept pass holds its rule's settings as constants: calls whose rules or processors differ get
     different keys (so a pass captured for one is never replayed for the other), equal ones the same key; processors
-    that read the ids have no device choice."""
+    that read the ids other than one repetition penalty have no device choice."""
     from transformers import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
 
     from hf_hybrid_spec.verification import device_choice
@@ -179,7 +179,12 @@ def test_a_device_choice_is_told_apart_by_its_settings():
     eos = torch.tensor([4])
     assert key(ExactVerifier(False), MinNewTokensLengthLogitsProcessor(5, 3, eos)) != key(
         ExactVerifier(False), MinNewTokensLengthLogitsProcessor(5, 4, eos))
-    assert key(sampler, RepetitionPenaltyLogitsProcessor(1.1)) is None
+    # The repetition penalty by its penalty (the prompt ids it leaves out are loaded outside the pass); two of them,
+    # or a processor of the caller's own, have none.
+    penalty = key(sampler, RepetitionPenaltyLogitsProcessor(1.1, torch.tensor([0, 3])))
+    assert penalty == key(sampler, RepetitionPenaltyLogitsProcessor(1.1, torch.tensor([2, 0])))
+    assert penalty is not None and penalty != key(sampler, RepetitionPenaltyLogitsProcessor(1.2))
+    assert key(sampler, RepetitionPenaltyLogitsProcessor(1.1), RepetitionPenaltyLogitsProcessor(1.2)) is None
     assert key(sampler, PenalizeLast()) is None
 
 
