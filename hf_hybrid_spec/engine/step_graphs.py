@@ -210,7 +210,6 @@ class StepGraphs(GraphPasses):
         self.roots.copy_(torch.where(running, last, self.roots))
         return AcceptOutputs(length=accepted.length, news=news, hidden=hidden, totals=totals, results=results)
 
-
     def _remember(self, accepted: AcceptOutputs) -> None:
         vocab = self.seen.shape[1] - 1
         committed = torch.arange(accepted.news.shape[1], device=self.device)[None, :] < accepted.length[:, None]
