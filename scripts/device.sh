@@ -89,6 +89,11 @@ case "${1:-}" in
       TAILN=2 run 240 sampling_gate python3 -P -m pytest -q tests/engine/test_pipeline.py -k on_a_gpu
       TAILN=4 run 540 batch_gate python3 benchmarks/batch_bench.py --model "${GATE_MODEL:-tiny:qwen3_5_text}" \
           --batch-sizes ${GATE_SIZES:-1 3} --drafters $GD --prompt-tokens 160 --max-new-tokens 48 --no-stock-static
+      # Processors that read the ids (the repetition penalty, with min_new_tokens) in the captured passes: the
+      # pipelined step's per-row tokens seen, the serving engine's plain steps.
+      TAILN=4 run 240 penalty_gate python3 benchmarks/batch_bench.py --model "${GATE_MODEL:-tiny:qwen3_5_text}" \
+          --batch-sizes 3 8 --drafters suffix eagle serve serve:plain --prompt-tokens 160 --max-new-tokens 48 \
+          --no-stock-static --preset penalty
     fi
     [[ " ${BATCH_STAGES:-gate bench} " == *" bench "* ]] || exit 0
     BM=${BATCH_MODEL:-$M}
