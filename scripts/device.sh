@@ -9,6 +9,7 @@
 #   base      the same benchmark (suffix and EAGLE) with the code of an earlier commit in .carry/base: run right after
 #             e2e on the same machine for an A/B of the two versions
 #   trie      the suffix tries' host cost per token, the Python and the C trie side by side
+#   fuzz      tests/fuzz_exactness.py's cases on the GPU, FUZZ_SECONDS per target (FUZZ_TARGETS, FUZZ_START)
 #   launch    what a tree op costs the host when launched from Python (the eager path), and the eager loop end to end
 #             (SKIP_E2E=1: the tree ops alone; WITH_BASE=1: an A/B of the launch costs against .carry/base)
 #   hvd       Hybrid Verified Decoding on the agentic workload suite
@@ -59,6 +60,13 @@ case "${1:-}" in
     # serving step commits them (8) and as a prompt goes in (256).
     for c in 8 256; do TAILN=5 run 200 "trie_build_$c" python3 benchmarks/suffix_trie_build.py --tokenizer "$M" \
         --chunk "$c"; done ;;
+  fuzz)
+    # The differential fuzzer's cases on the GPU (its graphs, kernels, pinned copies), each target for FUZZ_SECONDS
+    # (the cases that ran count; a failing case prints its seed).
+    for t in ${FUZZ_TARGETS:-serving generate}; do
+      TAILN=12 run "${FUZZ_SECONDS:-120}" "fuzz_$t" python3 tests/fuzz_exactness.py --target "$t" --device cuda \
+          --start "${FUZZ_START:-0}" --cases 1000
+    done ;;
   launch)
     LC=(--launch-costs --ops gdn mamba2 --batch 1 8 --nodes 16 64)
     TAILN=12 run 200 launch_costs python3 benchmarks/tree_kernels.py "${LC[@]}"
@@ -181,5 +189,5 @@ PY
         --runs server 1 ${GPU_ARGS:-} --out "$OUT/cluster_gpu"
     true ;;
   *)
-    echo "usage: bash scripts/device.sh kernels|e2e|base|launch|hvd|mtp|batch|serve|cluster"; exit 2 ;;
+    echo "usage: bash scripts/device.sh kernels|e2e|base|trie|fuzz|launch|hvd|mtp|batch|serve|cluster"; exit 2 ;;
 esac
