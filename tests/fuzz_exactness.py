@@ -319,7 +319,8 @@ def serving_case(seed: int) -> list[str]:
             if kw.get("logprobs") is not None:
                 entries = output.logprobs or []
                 values = torch.tensor([e.logprob for e in entries])
-                before = logprobs.setdefault(name, (where, output.generated_tokens, values))
+                # (by prompt too: a follow-up turn's new tokens are drawn per configuration)
+                before = logprobs.setdefault((name, tuple(ids)), (where, output.generated_tokens, values))
                 if [e.token for e in entries] != output.generated_tokens:
                     failures.append(f"{where}: {name}'s logprobs are not its tokens'")
                 elif before[1] == output.generated_tokens and not torch.allclose(before[2], values, atol=_atol()):
