@@ -181,8 +181,13 @@ def test_a_device_choice_is_told_apart_by_its_settings():
         ExactVerifier(False), MinNewTokensLengthLogitsProcessor(5, 4, eos))
     # The repetition penalty by its penalty (the prompt ids it leaves out are loaded outside the pass); two of them,
     # or a processor of the caller's own, have none.
-    penalty = key(sampler, RepetitionPenaltyLogitsProcessor(1.1, torch.tensor([0, 3])))
-    assert penalty == key(sampler, RepetitionPenaltyLogitsProcessor(1.1, torch.tensor([2, 0])))
+    def padded(penalty, pads):  # (set after construction: not every 5.x constructor takes it)
+        processor = RepetitionPenaltyLogitsProcessor(penalty)
+        processor.prompt_ignore_length = torch.tensor(pads)
+        return processor
+
+    penalty = key(sampler, padded(1.1, [0, 3]))
+    assert penalty == key(sampler, padded(1.1, [2, 0]))
     assert penalty is not None and penalty != key(sampler, RepetitionPenaltyLogitsProcessor(1.2))
     assert key(sampler, RepetitionPenaltyLogitsProcessor(1.1), RepetitionPenaltyLogitsProcessor(1.2)) is None
     assert key(sampler, PenalizeLast()) is None
