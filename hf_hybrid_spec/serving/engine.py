@@ -597,25 +597,18 @@ class ServingEngine:
             return None
         choose = None
         if not all(a.raw_greedy for a in actives):
-            verifiers, per_row = [a.verifier for a in actives], [a.row_processors for a in actives]
-            if not choices_apply(verifiers, per_row, contexts=True):
+            if not _root_rules_apply(actives):
                 return None
             # Each root's position + 1 (no padding in a slot).
             known = [a.length + int(ahead) for a in actives]
-            lengths = torch.tensor(known)
-            zeros = torch.zeros(len(actives), dtype=torch.long)
             at = self.backend.running_index(self.device)  # (`slots`, in order)
-            buffers = [a.rec.buffer for a in actives]
 
             def choose(logits: torch.Tensor, _lengths, runner_roots: torch.Tensor) -> torch.Tensor:
-                # Every runner row's token [R]: the running ones' by their rules (each request its own stream, key
-                # 0, as in `_verify`); the free slots commit nothing, whatever they hold. A processor that reads the
-                # ids reads each request's ids before its root (recorded, unless the root is the token of the step
-                # before, not read yet: a step queued ahead), then the root.
-                contexts = RootContexts(buffers, [n - 1 for n in known], runner_roots.index_select(0, at))
+                # Every runner row's token [R]: the running ones' by their rules; the free slots commit nothing,
+                # whatever they hold. The root is the token of the step before where that is not read yet (a step
+                # queued ahead).
                 out = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
-                out[at] = batch_choices(verifiers, per_row, logits[at][:, None], lengths, zeros[:, None], zeros,
-                                        False, None, contexts)[:, 0]
+                out[at] = _root_choices(actives, logits[at], known, runner_roots.index_select(0, at))
                 return out
 
         logprobs = None
@@ -1068,16 +1061,11 @@ class ServingEngine:
         logits = torch.cat(logits)
         if all(a.raw_greedy for a in actives):
             return logits.argmax(dim=-1)
-        verifiers, per_row = [a.verifier for a in actives], [a.row_processors for a in actives]
-        if not choices_apply(verifiers, per_row, contexts=True):
+        if not _root_rules_apply(actives):
             return None
-        known = [a.length for a in actives]
         roots = to_device(torch.tensor([a.rec.host[0][-1] for a in actives]), logits.device)
-        contexts = RootContexts([a.rec.buffer for a in actives], [n - 1 for n in known], roots)
-        zeros = torch.zeros(len(actives), dtype=torch.long)
         try:
-            return batch_choices(verifiers, per_row, logits[:, None], torch.tensor(known), zeros[:, None], zeros,
-                                 False, None, contexts)[:, 0]
+            return _root_choices(actives, logits, [a.length for a in actives], roots)
         except Exception as error:
             logger.debug("serving: first tokens request by request (%r)", error)
             return None
@@ -1157,6 +1145,22 @@ def _snapshot(output: SpecGenerationOutput) -> SpecGenerationOutput:
     return dataclasses.replace(output, generated_tokens=list(output.generated_tokens),
                                timestamps=None if output.timestamps is None else list(output.timestamps),
                                logprobs=None if output.logprobs is None else list(output.logprobs))
+
+
+def _root_rules_apply(actives: list[_Active]) -> bool:
+    """Whether `_root_choices` makes every one of these requests' choices (else the verify step decides)."""
+    return choices_apply([a.verifier for a in actives], [a.row_processors for a in actives], contexts=True)
+
+
+def _root_choices(actives: list[_Active], logits: torch.Tensor, known: list[int], roots: torch.Tensor) -> torch.Tensor:
+    """Each request's token after its root [R] on the logits' device, as its verify step would choose it there: its
+    rule (each request its own stream, key 0, as in `_verify`) over its processed scores, from the root's logits
+    [R, V]. `known`: each root's position + 1; `roots` [R] on the device. A processor that reads the ids reads the
+    request's recorded ids before its root, then the root (which may not be recorded yet)."""
+    contexts = RootContexts([a.rec.buffer for a in actives], [n - 1 for n in known], roots)
+    zeros = torch.zeros(len(actives), dtype=torch.long)
+    return batch_choices([a.verifier for a in actives], [a.row_processors for a in actives], logits[:, None],
+                         torch.tensor(known), zeros[:, None], zeros, False, None, contexts)[:, 0]
 
 
 def _queued_to_host(value: torch.Tensor | None) -> torch.Tensor | None:
