@@ -219,8 +219,7 @@ def _load_seen(graphs, rec: BatchRecorder, choice) -> None:
     """Each row's tokens seen so far into the step's buffers, where the rule reads the ids (the repetition penalty):
     from the recorder, at the start and after a run of plain steps (which the step's passes did not see)."""
     if choice is not None and choice.ignored_prompt is not None:
-        vocab = graphs.runner.model.get_output_embeddings().weight.shape[0]
-        graphs.set_seen(rec.buffer, rec.lengths, choice.ignored_prompt, vocab)
+        graphs.set_seen(rec.buffer, rec.lengths, choice.ignored_prompt)
 
 
 def _plain_run(drafter: BatchDrafter, backend, rec: BatchRecorder, running: list[int], inputs: PipelineInputs,

@@ -125,11 +125,12 @@ class StepGraphs(GraphPasses):
             self.seed.fill_(seed)
         self.pads.copy_(torch.tensor(pads, dtype=torch.long).view(-1, 1))
 
-    def set_seen(self, ids: torch.Tensor, lengths: list[int], ignore: int | torch.Tensor, vocab: int) -> None:
+    def set_seen(self, ids: torch.Tensor, lengths: list[int], ignore: int | torch.Tensor) -> None:
         """Each runner row's set of tokens seen, for a rule that reads the ids: those of `ids` [R, W] (its recorded
         ids, padding included, as stock's processors are given them) before its length in `lengths`, from position
-        `ignore` on (`prompt_ignore_length`: one number, or [R] one per row); ids past the `vocab` scores are left
-        out, as stock's penalty leaves them."""
+        `ignore` on (`prompt_ignore_length`: one number, or [R] one per row); ids past the scores' vocabulary (the
+        output head's) are left out, as stock's penalty leaves them."""
+        vocab = self.runner.model.get_output_embeddings().weight.shape[0]
         if self.seen is None or self.seen.shape[1] != vocab + 1:
             self.seen = torch.zeros(self.runner.rows, vocab + 1, dtype=torch.bool, device=self.device)
         ids = ids.to(self.device).clamp(max=vocab)

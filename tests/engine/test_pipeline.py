@@ -84,6 +84,16 @@ class ReferenceDrafter(BatchDrafter):
         pass
 
 
+def spy_device_choice(monkeypatch) -> list:
+    """The device choices the batch loop makes from here on (`verification.device_choice`'s results, None where the
+    rule has none), in a list that fills as it runs."""
+    import hf_hybrid_spec.engine.batch as B
+
+    real, made = B.device_choice, []
+    monkeypatch.setattr(B, "device_choice", lambda *a: made.append(real(*a)) or made[-1])
+    return made
+
+
 def generate_with(model, ids, mask, drafter, config=None, **kw):
     """Batched greedy generate with `drafter` (a BatchDrafter), checking that the pipelined step ran."""
     import hf_hybrid_spec.engine.batch as B
@@ -737,8 +747,6 @@ def test_the_pipelined_step_samples_what_the_general_step_samples(family, monkey
 def test_the_pipelined_step_holds_the_eos_back_as_min_new_tokens_asks(monkeypatch):
     """Greedy with the model's eos held back by `min_new_tokens` (a positional processor, applied on the device from
     each node's ids length): through the pipelined step, token for token stock."""
-    import hf_hybrid_spec.engine.batch as B
-
     model = tiny_model("qwen3_5_text")
     ids, mask = padded_batch([7, 12, 4], seed=2)
     plain = greedy(model, ids, mask, max_new_tokens=16, eos_token_id=None)
@@ -746,9 +754,7 @@ def test_the_pipelined_step_holds_the_eos_back_as_min_new_tokens_asks(monkeypatc
     kw = dict(max_new_tokens=16, eos_token_id=eos, min_new_tokens=9)
     ref = greedy(model, ids, mask, **kw)
     assert not torch.equal(ref, greedy(model, ids, mask, max_new_tokens=16, eos_token_id=eos))
-    real = B.device_choice
-    made = []
-    monkeypatch.setattr(B, "device_choice", lambda *a: made.append(real(*a)) or made[-1])
+    made = spy_device_choice(monkeypatch)
     out = generate_with(model, ids, mask, ReferenceDrafter(row_references(ref, mask), seed=2), **kw)
     assert torch.equal(out.sequences, ref) and made and made[0] is not None
 
@@ -766,9 +772,7 @@ def test_the_pipelined_step_applies_the_repetition_penalty_as_stock_does(family,
     kw = dict(max_new_tokens=18, eos_token_id=None, repetition_penalty=1.6)
     ref = greedy(model, ids, mask, **kw)
     assert not torch.equal(ref, greedy(model, ids, mask, max_new_tokens=18, eos_token_id=None))
-    real = B.device_choice
-    made = []
-    monkeypatch.setattr(B, "device_choice", lambda *a: made.append(real(*a)) or made[-1])
+    made = spy_device_choice(monkeypatch)
     out = generate_with(model, ids, mask, ReferenceDrafter(row_references(ref, mask), seed=2), **kw)
     assert made and made[0] is not None and made[0].ignored_prompt is not None
     assert torch.equal(out.sequences, ref)
